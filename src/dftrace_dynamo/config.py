@@ -1,0 +1,145 @@
+"""Every DFTRACER_* environment variable, read and validated in one place.
+
+Names and meanings follow DFTracer where they overlap. A bad value never
+raises: it turns tracing off and :func:`get` reports the reason once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from typing import Mapping, Optional
+
+log = logging.getLogger("dftrace_dynamo")
+
+COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_ZSTD = 0, 1, 2
+COMPRESSION_SUFFIX = {COMPRESSION_NONE: ".pfw", COMPRESSION_GZIP: ".pfw.gz", COMPRESSION_ZSTD: ".pfw.zst"}
+DEFAULT_LOG_FILE = "./trace"
+DEFAULT_BUFFER_SIZE = 16 * 1024 * 1024
+MIN_BUFFER_SIZE = 64 * 1024
+LOG_LEVELS = {"ERROR": logging.ERROR, "WARN": logging.WARNING, "WARNING": logging.WARNING,
+              "INFO": logging.INFO, "DEBUG": logging.DEBUG}
+_BOOL = {"0": False, "1": True}
+_COMPRESSION = {"0": COMPRESSION_NONE, "1": COMPRESSION_GZIP, "gzip": COMPRESSION_GZIP,
+                "zstd": COMPRESSION_ZSTD}
+_SIZE_UNITS = {"": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
+               "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
+_INIT_MODES = ("FUNCTION", "PRELOAD")
+
+
+class ConfigError(ValueError):
+    """A DFTRACER_* variable holds a value we do not accept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    enable: Optional[bool] = None  # None: unset, on once initialize_log() is called
+    log_file: str = DEFAULT_LOG_FILE
+    log_file_from_env: bool = False
+    inc_metadata: bool = False
+    compression: int = COMPRESSION_GZIP
+    write_buffer_size: int = DEFAULT_BUFFER_SIZE
+    bind_signals: bool = False
+    log_level: int = logging.WARNING
+    cuda_events: bool = False
+    init: str = "FUNCTION"
+    data_dirs: tuple = ()
+    disable_io: bool = False
+    error: Optional[str] = None  # why tracing is off, when a value was bad
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return _BOOL[raw.strip()]
+    except KeyError:
+        raise ConfigError(f"{name}={raw!r} is not valid (accepted: 0 or 1)") from None
+
+
+def _size(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip().upper()
+    digits = text.rstrip("KMGIB")
+    unit = text[len(digits):]
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise ConfigError(f"{name}={raw!r} is not valid (accepted: a number of bytes >= "
+                          f"{MIN_BUFFER_SIZE}, optionally with K, M or G)")
+    value = int(digits) * _SIZE_UNITS[unit]
+    if value < MIN_BUFFER_SIZE:
+        raise ConfigError(f"{name}={raw!r} is too small (accepted: at least {MIN_BUFFER_SIZE} bytes)")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, table: Mapping[str, object], default, accepted: str,
+            key=str.lower):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return table[key(raw.strip())]
+    except KeyError:
+        raise ConfigError(f"{name}={raw!r} is not valid (accepted: {accepted})") from None
+
+
+def load(env: Mapping[str, str] = os.environ) -> Config:
+    """Parses the variables; a bad value gives a Config with ``error`` set and tracing off."""
+    try:
+        enable_raw = env.get("DFTRACER_ENABLE")
+        enable = None if enable_raw is None or enable_raw.strip() == "" else _flag(env, "DFTRACER_ENABLE", False)
+        log_file = env.get("DFTRACER_LOG_FILE", "").strip()
+        init = _choice(env, "DFTRACER_INIT", {m: m for m in _INIT_MODES}, "FUNCTION", "FUNCTION or PRELOAD",
+                       key=str.upper)
+        data_dir = env.get("DFTRACER_DATA_DIR", "").strip()
+        return Config(
+            enable=enable,
+            log_file=log_file or DEFAULT_LOG_FILE,
+            log_file_from_env=bool(log_file),
+            inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
+            compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
+                                "1 or gzip, 0 for none, zstd"),
+            write_buffer_size=_size(env, "DFTRACER_WRITE_BUFFER_SIZE", DEFAULT_BUFFER_SIZE),
+            bind_signals=_flag(env, "DFTRACER_BIND_SIGNALS", False),
+            log_level=_choice(env, "DFTRACER_LOG_LEVEL", LOG_LEVELS, logging.WARNING,
+                              "ERROR, WARN, INFO or DEBUG", key=str.upper),
+            cuda_events=_flag(env, "DFTRACER_CUDA_EVENTS", False),
+            init=init,
+            data_dirs=tuple(d for d in data_dir.split(":") if d),
+            disable_io=_flag(env, "DFTRACER_DISABLE_IO", False),
+        )
+    except ConfigError as exc:
+        return Config(enable=False, error=str(exc))
+
+
+_config: Optional[Config] = None
+
+
+def get() -> Config:
+    """The process's configuration, read once; a bad value is reported here, once."""
+    global _config
+    if _config is None:
+        _config = load()
+        _setup_logging(_config.log_level)
+        if _config.error:
+            report_disabled(_config.error)
+    return _config
+
+
+def _setup_logging(level: int) -> None:
+    log.setLevel(level)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("dftrace_dynamo: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+
+
+def report_disabled(reason: str) -> None:
+    """The one message a user gets when tracing cannot run; their program goes on."""
+    _setup_logging(log.level or logging.WARNING)
+    log.error("tracing is off: %s", reason)
