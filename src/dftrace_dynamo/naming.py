@@ -1,0 +1,142 @@
+"""Readable names for FX / Dynamo nodes and modules.
+
+One function, :func:`abbreviate`, used by the trace event names, the profile
+table and the graph explorer, so the same module gets the same name everywhere.
+
+Dynamo spells module paths in three ways depending on the torch version and on
+where the name comes from; all map to the dotted path that FX
+``symbolic_trace`` uses as ``call_module`` target (``layer1.0.conv1``):
+
+* source style (``nn_module_stack`` values, guards):
+  ``L['self'].layer1[0].conv1``, ``L['self']._modules['layer1']._modules['0']``
+* mangled, torch >= 2.3 (placeholder / node names):
+  ``l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_``
+* mangled, older torch and seed 004's examples:
+  ``L__self___layer1_0_conv1``, ``getattr_getattr_L__m___model_23_cv3_0___0_____0___conv``
+
+Rules (seed 004): strip the ``getattr_`` / ``L__<root>__`` / ``g__<root>__``
+prefixes, ``_<digits>_`` becomes ``.<digits>.``, a number right after a
+``___`` separator is a subscript ``[N]``, a repeated component collapses
+(``model.model.0`` → ``model.0``), and names longer than ``max_len`` are cut
+in the middle (``start...end``).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["abbreviate", "DEFAULT_MAX_LEN", "ELLIPSIS"]
+
+DEFAULT_MAX_LEN = 48
+ELLIPSIS = "..."
+
+# Source style: a root such as L['self'] / G['model'], then accessors.
+_SOURCE_ROOT = re.compile(r"""^[LG]\[(['"])(?P<root>[^'"]+)\1\]""")
+_SOURCE_CONTAINER = re.compile(r"""\._(?:modules|parameters|buffers)\[(['"])(?P<key>[^'"]*)\1\]""")
+_SOURCE_KEY = re.compile(r"""\[(['"])(?P<key>[^'"]*)\1\]""")
+_SOURCE_INDEX = re.compile(r"\[(?P<idx>-?\d+)\]")
+
+_GETATTR = re.compile(r"^(?:getattr_)+")
+# torch >= 2.3: l_<root>_modules_<name>_..._parameters_<name>_
+_NEW_STYLE = re.compile(r"^[lLgG]_(?P<root>[A-Za-z0-9_]+?)_(?P<rest>(?:modules|parameters|buffers)_.*)$")
+_NEW_SEP = re.compile(r"_(?:modules|parameters|buffers)_")
+# older torch: L__<root>__ followed by _<attr>; the root itself may contain '_'.
+# A bare input placeholder: l_x_ is L['x'].
+_NEW_LEAF = re.compile(r"^[lLgG]_(?P<root>[A-Za-z0-9_]+?)_$")
+_OLD_STYLE = re.compile(r"^[lLgG]__(?P<root>[A-Za-z0-9_]+?)__(?P<rest>_.*)?$")
+_MULTI_SEP = re.compile(r"_{3,}")
+
+
+def abbreviate(name: str, max_len: int | None = DEFAULT_MAX_LEN) -> str:
+    """Return the readable form of ``name``, at most ``max_len`` characters.
+
+    ``max_len=None`` never truncates (trace event names keep the full path).
+    Names that are already plain (``layer1.0.conv1``, ``add_1``) are kept.
+    """
+    text = str(name)
+    if _SOURCE_ROOT.match(text):
+        text = _from_source(text)
+    else:
+        text = _from_mangled(text)
+    text = _collapse_repeats(text)
+    return truncate(text, max_len)
+
+
+def truncate(text: str, max_len: int | None) -> str:
+    """Cut ``text`` in the middle so it fits ``max_len`` (keeps both ends)."""
+    if max_len is None or len(text) <= max_len:
+        return text
+    if max_len <= len(ELLIPSIS):
+        return text[:max_len]
+    keep = max_len - len(ELLIPSIS)
+    # The tail gets the extra character: the leaf (conv1, weight) says most.
+    head = keep // 2
+    tail = keep - head
+    return text[:head] + ELLIPSIS + text[-tail:]
+
+
+def _from_source(text: str) -> str:
+    match = _SOURCE_ROOT.match(text)
+    root, rest = match.group("root"), text[match.end():]
+    rest = _SOURCE_CONTAINER.sub(lambda m: "." + m.group("key"), rest)
+    rest = _SOURCE_KEY.sub(lambda m: "." + m.group("key"), rest)
+    # Module containers are indexed with [i] in source but are ".i" in FX paths.
+    rest = _SOURCE_INDEX.sub(lambda m: "." + m.group("idx"), rest)
+    rest = rest.lstrip(".")
+    # The root is the model variable (self, fn, model) unless nothing follows it.
+    return rest or root
+
+
+def _from_mangled(text: str) -> str:
+    body = _GETATTR.sub("", text)
+    new = _NEW_STYLE.match(body)
+    if new:
+        rest = new.group("rest").rstrip("_")
+        rest = re.sub(r"^(?:modules|parameters|buffers)_", "", rest)
+        return _NEW_SEP.sub(".", rest)
+    leaf = _NEW_LEAF.match(body)
+    if leaf and not body.startswith(("l__", "L__", "g__", "G__")):
+        return leaf.group("root")
+    old = _OLD_STYLE.match(body)
+    if old:
+        rest = (old.group("rest") or "").lstrip("_")
+        return _dotted(rest) if rest else old.group("root")
+    if body != text:
+        # getattr_ chain on something that is not an L/G root: still mangled.
+        return _dotted(body)
+    return text
+
+
+def _dotted(body: str) -> str:
+    """Old mangling: ``___`` separates accesses, ``_N_`` inside a part is ``.N``."""
+    out = []
+    for i, part in enumerate(_MULTI_SEP.split(body)):
+        if not part:
+            continue
+        if part.isdigit() and i > 0:
+            out.append(f"[{part}]")
+            continue
+        piece = _join_tokens(part.split("_"))
+        out.append(piece if not out else "." + piece)
+    return "".join(out)
+
+
+def _join_tokens(tokens: list[str]) -> str:
+    """Rejoin ``_``-split tokens; a numeric token is an index (``.N``)."""
+    text = tokens[0]
+    for prev, token in zip(tokens, tokens[1:]):
+        text += ("." if token.isdigit() or prev.isdigit() else "_") + token
+    return text
+
+
+def _collapse_repeats(text: str) -> str:
+    """``model.model.0`` → ``model.0``; numeric parts (``seq.0.0``) are kept."""
+    parts = text.split(".")
+    if len(parts) < 2:
+        return text
+    kept = [parts[0]]
+    for part in parts[1:]:
+        if part == kept[-1] and not part.isdigit() and part:
+            continue
+        kept.append(part)
+    return ".".join(kept)

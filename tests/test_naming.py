@@ -1,0 +1,74 @@
+"""Table tests for the shared abbreviation rules (seed 004)."""
+
+import pytest
+
+from dftrace_dynamo.naming import ELLIPSIS, abbreviate, truncate
+
+CASES = [
+    # plain FX names are kept
+    ("layer1.0.conv1", "layer1.0.conv1"),
+    ("add_1", "add_1"),
+    ("x", "x"),
+    # seed 004 examples
+    ("g__model___model_0_conv", "model.0.conv"),
+    ("getattr_getattr_L__yolo_model___model_23_cv3_0___0_____0___conv", "model.23.cv3.0[0][0].conv"),
+    # old Dynamo mangling
+    ("L__self___layer1_0_conv1", "layer1.0.conv1"),
+    ("l__self___layer1_0_downsample_0", "layer1.0.downsample.0"),
+    ("getattr_L__self___layer1___0___conv1", "layer1[0].conv1"),
+    ("L__self___conv_1x1", "conv_1x1"),
+    # torch >= 2.3 placeholder names
+    ("l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_", "layer1.0.conv1.weight"),
+    ("L_self_modules_bn_buffers_running_mean_", "bn.running_mean"),
+    ("l_fn_modules_0_modules_0_parameters_bias_", "0.0.bias"),
+    ("l_x_", "x"),
+    ("l_input_ids_", "input_ids"),
+    # source style (nn_module_stack, guards)
+    ("L['self'].layer1[0].conv1", "layer1.0.conv1"),
+    ("L['self']._modules['layer1']._modules['0']._modules['conv1']", "layer1.0.conv1"),
+    ("L['self'].encoder.layer.1.attention", "encoder.layer.1.attention"),
+    ("L['fn'].0.0", "0.0"),
+    ("L['self'].md['a']", "md.a"),
+    ("L['x']", "x"),
+    ('G["model"].head', "head"),
+    # repeated components collapse, numeric ones do not
+    ("model.model.0", "model.0"),
+    ("L['self'].model.model.3", "model.3"),
+    ("seq.0.0", "seq.0.0"),
+]
+
+
+@pytest.mark.parametrize("name,expected", CASES)
+def test_abbreviate_table(name, expected):
+    assert abbreviate(name, max_len=None) == expected
+
+
+@pytest.mark.parametrize(
+    "text,max_len,expected",
+    [
+        ("abcdefghij", 10, "abcdefghij"),
+        ("abcdefghijk", 10, "abc...hijk"),
+        ("abcdefghijk", 9, "abc...ijk"),
+        ("abcdefghijk", 4, "...k"),
+        ("abcdefghijk", 2, "ab"),
+        ("abcdefghijk", None, "abcdefghijk"),
+    ],
+)
+def test_truncate_middle(text, max_len, expected):
+    out = truncate(text, max_len)
+    assert out == expected
+    if max_len is not None:
+        assert len(out) <= max_len
+
+
+def test_abbreviate_truncates_after_rewriting():
+    name = "l_self_modules_" + "_modules_".join(f"block{i}" for i in range(20)) + "_parameters_weight_"
+    out = abbreviate(name, max_len=30)
+    assert len(out) == 30
+    assert out.startswith("block0.block1")
+    assert out.endswith("block19.weight")
+    assert ELLIPSIS in out
+
+
+def test_default_max_len_applies():
+    assert len(abbreviate("x" * 500)) < 500
