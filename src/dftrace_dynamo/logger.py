@@ -27,7 +27,7 @@ from . import __version__, _core, config
 _lock = threading.RLock()
 _prefix: Optional[str] = None  # set while this process (or its fork parent) traces
 _p_idx = -1
-_finalized = False
+_finalized = False  # finalize() was called, or opening failed: no lazy reopen
 _signals_bound = False
 _TRACE_SUFFIX = re.compile(r"(\.pfw)?(\.gz|\.zst)?$")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -61,8 +61,11 @@ def _clean(text: str) -> str:
 
 
 def _process_name() -> str:
-    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return os.path.splitext(script)[0] or "python"
+    """The script's name, or ``python`` for ``-c`` and the interactive prompt."""
+    script = sys.argv[0] if sys.argv else ""
+    if not script or script.startswith("-"):
+        return "python"
+    return os.path.splitext(os.path.basename(script))[0] or "python"
 
 
 def trace_path(prefix: str, compression: int, pid: int, hhash: str, env=os.environ) -> str:
@@ -112,7 +115,7 @@ def _header(pid: int, tid: int, hhash: str, p_idx: int) -> bytes:
 
 def _open(prefix: str, source: str, p_idx: int) -> bool:
     """Opens this process's file under ``prefix``; on failure reports once and returns False."""
-    global _prefix, _p_idx
+    global _prefix, _p_idx, _finalized
     cfg = config.get()
     pid = os.getpid()
     hhash = _hash16(socket.gethostname())
@@ -134,6 +137,7 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
         else:
             raise FileExistsError(f"too many traces named {path}")
     except (OSError, RuntimeError, ValueError) as exc:
+        _finalized = True
         config.report_disabled(f"cannot write the trace under {source}={prefix!r}: {exc}")
         return False
     _prefix, _p_idx = prefix, p_idx

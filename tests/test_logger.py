@@ -1,0 +1,309 @@
+"""The Python tracing core: enable rules, configuration errors, file naming,
+processes (fork, spawn, threads), signals and user regions."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import perfetto_tp
+from tracefile import read_events, read_lines, traces
+
+
+def run_py(code, tmp_path, env=None, timeout=120):
+    """Runs `code` in a fresh interpreter inside tmp_path with only the given DFTRACER_* set."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_") and k != "RANK"}
+    base.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=base,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def op_events(events, cat="user"):
+    return [e for e in events if e.get("cat") == cat]
+
+
+EMIT = """
+    import torch
+    from dftrace_dynamo import dftracer
+    log = dftracer.initialize_log("out/run.pfw", "/tmp/data", -1)
+    for i in range(3):
+        dftracer.log_event(f"ev{i}", "user", dftracer.get_time(), 1.5, {"i": i})
+    y = torch.ones(3) * 2
+    log.finalize()
+    print("done", float(y.sum()))
+"""
+
+
+def test_seed_style_initialize_log_writes_one_gzip_file(tmp_path):
+    p = run_py(EMIT, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "done 6.0" in p.stdout
+    files = traces(tmp_path / "out")
+    assert len(files) == 1
+    name = os.path.basename(files[0])
+    assert name.startswith("run-") and name.endswith(".pfw.gz") and name.count("-") == 2
+    events = read_events(files[0])
+    assert [e["name"] for e in op_events(events)] == ["ev0", "ev1", "ev2"]
+    assert [e["args"]["i"] for e in op_events(events)] == [0, 1, 2]
+    assert all(e["dur"] == 1.5 for e in op_events(events))
+    by_name = {e["name"]: e for e in events}
+    assert by_name["start"]["args"]["p_idx"] == -1
+    assert by_name["end"]["args"]["num_events"] == 3 and by_name["end"]["args"]["dropped"] == 0
+    assert {"HH", "FH", "SH", "process_name"} <= set(by_name)
+    ids = [e["id"] for e in events]
+    assert ids == list(range(1, len(events) + 1))
+    assert read_lines(files[0])[-1] == "]"
+
+
+def test_trace_loads_in_perfetto_with_process_and_thread_names(tmp_path):
+    code = """
+        import threading
+        from dftrace_dynamo import dftracer, region
+        threading.current_thread().name = "trainer"
+        log = dftracer.initialize_log("t")
+        with region("epoch", epoch=0):
+            for s in range(3):
+                with region("step", step=s):
+                    with region("data", cat="io"):
+                        pass
+        log.finalize()
+    """
+    p = run_py(code, tmp_path, env={"DFTRACER_TRACE_COMPRESSION": "0"})
+    assert p.returncode == 0, p.stderr
+    (path,) = traces(tmp_path)
+    assert path.endswith(".pfw")
+    res = perfetto_tp.query(
+        path,
+        perfetto_tp.ERROR_STATS_SQL,
+        "select s.name, s.depth from slice s where s.name in ('epoch','step','data') order by s.ts, s.depth",
+        "select t.name from thread t join thread_track tt using(utid) join slice s on s.track_id = tt.id "
+        "where s.name = 'epoch'",
+        "select pid, name from process where pid > 0",
+    )
+    assert res[0]["rows"] == []
+    assert res[1]["rows"] == [["epoch", 0]] + [["step", 1], ["data", 2]] * 3
+    assert res[2]["rows"] == [["trainer"]]
+    ((pid, name),) = res[3]["rows"]
+    assert name == f"python {pid}"
+
+
+@pytest.mark.parametrize(
+    "env, variable",
+    [
+        ({"DFTRACER_ENABLE": "yes"}, "DFTRACER_ENABLE"),
+        ({"DFTRACER_WRITE_BUFFER_SIZE": "-5"}, "DFTRACER_WRITE_BUFFER_SIZE"),
+        ({"DFTRACER_TRACE_COMPRESSION": "lz4"}, "DFTRACER_TRACE_COMPRESSION"),
+        ({"DFTRACER_LOG_LEVEL": "loud"}, "DFTRACER_LOG_LEVEL"),
+        ({"DFTRACER_BIND_SIGNALS": "2"}, "DFTRACER_BIND_SIGNALS"),
+        ({"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": "/proc/no/such/dir/trace"}, "DFTRACER_LOG_FILE"),
+        ({"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": "afile/trace"}, "DFTRACER_LOG_FILE"),
+    ],
+)
+def test_bad_configuration_turns_tracing_off_with_one_message(tmp_path, env, variable):
+    (tmp_path / "afile").write_text("not a directory")
+    code = """
+        import torch
+        from dftrace_dynamo import dftracer, region
+        with region("work"):
+            y = torch.ones(4).sum()
+        dftracer.log_event("x", "user", dftracer.get_time(), 1.0)
+        print("result", float(y))
+    """
+    if variable != "DFTRACER_LOG_FILE":
+        code = code.replace("import torch", "import torch\nfrom dftrace_dynamo import initialize_log\n"
+                            "initialize_log('t.pfw')")
+    p = run_py(code, tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "result 4.0" in p.stdout
+    messages = [line for line in p.stderr.splitlines() if "tracing is off" in line]
+    assert len(messages) == 1, p.stderr
+    assert variable in messages[0]
+    assert traces(tmp_path) == [] and not os.path.exists(tmp_path / "out")
+
+
+def test_enable_zero_switches_off_even_initialize_log(tmp_path):
+    p = run_py(EMIT, tmp_path, env={"DFTRACER_ENABLE": "0"})
+    assert p.returncode == 0 and "done" in p.stdout and p.stderr == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_unset_enable_without_initialize_log_writes_nothing(tmp_path):
+    code = """
+        from dftrace_dynamo import dftracer, region
+        with region("r"):
+            pass
+        dftracer.log_event("x", "user", dftracer.get_time(), 1.0)
+    """
+    p = run_py(code, tmp_path)
+    assert p.returncode == 0 and p.stderr == ""
+    assert traces(tmp_path) == []
+
+
+def test_enable_one_opens_log_lazily_under_log_file_and_closes_at_exit(tmp_path):
+    code = """
+        from dftrace_dynamo import region
+        for i in range(5):
+            with region("r", i=i):
+                pass
+    """
+    p = run_py(code, tmp_path, env={"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "logs" / "app")})
+    assert p.returncode == 0, p.stderr
+    (path,) = traces(tmp_path / "logs")
+    assert os.path.basename(path).startswith("app-")
+    events = read_events(path)
+    assert [e["args"]["i"] for e in events if e["name"] == "r"] == list(range(5))
+    assert events[-1]["name"] == "end" and events[-1]["args"]["num_events"] == 5
+
+
+def test_rank_in_file_name_and_existing_files_never_overwritten(tmp_path):
+    code = """
+        import os
+        from dftrace_dynamo import logger
+        from dftrace_dynamo import config
+        import socket
+        pid = os.getpid()
+        taken = logger.trace_path("t", config.COMPRESSION_GZIP, pid, logger._hash16(socket.gethostname()))
+        open(taken, "w").write("old")
+        log = logger.initialize_log("t")
+        print(os.path.basename(taken)); print(os.path.basename(log.path))
+        log.finalize()
+    """
+    p = run_py(code, tmp_path, env={"RANK": "3"})
+    assert p.returncode == 0, p.stderr
+    taken, used = p.stdout.split()
+    assert "-rank3-" in taken
+    assert used != taken and used.endswith(".1.pfw.gz")
+    assert (tmp_path / taken).read_text() == "old"
+    assert len(read_events(str(tmp_path / used))) > 0
+
+
+def test_fork_child_gets_its_own_file_and_parent_events_are_written_once(tmp_path):
+    code = """
+        import os
+        from dftrace_dynamo import dftracer, region
+        log = dftracer.initialize_log("f")
+        for i in range(10):
+            with region("parent_before", i=i):
+                pass
+        pid = os.fork()
+        if pid == 0:
+            for i in range(7):
+                with region("child", i=i):
+                    pass
+            dftracer.finalize()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        for i in range(4):
+            with region("parent_after", i=i):
+                pass
+        log.finalize()
+        print(os.getpid(), pid)
+    """
+    p = run_py(code, tmp_path)
+    assert p.returncode == 0, p.stderr
+    parent_pid, child_pid = map(int, p.stdout.split())
+    files = traces(tmp_path)
+    assert len(files) == 2
+    by_pid = {}
+    for f in files:
+        events = read_events(f)
+        names = [e["name"] for e in events if e.get("cat") == "region"]
+        by_pid[events[0]["pid"]] = names
+    assert by_pid[parent_pid] == ["parent_before"] * 10 + ["parent_after"] * 4
+    assert by_pid[child_pid] == ["child"] * 7
+
+
+def test_spawned_processes_and_threads_trace_to_their_own_files(tmp_path):
+    code = """
+        import multiprocessing as mp, threading
+        from dftrace_dynamo import dftracer, region
+
+        def work(n):
+            for i in range(n):
+                with region("spawned", i=i):
+                    pass
+
+        if __name__ == "__main__":
+            log = dftracer.initialize_log("s")
+            threads = [threading.Thread(target=work, args=(500,)) for _ in range(4)]
+            for t in threads: t.start()
+            for t in threads: t.join()
+            ctx = mp.get_context("spawn")
+            procs = [ctx.Process(target=work, args=(25,)) for _ in range(2)]
+            for q in procs: q.start()
+            for q in procs: q.join()
+            log.finalize()
+    """
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(code))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=base, capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    files = traces(tmp_path)
+    assert len(files) == 3
+    counts = sorted(len([e for e in read_events(f) if e["name"] == "spawned"]) for f in files)
+    assert counts == [25, 25, 2000]
+    main = [f for f in files if len([e for e in read_events(f) if e["name"] == "spawned"]) == 2000][0]
+    tids = {e["tid"] for e in read_events(main) if e["name"] == "spawned"}
+    assert len(tids) == 4 and all(0 < t < 2**32 for t in tids)
+
+
+def test_bind_signals_finalizes_on_sigterm_then_terminates(tmp_path):
+    code = """
+        import time, sys
+        from dftrace_dynamo import dftracer, region
+        log = dftracer.initialize_log("sig")
+        for i in range(3):
+            with region("before_signal"):
+                pass
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
+    base["DFTRACER_BIND_SIGNALS"] = "1"
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=base,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGTERM
+    (path,) = traces(tmp_path)
+    lines = read_lines(path)
+    assert lines[-1] == "]"
+    events = read_events(path)
+    assert [e["name"] for e in events].count("before_signal") == 3
+    assert events[-1]["name"] == "end"
+
+
+def test_region_as_decorator_and_log_event_times(tmp_path):
+    code = """
+        import time
+        from dftrace_dynamo import dftracer, region
+
+        @region("load", cat="io", source="disk")
+        def load():
+            time.sleep(0.002)
+
+        log = dftracer.initialize_log("r")
+        load(); load()
+        t0 = dftracer.get_time()
+        dftracer.log_event("manual", "user", t0, 0.25)
+        log.finalize()
+        print(int(t0))
+    """
+    p = run_py(code, tmp_path)
+    assert p.returncode == 0, p.stderr
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    loads = [e for e in events if e["name"] == "load"]
+    assert len(loads) == 2 and all(e["cat"] == "io" and e["args"]["source"] == "disk" for e in loads)
+    assert all(2000 <= e["dur"] < 200000 for e in loads)
+    (manual,) = [e for e in events if e["name"] == "manual"]
+    assert manual["dur"] == 0.25 and isinstance(manual["ts"], int)
+    assert abs(manual["ts"] - int(p.stdout)) <= 1
+    assert abs(manual["ts"] - time.time() * 1e6) < 600e6  # on the epoch timeline
