@@ -23,6 +23,8 @@ CASES = [
     ("l_fn_modules_0_modules_0_parameters_bias_", "0.0.bias"),
     ("l_x_", "x"),
     ("l_input_ids_", "input_ids"),
+    ("L_kwargs_input_ids_", "input_ids"),
+    ("L['kwargs']['attention_mask']", "attention_mask"),
     # source style (nn_module_stack, guards)
     ("L['self'].layer1[0].conv1", "layer1.0.conv1"),
     ("L['self']._modules['layer1']._modules['0']._modules['conv1']", "layer1.0.conv1"),

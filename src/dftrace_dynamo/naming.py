@@ -96,7 +96,8 @@ def _from_mangled(text: str) -> str:
         return _NEW_SEP.sub(".", rest)
     leaf = _NEW_LEAF.match(body)
     if leaf and not body.startswith(("l__", "L__", "g__", "G__")):
-        return leaf.group("root")
+        # L['kwargs']['input_ids'] is mangled to l_kwargs_input_ids_
+        return re.sub(r"^kwargs_", "", leaf.group("root"))
     old = _OLD_STYLE.match(body)
     if old:
         rest = (old.group("rest") or "").lstrip("_")

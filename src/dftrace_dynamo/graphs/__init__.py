@@ -1,0 +1,1 @@
+"""Graph tools: capture, hybrid tracing, FLOPs profile, explorer, drawing."""
