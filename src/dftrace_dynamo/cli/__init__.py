@@ -1,0 +1,66 @@
+"""The ``dftrace-dynamo`` command.
+
+Each subcommand is a module of this package with ``register(subparsers)``,
+which adds its parser and ``set_defaults(func=...)``; ``func(args)`` returns the
+exit status. Subcommand modules keep heavy imports (torch, duckdb, matplotlib)
+inside their functions so that ``--help`` stays fast.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+
+from dftrace_dynamo.traces.reader import TraceError
+
+SUBCOMMANDS = ["demo", "run", "summary", "merge", "convert", "validate", "profile", "explore", "graph"]
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad usage: exit 2 with one line, not the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _subcommand(name):
+    """The subcommand module, or None when it is not part of this install.
+    Only the module itself being absent is tolerated: an import error inside
+    an existing module is a bug and propagates."""
+    modname = f"{__name__}.{name}"
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name == modname:
+            return None
+        raise
+
+
+def build_parser():
+    parser = Parser(prog="dftrace-dynamo",
+                    description="Trace torch.compile'd models op by op and analyse the .pfw traces.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                       parser_class=Parser)
+    for name in SUBCOMMANDS:
+        module = _subcommand(name)
+        if module is not None:
+            module.register(subparsers)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except TraceError as e:
+        print(f"dftrace-dynamo {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dftrace-dynamo {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Output piped into `head` and closed: not an error. Point stdout at
+        # devnull so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

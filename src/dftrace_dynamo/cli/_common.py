@@ -1,0 +1,22 @@
+"""Helpers shared by the subcommands."""
+
+import os
+import sys
+
+
+def interactive():
+    """True when stderr is a terminal and not a CI log: progress bars only then."""
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def progress_bar(total, desc):
+    """A tqdm byte counter on stderr, shown after half a second on a terminal
+    only; a disabled (no-op) bar otherwise."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False,
+                delay=0.5, file=sys.stderr, disable=not interactive())
+
+
+def warn(command, message):
+    print(f"dftrace-dynamo {command}: warning: {message}", file=sys.stderr)

@@ -1,0 +1,172 @@
+"""Finding trace files and reading them as decompressed bytes or lines.
+
+Compression is recognised by magic bytes, not by name. A gzip file is a
+sequence of independent members (a zstd file, of frames): every complete
+member is used; a file cut inside a member (a crash, a copy in progress) gives
+what can be decoded up to the cut, and a :class:`Damage` note says what was lost.
+"""
+
+import glob
+import os
+import re
+import zlib
+
+import zstandard
+
+CHUNK = 1 << 20
+SUFFIXES = (".pfw", ".pfw.gz", ".pfw.zst")
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class TraceError(Exception):
+    """Bad input: the message is one line for the user, no traceback."""
+
+
+def find_traces(specs):
+    """Files for command-line arguments: files, directories (searched
+    recursively for ``*.pfw``, ``*.pfw.gz``, ``*.pfw.zst``) and glob patterns.
+    Order is kept, duplicates dropped."""
+    found = []
+    for spec in specs:
+        if os.path.isdir(spec):
+            hits = sorted(
+                os.path.join(root, name)
+                for root, _, names in os.walk(spec)
+                for name in names
+                if name.endswith(SUFFIXES)
+            )
+            if not hits:
+                raise TraceError(f"no trace files ({', '.join('*' + s for s in SUFFIXES)}) in directory {spec}")
+        elif os.path.exists(spec):
+            if not os.path.isfile(spec):
+                raise TraceError(f"not a regular file: {spec}")
+            hits = [spec]
+        elif glob.has_magic(spec):
+            hits = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+            if not hits:
+                raise TraceError(f"no files match {spec}")
+        else:
+            raise TraceError(f"no such file or directory: {spec}")
+        found.extend(hits)
+    return list(dict.fromkeys(os.path.normpath(p) for p in found))
+
+
+def compression_of(path):
+    """``"gzip"``, ``"zstd"`` or ``None`` from the first bytes of the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror}") from None
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    if head == ZSTD_MAGIC:
+        return "zstd"
+    return None
+
+
+class Damage:
+    """What could not be read from one file, as one-line notes."""
+
+    def __init__(self, path):
+        self.path = path
+        self.notes = []
+
+    def add(self, note):
+        self.notes.append(f"{self.path}: {note}")
+
+
+def _members(f, size, damage, new_decoder, kind):
+    """Decodes concatenated independent gzip members / zstd frames."""
+    dec, member_start, pos = new_decoder(), 0, 0
+    while data := f.read(CHUNK):
+        pos += len(data)
+        while data:
+            try:
+                out = dec.decompress(data)
+            except (zlib.error, zstandard.ZstdError) as e:
+                lost = size - member_start
+                damage.add(f"corrupt {kind} data in the member at byte {member_start} ({e}); "
+                           f"skipped the last {lost} bytes ({100 * lost / size:.1f}% of the file)")
+                return
+            if out:
+                yield out
+            if dec.eof:
+                data = dec.unused_data
+                member_start = pos - len(data)
+                dec = new_decoder()
+            else:
+                data = b""
+    if pos > member_start:
+        damage.add(f"truncated: the {kind} member at byte {member_start} is cut after "
+                   f"{pos - member_start} bytes; used what it decodes to, its end is lost")
+
+
+def iter_chunks(path, damage=None):
+    """Decompressed content of one file as byte chunks."""
+    damage = damage if damage is not None else Damage(path)
+    kind = compression_of(path)
+    with open(path, "rb") as f:
+        if kind == "gzip":
+            yield from _members(f, os.fstat(f.fileno()).st_size, damage,
+                                lambda: zlib.decompressobj(31), "gzip")
+        elif kind == "zstd":
+            dctx = zstandard.ZstdDecompressor()
+            yield from _members(f, os.fstat(f.fileno()).st_size, damage, dctx.decompressobj, "zstd")
+        else:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
+
+def iter_lines(path, damage=None):
+    """``(line_number, line)`` pairs, lines as bytes without the newline; a
+    last line without newline (a cut file) is yielded as it is."""
+    rest, lineno = b"", 0
+    for chunk in iter_chunks(path, damage):
+        parts = chunk.split(b"\n")
+        parts[0] = rest + parts[0]
+        rest = parts.pop()
+        for line in parts:
+            lineno += 1
+            yield lineno, line
+    if rest:
+        yield lineno + 1, rest
+
+
+def head(path, size=4096):
+    """The first ``size`` decompressed bytes (fewer for a short file)."""
+    out = b""
+    for chunk in iter_chunks(path, Damage(path)):
+        out += chunk
+        if len(out) >= size:
+            break
+    return out[:size]
+
+
+def check_trace(path):
+    """Raises :class:`TraceError` unless the file starts like a trace (a JSON
+    array or JSON object lines). Returns ``"array"`` for a strict JSON array
+    (commas between objects), ``"lines"`` for the DFTracer layout."""
+    start = head(path).lstrip()
+    if not start:
+        raise TraceError(f"{path}: empty file, not a trace")
+    if start[:1] == b"[":
+        body = start[1:].lstrip()
+        if body and body[:1] not in b"{]":
+            raise TraceError(f"{path}: not a trace file (a JSON array of something other than events)")
+        first = body.split(b"\n", 1)[0].rstrip()
+        return "array" if first.endswith(b",") else "lines"
+    if start[:2] == b'{"':
+        return "lines"
+    raise TraceError(f"{path}: not a trace file (expected '[' or JSON object lines, "
+                     f"found {start[:16]!r})")
+
+
+_RANK = re.compile(r"(?:^|[-_.])rank(\d+)(?=[-_.]|$)")
+
+
+def rank_of(path):
+    """The ``rank<R>`` number in a trace file name, or None."""
+    m = _RANK.search(os.path.basename(path))
+    return int(m.group(1)) if m else None
