@@ -1,0 +1,215 @@
+"""The torch.compile backend: ``torch.compile(model, backend=tracer_backend)`` or ``backend="dftrace"``.
+
+Levels:
+
+``"aten"`` (default)
+    The Dynamo graph goes through AOTAutograd (as ``backend="aot_eager"``); the
+    forward, backward and inference graphs it produces are instrumented, so a
+    training step shows every ATen op of both passes (``function.convolution.default``,
+    ``function.convolution_backward.default``), as pydftracer users know them.
+``"torch"``
+    The Dynamo graph itself is instrumented (as ``backend="eager"``): torch-level
+    ops (``function.linear``, ``method.view``), lower overhead, no compile-time
+    AOT tracing, but backward runs in eager autograd and is not traced.
+
+``inner="inductor"`` (any backend name or callable) compiles with that backend
+and only wraps each compiled graph in a graph event; ops are not traced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import _core, compile_events, config, instrument, logger, sites
+
+LEVELS = ("aten", "torch")
+DEFAULT_LEVEL = "aten"
+BACKEND_NAME = "dftrace"
+
+_graph_ids = itertools.count()
+_graph_ids_lock = threading.Lock()
+
+_PHASE = {"forward": _core.PHASE_FORWARD, "backward": _core.PHASE_BACKWARD, "inference": _core.PHASE_INFERENCE}
+
+
+def _next_graph_id() -> int:
+    with _graph_ids_lock:
+        return next(_graph_ids)
+
+
+def tracing_disabled() -> bool:
+    """DFTRACER_ENABLE=0 (or a bad DFTRACER_* value): compiled code is left untouched."""
+    cfg = config.get()
+    return cfg.enable is False or cfg.error is not None
+
+
+class Tags:
+    """Dynamic tags (name, epoch, step, ...) written in every event's args; shared by backends."""
+
+    FIELDS = ("name", "epoch", "step", "image_idx", "image_size")
+
+    def __init__(self, **values):
+        self.cell = _core.TagCell()
+        self.values: dict = {}
+        self.update(**values)
+
+    def update(self, args: Optional[dict] = None, **values) -> None:
+        """Sets the given tags (``None`` leaves a tag unchanged); later events carry them, no recompile."""
+        self.values.update({k: v for k, v in values.items() if v is not None})
+        if args:
+            self.values.update(args)
+        self.cell.id = _core.intern_tags(self.values) if self.values else 0
+
+
+def _constant(value: bool) -> Callable[[], bool]:
+    return (lambda: True) if value else (lambda: False)
+
+
+def _boxed(fn):
+    # AOTAutograd calls compiled graphs with one list when they carry _boxed_call.
+    try:
+        fn._boxed_call = True
+        return fn
+    except AttributeError:
+        def run(args):
+            return fn(args)
+
+        run._boxed_call = True
+        return run
+
+
+class TracerBackend:
+    """A configured tracing backend; pass it as ``torch.compile(..., backend=...)``."""
+
+    def __init__(self, *, level: str = DEFAULT_LEVEL, enable: bool = True, inner: Any = None,
+                 on_graph: Optional[Callable] = None, tags: Optional[Tags] = None):
+        if level not in LEVELS:
+            raise ValueError(f"level={level!r} is not valid (accepted: {', '.join(map(repr, LEVELS))})")
+        self.level = level
+        self.enable = enable
+        self.inner = inner
+        self.on_graph = on_graph
+        self.tags = tags if tags is not None else Tags()
+        self.__name__ = BACKEND_NAME  # Dynamo names backends by __name__ in logs and guards
+
+    def update(self, epoch=None, step=None, image_idx=None, image_size=None, args=None) -> "TracerBackend":
+        """Changes the tags of the events recorded from now on (no recompile)."""
+        self.tags.update(args, epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
+        return self
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        if not self.enable or tracing_disabled():
+            return gm.forward
+        logger.ensure_open()
+        compile_events.install()
+        graph_id = _next_graph_id()
+        frame = compile_events.current() or {}
+        start = _core.now_ns()
+        self._notify(gm, example_inputs, graph_id, "torch", self._torch_phase(), "dynamo",
+                     (start - frame["start_ns"]) if "start_ns" in frame else None)
+        if self.inner is not None:
+            compiled = self._compile_inner(gm, example_inputs, graph_id, **kwargs)
+        elif self.level == "torch":
+            compiled = self._graph_call(gm, graph_id, self._torch_phase(), "torch", torch.is_grad_enabled)
+        else:
+            compiled = self._compile_aot(gm, example_inputs, graph_id)
+        compile_events.emit("backend", f"backend graph {graph_id}", start, _core.now_ns(), graph=graph_id,
+                            level="torch" if self.inner is not None else self.level,
+                            inner=self._inner_name(), frame=frame.get("frame"), location=frame.get("location"),
+                            compile_id=frame.get("compile_id"))
+        return compiled
+
+    @staticmethod
+    def _torch_phase() -> str:
+        # Dynamo guards on grad mode, so the mode now is the mode of every call of this graph.
+        return "forward" if torch.is_grad_enabled() else "inference"
+
+    def _inner_name(self) -> Optional[str]:
+        if self.inner is None:
+            return None
+        return self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", type(self.inner).__name__)
+
+    def _notify(self, gm, example_inputs, graph_id, level, phase, stage, compile_ns) -> None:
+        if self.on_graph is not None:
+            self.on_graph(gm, example_inputs, {
+                "graph_id": graph_id, "level": level, "phase": phase, "stage": stage,
+                "compile_time_s": None if compile_ns is None else compile_ns / 1e9,
+                **{k: v for k, v in (compile_events.current() or {}).items() if k in ("compile_id", "frame", "location")},
+            })
+
+    def _graph_call(self, gm, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False):
+        """Instruments ``gm`` and wraps its forward in the graph event."""
+        start = _core.now_ns()
+        if boxed:
+            from torch.fx.graph import _BoxedCodeGen
+
+            gm.graph.set_codegen(_BoxedCodeGen())
+        nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata)
+        site = _core.intern_site(f"graph {graph_id} {phase}", sites.CAT_GRAPH,
+                                 {"graph": graph_id, "level": level, "nodes": nodes})
+        compile_events.emit("instrument", f"instrument graph {graph_id} {phase}", start, _core.now_ns(),
+                            graph=graph_id, phase=phase, level=level, nodes=nodes)
+        call = _core.GraphCall(gm.forward, site, self.tags.cell, _PHASE[phase], grad_fn)
+        return _boxed(call) if boxed else call
+
+    def _compile_aot(self, gm, example_inputs, graph_id: int):
+        from functorch.compile import min_cut_rematerialization_partition
+        from torch._dynamo.backends.common import aot_autograd
+
+        grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
+
+        def compiler(phase: str, grad_fn):
+            def compile_graph(fx_g, inputs):
+                self._notify(fx_g, inputs, graph_id, "aten", phase, "aot", None)
+                return self._graph_call(fx_g, graph_id, phase, "aten", grad_fn, boxed=True)
+
+            return compile_graph
+
+        # Same AOTAutograd settings as backend="aot_eager", so numerics match it bit for bit.
+        # The forward runs inside autograd.Function.forward (grad off): its grad_enabled is
+        # the user's mode, a constant; backward reads the mode the autograd engine set.
+        return aot_autograd(
+            fw_compiler=compiler("forward", _constant(grad)),
+            bw_compiler=compiler("backward", torch.is_grad_enabled),
+            inference_compiler=compiler("inference", _constant(grad)),
+            partition_fn=min_cut_rematerialization_partition,
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
+
+    def _compile_inner(self, gm, example_inputs, graph_id: int, **kwargs):
+        from torch._dynamo import lookup_backend
+
+        inner = lookup_backend(self.inner) if isinstance(self.inner, str) else self.inner
+        phase = self._torch_phase()
+        compiled = inner(gm, example_inputs, **kwargs)
+        site = _core.intern_site(f"graph {graph_id} {phase}", sites.CAT_GRAPH,
+                                 {"graph": graph_id, "level": "torch", "inner": self._inner_name()})
+        return _core.GraphCall(compiled, site, self.tags.cell, _PHASE[phase], torch.is_grad_enabled)
+
+
+def create_backend(name=None, epoch=None, step=None, image_idx=None, image_size=None, enable=True,
+                   level: str = DEFAULT_LEVEL, inner: Any = None, on_graph: Optional[Callable] = None,
+                   autograd: Optional[bool] = None) -> TracerBackend:
+    """A tracing backend with its own tags; ``autograd=`` is pydftracer's spelling of the level."""
+    if autograd is not None:
+        level = "aten" if autograd else "torch"
+    tags = Tags(name=name, epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
+    return TracerBackend(level=level, enable=enable, inner=inner, on_graph=on_graph, tags=tags)
+
+
+tracer_backend = create_backend()
+dftracer_dynamo_backend = tracer_backend
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if BACKEND_NAME not in _COMPILER_FNS:
+        register_backend(compiler_fn=tracer_backend, name=BACKEND_NAME)
+
+
+_register()

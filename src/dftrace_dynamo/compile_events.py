@@ -1,0 +1,178 @@
+"""Compile-side events: Dynamo frame compiles, graph breaks, recompiles, backend work.
+
+Every record goes into the trace (category ``dynamo_compile``) when a log is
+open, and to the registered listeners whether or not one is::
+
+    from dftrace_dynamo import compile_events
+
+    with compile_events.collect() as records:
+        compiled(x)
+    breaks = [r for r in records if r["kind"] == "graph_break"]
+
+A record is a dict with at least ``kind``, ``name``, ``start_ns``, ``end_ns``
+(``_core.now_ns`` clock) and, where known, ``compile_id`` (``"frame/attempt"``),
+``frame`` (function being compiled), ``location`` (``file:line``) and ``reason``.
+Kinds:
+
+``compile``          one Dynamo frame compile (its duration), or a lazy backward compile
+``graph_break``      ``reason`` why Dynamo split the frame, ``location`` of the user code
+``recompile``        ``reason``: the guard that failed, ``location`` of the frame
+``backend``          our backend's work on one captured graph (``graph``, ``level``,
+                     ``inner``: the wrapped backend, if any)
+``instrument``       rewriting one graph (``graph``, ``phase``, ``nodes``)
+
+Dynamo's hooks are process-wide: once installed (by the first tracing backend
+or ``collect()``) every Dynamo compile in the process is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import types
+from typing import Callable, Iterator, Optional
+
+from . import _core, config
+from .sites import CAT_COMPILE
+
+_listeners: list[Callable[[dict], None]] = []
+_lock = threading.Lock()
+_state = threading.local()  # the compile in progress on this thread
+
+
+def add_listener(fn: Callable[[dict], None]) -> None:
+    """Calls ``fn(record)`` for every compile-side record from now on (installs the hooks)."""
+    install()
+    with _lock:
+        _listeners.append(fn)
+
+
+def remove_listener(fn: Callable[[dict], None]) -> None:
+    with _lock:
+        _listeners.remove(fn)
+
+
+@contextlib.contextmanager
+def collect() -> Iterator[list]:
+    """Collects the records emitted inside the ``with`` block into the yielded list."""
+    records: list = []
+    add_listener(records.append)
+    try:
+        yield records
+    finally:
+        remove_listener(records.append)
+
+
+def emit(kind: str, name: str, start_ns: int, end_ns: int, **fields) -> dict:
+    """Writes one compile-side event and hands its record to the listeners."""
+    args = {k: v for k, v in fields.items() if v is not None}
+    _core.log(name, CAT_COMPILE, start_ns, end_ns, args)
+    record = dict(args, kind=kind, name=name, start_ns=start_ns, end_ns=end_ns)
+    for fn in list(_listeners):
+        try:
+            fn(record)
+        except Exception as exc:  # a broken listener must not break the user's compile
+            config.log.warning("compile_events listener %r failed: %s", fn, exc)
+    return record
+
+
+def current() -> Optional[dict]:
+    """The frame compile in progress on this thread: ``compile_id``, ``frame``, ``location``, ``start_ns``."""
+    return getattr(_state, "compile", None)
+
+
+def install() -> None:
+    """Registers the Dynamo compile callbacks (again after ``torch._dynamo.reset()``, which drops them)."""
+    from torch._dynamo.callback import callback_handler
+
+    with _lock:
+        if _on_start in callback_handler.start_callbacks:
+            return
+        callback_handler.register_start_callback(_on_start)
+        callback_handler.register_end_callback(_on_end)
+    # Registered while a frame compiles (first backend call after a reset): its end
+    # callback will run, so open its record now, dated from Dynamo's own start time.
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    if compile_id is not None and current() is None:
+        _on_start(None, compile_id=str(compile_id), started_ns=_dynamo_start_ns())
+
+
+def _dynamo_start_ns() -> Optional[int]:
+    from torch._dynamo.utils import get_metrics_context
+
+    wall_start = getattr(get_metrics_context(), "_start_time_ns", None)
+    return None if wall_start is None else _core.now_ns() - (time.time_ns() - wall_start)
+
+
+def _compiling_code() -> Optional[types.CodeType]:
+    # Dynamo passes the code object only to its own _compile(); find it on the stack.
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_compile" and "torch/_dynamo" in frame.f_code.co_filename.replace("\\", "/"):
+            code = frame.f_locals.get("code")
+            return code if isinstance(code, types.CodeType) else None
+        frame = frame.f_back
+    return None
+
+
+def _break_reasons() -> list:
+    from torch._dynamo.utils import graph_break_reasons
+
+    return graph_break_reasons
+
+
+def _first_paragraph(text: str) -> str:
+    return text.strip().split("\n\n", 1)[0]
+
+
+def _on_start(args, compile_id: Optional[str] = None, started_ns: Optional[int] = None) -> None:
+    start = _core.now_ns() if started_ns is None else started_ns
+    trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO").lower()
+    info = {"compile_id": getattr(args, "compile_id", compile_id), "trigger": trigger, "start_ns": start,
+            "frame": None, "location": None, "breaks_seen": len(_break_reasons())}
+    code = _compiling_code() if trigger == "dynamo" else None
+    if code is not None:
+        info["frame"] = code.co_name
+        info["location"] = f"{code.co_filename}:{code.co_firstlineno}"
+    _state.compile = info
+    if code is not None:
+        reason = _recompile_reason()
+        if reason:
+            emit("recompile", "recompile", start, start, reason=_guard_text(reason), detail=reason,
+                 frame=info["frame"], location=info["location"], compile_id=info["compile_id"])
+
+
+def _recompile_reason() -> Optional[str]:
+    # Dynamo stores the failed guard of a recompile in the metrics of the compile in progress.
+    from torch._dynamo.utils import get_metrics_context
+
+    return getattr(get_metrics_context(), "_metrics", {}).get("recompile_reason")
+
+
+def _guard_text(reason: str) -> str:
+    # "0/0: n == 2   # return x * n  # file:16 in f\nUser stack trace: ..." -> "n == 2"
+    first = reason.strip().splitlines()[0]
+    first = first.split(": ", 1)[1] if ": " in first and "/" in first.split(": ", 1)[0] else first
+    return first.split("  #", 1)[0].strip()
+
+
+def _on_end(args) -> None:
+    info = getattr(_state, "compile", None)
+    _state.compile = None
+    if info is None:
+        return
+    end = _core.now_ns()
+    reasons = _break_reasons()
+    seen = info["breaks_seen"] if info["breaks_seen"] <= len(reasons) else 0
+    for reason in reasons[seen:]:
+        frame = reason.user_stack[-1] if reason.user_stack else None
+        emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
+             location=f"{frame.filename}:{frame.lineno}" if frame else None,
+             frame=info["frame"], compile_id=info["compile_id"])
+    name = f"dynamo compile {info['frame']}" if info["frame"] else f"compile ({info['trigger']})"
+    emit("compile", name, info["start_ns"], _core.now_ns(), frame=info["frame"], location=info["location"],
+         compile_id=info["compile_id"], trigger=info["trigger"], graph_breaks=len(reasons) - seen)

@@ -1,0 +1,62 @@
+"""pydftracer's ``Dynamo`` / ``dynamo``: ``@dynamo.compile`` and tagged tracers.
+
+::
+
+    from dftrace_dynamo import dynamo, Dynamo
+
+    class Net(torch.nn.Module):
+        @dynamo.compile
+        def forward(self, x): ...
+
+    tracer = Dynamo(name="resnet50", epoch=0, step=0)
+    step_fn = tracer.compile(train_step)
+    tracer.update(epoch=1, step=5)   # later events carry the new tags, no recompile
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from .backend import DEFAULT_LEVEL, Tags, TracerBackend, tracing_disabled
+
+
+class Dynamo:
+    """A tracer whose tags (``name``, ``epoch``, ``step``, ``image_idx``, ``image_size``) go into every event."""
+
+    def __init__(self, name: Optional[str] = None, epoch: Optional[int] = None, step: Optional[int] = None,
+                 image_idx: Optional[int] = None, image_size: Any = None, enable: bool = True,
+                 level: str = DEFAULT_LEVEL, inner: Any = None):
+        self.enable = enable
+        self.tags = Tags(name=name, epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
+        self.backend = TracerBackend(level=level, enable=enable, inner=inner, tags=self.tags)
+
+    def update(self, epoch=None, step=None, image_idx=None, image_size=None, args=None) -> "Dynamo":
+        """Changes the tags of the events recorded from now on; ``None`` keeps a tag as it is."""
+        self.tags.update(args, epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
+        return self
+
+    def compile(self, fn: Optional[Callable] = None, *, level: Optional[str] = None,
+                autograd: Optional[bool] = None, **compile_kwargs):
+        """``torch.compile`` with this tracer as backend; usable as ``@compile`` or ``@compile(...)``.
+
+        ``level`` (or pydftracer's ``autograd=True/False`` for ``"aten"``/``"torch"``) overrides the
+        tracer's level; other keywords go to ``torch.compile``. Disabled (``enable=False`` or
+        ``DFTRACER_ENABLE=0``): ``fn`` is returned as it is, not compiled.
+        """
+        if autograd is not None:
+            level = "aten" if autograd else "torch"
+        backend = self.backend
+        if level is not None and level != backend.level:
+            backend = TracerBackend(level=level, enable=self.enable, inner=backend.inner, tags=self.tags)
+
+        def decorate(func: Callable) -> Callable:
+            if not self.enable or tracing_disabled():
+                return func
+            return torch.compile(func, backend=backend, **compile_kwargs)
+
+        return decorate(fn) if fn is not None else decorate
+
+
+dynamo = Dynamo()

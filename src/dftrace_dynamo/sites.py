@@ -1,0 +1,152 @@
+"""What is static about an FX node's event: its name and args, computed once at compile time.
+
+Names follow pydftracer (seed 001) so existing trace queries keep working:
+``function.<op>[.<overload>]`` for ``call_function`` (``function.convolution.default``,
+``function.linear``, ``function.getitem``), ``method.<name>`` for ``call_method`` and the
+readable module path (``layer1.0.conv1``) for ``call_module``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .naming import abbreviate
+
+CAT_OP = "dynamo"
+CAT_GRAPH = "dynamo_graph"
+CAT_COMPILE = "dynamo_compile"
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """The event name of an executed node (``call_module`` targets must be the module path)."""
+    if node.op == "call_method":
+        return f"method.{node.target}"
+    if node.op == "call_module":
+        return abbreviate(node.target, max_len=None)
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        ns = target.namespace
+        base = target._opname if ns == "aten" else f"{ns}.{target._opname}"
+        return f"function.{base}.{target._overloadname}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"function.{target._qualified_op_name.replace('::', '.').removeprefix('aten.')}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"function.{target.name()}"
+    return f"function.{getattr(target, '__name__', type(target).__name__)}"
+
+
+def _stack_path(stack: Optional[dict]) -> tuple[Optional[str], Optional[str]]:
+    # nn_module_stack is ordered outermost first; the innermost module owns the op.
+    if not stack:
+        return None, None
+    path, mtype = list(stack.values())[-1]
+    name = abbreviate(path, max_len=None)
+    mtype = mtype.__name__ if isinstance(mtype, type) else str(mtype).rsplit(".", 1)[-1]
+    return (name or None), mtype
+
+
+def module_of(node: torch.fx.Node, root: Optional[torch.nn.Module] = None) -> tuple[Optional[str], Optional[str]]:
+    """(module path, module type) that issued the op; backward ops get their forward module."""
+    if node.op == "call_module":
+        mod = root.get_submodule(node.target) if root is not None else None
+        return abbreviate(node.target, max_len=None), (type(mod).__name__ if mod is not None else None)
+    meta = node.meta
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
+    return _stack_path(stack)
+
+
+def source_of(node: torch.fx.Node) -> Optional[str]:
+    """``file:line`` of the user code that produced the node (innermost frame of its stack trace)."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    found = _FILE_LINE.findall(trace)
+    return f"{found[-1][0]}:{found[-1][1]}" if found else None
+
+
+def _value(arg: Any) -> Any:
+    if isinstance(arg, torch.fx.Node):
+        return arg.meta.get("val", arg.meta.get("example_value"))
+    return arg
+
+
+def _dim(d: Any) -> Any:
+    # Symbolic sizes are written as their expression: int() on a SymInt would add a guard.
+    return d if isinstance(d, int) else str(d)
+
+
+def _concrete_numel(t: torch.Tensor) -> Optional[int]:
+    numel = 1
+    for d in t.shape:
+        if not isinstance(d, int):
+            return None
+        numel *= d
+    return numel
+
+
+def _tensors(values: Any) -> list:
+    return [v for v in tree_flatten(values)[0] if isinstance(v, torch.Tensor)]
+
+
+def _flops(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Optional[int]:
+    from torch.utils.flop_counter import flop_registry
+
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    formula = flop_registry.get(target.overloadpacket)
+    if formula is None:
+        return 0
+    if any(_concrete_numel(t) is None for t in _tensors((args, kwargs, out))):
+        return None
+    try:
+        return int(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that does not accept these arguments: no estimate
+        return None
+
+
+def metadata(node: torch.fx.Node, root: Optional[torch.nn.Module]) -> dict:
+    """DFTRACER_INC_METADATA args: shapes, dtypes, module type, source, FLOPs and bytes (all static)."""
+    args = tuple(_value(a) for a in node.args)
+    kwargs = {k: _value(v) for k, v in node.kwargs.items()}
+    out = _value(node)
+    inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+    meta: dict[str, Any] = {
+        "op_type": node.op,
+        "target": node.target if isinstance(node.target, str) else op_name(node).partition(".")[2],
+        "input_shapes": [[_dim(d) for d in t.shape] for t in inputs],
+        "input_dtypes": [str(t.dtype).removeprefix("torch.") for t in inputs],
+        "output_shapes": [[_dim(d) for d in t.shape] for t in outputs],
+        "output_dtypes": [str(t.dtype).removeprefix("torch.") for t in outputs],
+    }
+    _, mtype = module_of(node, root)
+    if mtype:
+        meta["module_type"] = mtype
+    source = source_of(node)
+    if source:
+        meta["source"] = source
+    flops = _flops(node, args, kwargs, out)
+    if flops is not None:
+        meta["flops"] = flops
+    sizes = [_concrete_numel(t) for t in inputs + outputs]
+    if sizes and None not in sizes:
+        # upper estimate: every input read once and every output written once
+        meta["bytes"] = sum(n * t.element_size() for n, t in zip(sizes, inputs + outputs))
+    return meta
+
+
+def op_args(node: torch.fx.Node, root: Optional[torch.nn.Module], graph_id: int, with_metadata: bool) -> dict:
+    """Static args of a node's event: graph id, FX node name, module path (+ metadata)."""
+    args: dict[str, Any] = {"graph": graph_id, "node": node.name}
+    module, _ = module_of(node, root)
+    if module:
+        args["module"] = module
+    if with_metadata:
+        args.update(metadata(node, root))
+    return args
