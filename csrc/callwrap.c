@@ -1,0 +1,351 @@
+/* TagCell, Interceptor (one FX node) and GraphCall (one compiled graph). */
+#include "core.h"
+
+#include <structmember.h>
+
+/* ---- TagCell ------------------------------------------------------------- */
+
+static PyObject *tagcell_get_id(dft_TagCell *self, void *c) { return PyLong_FromUnsignedLong(self->id); }
+
+static int tagcell_set_id(dft_TagCell *self, PyObject *v, void *c) {
+    if (!v) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete id");
+        return -1;
+    }
+    unsigned long long id = PyLong_AsUnsignedLongLong(v);
+    if (id == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (id >= atomic_load(&dft_tags.count)) {
+        PyErr_Format(PyExc_ValueError, "unknown tags id %llu", id);
+        return -1;
+    }
+    self->id = (uint32_t)id;
+    return 0;
+}
+
+static int tagcell_init(dft_TagCell *self, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"id", NULL};
+    PyObject *id = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:TagCell", kwl, &id))
+        return -1;
+    return id ? tagcell_set_id(self, id, NULL) : 0;
+}
+
+static PyGetSetDef tagcell_getset[] = {
+    {"id", (getter)tagcell_get_id, (setter)tagcell_set_id, "interned tags id (0: none)", NULL},
+    {NULL},
+};
+
+PyTypeObject dft_TagCellType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace_dynamo._core.TagCell",
+    .tp_basicsize = sizeof(dft_TagCell),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Mutable holder of a tags id, read by interceptors on every event.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)tagcell_init,
+    .tp_getset = tagcell_getset,
+};
+
+static inline uint32_t cell_id(PyObject *cell) { return cell ? ((dft_TagCell *)cell)->id : 0; }
+
+static int get_cell(PyObject *o, PyObject **cell) {
+    if (o == NULL || o == Py_None) {
+        *cell = NULL;
+        return 0;
+    }
+    if (!PyObject_TypeCheck(o, &dft_TagCellType)) {
+        PyErr_SetString(PyExc_TypeError, "cell must be a TagCell or None");
+        return -1;
+    }
+    *cell = Py_NewRef(o);
+    return 0;
+}
+
+/* ---- Interceptor --------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *target; /* callable (CALL) or method name (METHOD) */
+    PyObject *cell;   /* TagCell or NULL */
+    PyObject *name, *qualname, *module;
+    PyObject *dict;
+    uint32_t site;
+    int mode, grad;
+} Interceptor;
+
+static PyObject *icpt_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    Interceptor *self = (Interceptor *)self_;
+    int on = atomic_load_explicit(&dft_open_flag, memory_order_relaxed);
+    uint64_t t0 = on ? dft_now() : 0;
+    PyObject *r;
+    if (self->mode == 0) {
+        r = PyObject_Vectorcall(self->target, args, nargsf, kwnames);
+    } else if (PyVectorcall_NARGS(nargsf) == 0) {
+        PyErr_SetString(PyExc_TypeError, "method interceptor needs the object as first argument");
+        r = NULL;
+    } else {
+        r = PyObject_VectorcallMethod(self->target, args, nargsf, kwnames);
+    }
+    if (!on)
+        return r;
+    uint64_t t1 = dft_now();
+    uint32_t flags;
+    if (self->grad == 0)
+        flags = dft_tls.ctx;
+    else
+        flags = (dft_tls.ctx & DFT_PHASE_MASK) | (self->grad == 1 ? DFT_FLAG_GRAD : 0);
+    if (DFT_UNLIKELY(!r))
+        flags |= DFT_FLAG_FAILED;
+    dft_push(self->site, t0, t1, flags, cell_id(self->cell), NULL);
+    return r;
+}
+
+static PyObject *icpt_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"target", "site", "cell", "mode", "grad", "name", NULL};
+    PyObject *target, *cell, *name = NULL;
+    unsigned long long site;
+    int mode = 0, grad = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKO|iiU:Interceptor", kwl, &target, &site, &cell,
+                                     &mode, &grad, &name))
+        return NULL;
+    if (dft_check_site(site) < 0)
+        return NULL;
+    if (mode != 0 && mode != 1) {
+        PyErr_Format(PyExc_ValueError, "mode must be CALL (0) or METHOD (1), not %d", mode);
+        return NULL;
+    }
+    if (grad < 0 || grad > 2) {
+        PyErr_Format(PyExc_ValueError, "grad must be GRAD_INHERIT, GRAD_ON or GRAD_OFF, not %d", grad);
+        return NULL;
+    }
+    if (mode == 1 && !PyUnicode_Check(target)) {
+        PyErr_SetString(PyExc_TypeError, "METHOD mode needs the method name (str) as target");
+        return NULL;
+    }
+    if (mode == 0 && !PyCallable_Check(target)) {
+        PyErr_SetString(PyExc_TypeError, "target must be callable");
+        return NULL;
+    }
+    Interceptor *self = (Interceptor *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->vectorcall = icpt_vectorcall;
+    self->target = Py_NewRef(target);
+    self->site = (uint32_t)site;
+    self->mode = mode;
+    self->grad = grad;
+    if (get_cell(cell, &self->cell) < 0)
+        goto fail;
+    if (name) {
+        self->name = Py_NewRef(name);
+    } else if (mode == 1) {
+        self->name = Py_NewRef(target);
+    } else {
+        self->name = PyObject_GetAttrString(target, "__name__");
+        if (!self->name || !PyUnicode_Check(self->name)) {
+            PyErr_Clear();
+            Py_XSETREF(self->name, PyUnicode_FromString("interceptor"));
+            if (!self->name)
+                goto fail;
+        }
+    }
+    self->qualname = Py_NewRef(self->name);
+    self->module = PyUnicode_FromString("dftrace_dynamo._core");
+    if (!self->module)
+        goto fail;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int icpt_traverse(Interceptor *self, visitproc visit, void *arg) {
+    Py_VISIT(self->target);
+    Py_VISIT(self->cell);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int icpt_clear(Interceptor *self) {
+    Py_CLEAR(self->target);
+    Py_CLEAR(self->cell);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void icpt_dealloc(Interceptor *self) {
+    PyObject_GC_UnTrack(self);
+    icpt_clear(self);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->qualname);
+    Py_CLEAR(self->module);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *icpt_repr(Interceptor *self) {
+    return PyUnicode_FromFormat("<Interceptor %U site=%u of %R>", self->name, self->site,
+                                self->target ? self->target : Py_None);
+}
+
+/* __name__/__qualname__/__module__ are writable str attributes. */
+static PyObject *get_str(PyObject **slot) { return Py_NewRef(*slot); }
+static int set_str(PyObject **slot, PyObject *v) {
+    if (!v || !PyUnicode_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "must be set to a str");
+        return -1;
+    }
+    Py_SETREF(*slot, Py_NewRef(v));
+    return 0;
+}
+static PyObject *icpt_get_name(Interceptor *s, void *c) { return get_str(&s->name); }
+static int icpt_set_name(Interceptor *s, PyObject *v, void *c) { return set_str(&s->name, v); }
+static PyObject *icpt_get_qualname(Interceptor *s, void *c) { return get_str(&s->qualname); }
+static int icpt_set_qualname(Interceptor *s, PyObject *v, void *c) { return set_str(&s->qualname, v); }
+static PyObject *icpt_get_module(Interceptor *s, void *c) { return get_str(&s->module); }
+static int icpt_set_module(Interceptor *s, PyObject *v, void *c) { return set_str(&s->module, v); }
+static PyObject *icpt_get_site(Interceptor *s, void *c) { return PyLong_FromUnsignedLong(s->site); }
+
+static PyGetSetDef icpt_getset[] = {
+    {"__name__", (getter)icpt_get_name, (setter)icpt_set_name, NULL, NULL},
+    {"__qualname__", (getter)icpt_get_qualname, (setter)icpt_set_qualname, NULL, NULL},
+    {"__module__", (getter)icpt_get_module, (setter)icpt_set_module, NULL, NULL},
+    {"site", (getter)icpt_get_site, NULL, "interned site id", NULL},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyMemberDef icpt_members[] = {
+    {"target", T_OBJECT, offsetof(Interceptor, target), READONLY, "wrapped callable or method name"},
+    {"cell", T_OBJECT, offsetof(Interceptor, cell), READONLY, "TagCell or None"},
+    {"mode", T_INT, offsetof(Interceptor, mode), READONLY, "CALL or METHOD"},
+    {"grad", T_INT, offsetof(Interceptor, grad), READONLY, "GRAD_INHERIT, GRAD_ON or GRAD_OFF"},
+    {NULL},
+};
+
+PyTypeObject dft_InterceptorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace_dynamo._core.Interceptor",
+    .tp_basicsize = sizeof(Interceptor),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Interceptor(target, site, cell, mode=CALL, grad=GRAD_INHERIT, name=None): "
+              "calls target and records one event per call.",
+    .tp_new = icpt_new,
+    .tp_dealloc = (destructor)icpt_dealloc,
+    .tp_traverse = (traverseproc)icpt_traverse,
+    .tp_clear = (inquiry)icpt_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Interceptor, vectorcall),
+    .tp_dictoffset = offsetof(Interceptor, dict),
+    .tp_repr = (reprfunc)icpt_repr,
+    .tp_getset = icpt_getset,
+    .tp_members = icpt_members,
+};
+
+/* ---- GraphCall ----------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn, *grad_fn, *cell;
+    uint32_t site, phase;
+} GraphCall;
+
+static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    GraphCall *self = (GraphCall *)self_;
+    if (!atomic_load_explicit(&dft_open_flag, memory_order_relaxed))
+        return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    PyObject *g = PyObject_CallNoArgs(self->grad_fn);
+    if (!g)
+        return NULL;
+    int grad = PyObject_IsTrue(g);
+    Py_DECREF(g);
+    if (grad < 0)
+        return NULL;
+    uint32_t phase = self->phase;
+    if (phase == DFT_PHASE_FORWARD && !grad)
+        phase = DFT_PHASE_INFERENCE;
+    uint32_t ctx = (grad ? DFT_FLAG_GRAD : 0) | (phase << DFT_PHASE_SHIFT);
+    uint32_t saved = dft_tls.ctx;
+    dft_tls.ctx = ctx;
+    uint64_t t0 = dft_now();
+    PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    uint64_t t1 = dft_now();
+    dft_tls.ctx = saved;
+    dft_push(self->site, t0, t1, ctx | (r ? 0 : DFT_FLAG_FAILED), cell_id(self->cell), NULL);
+    return r;
+}
+
+static PyObject *gc_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"fn", "site", "cell", "phase", "grad_fn", NULL};
+    PyObject *fn, *cell, *grad_fn;
+    unsigned long long site;
+    unsigned int phase;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKOIO:GraphCall", kwl, &fn, &site, &cell, &phase,
+                                     &grad_fn))
+        return NULL;
+    if (dft_check_site(site) < 0)
+        return NULL;
+    if (phase > DFT_PHASE_INFERENCE) {
+        PyErr_Format(PyExc_ValueError, "phase must be one of PHASE_*, not %u", phase);
+        return NULL;
+    }
+    if (!PyCallable_Check(fn) || !PyCallable_Check(grad_fn)) {
+        PyErr_SetString(PyExc_TypeError, "fn and grad_fn must be callable");
+        return NULL;
+    }
+    GraphCall *self = (GraphCall *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->vectorcall = gc_vectorcall;
+    self->fn = Py_NewRef(fn);
+    self->grad_fn = Py_NewRef(grad_fn);
+    self->site = (uint32_t)site;
+    self->phase = phase;
+    if (get_cell(cell, &self->cell) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int gc_traverse(GraphCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->fn);
+    Py_VISIT(self->grad_fn);
+    Py_VISIT(self->cell);
+    return 0;
+}
+
+static int gc_clear(GraphCall *self) {
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->grad_fn);
+    Py_CLEAR(self->cell);
+    return 0;
+}
+
+static void gc_dealloc(GraphCall *self) {
+    PyObject_GC_UnTrack(self);
+    gc_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef gc_members[] = {
+    {"fn", T_OBJECT, offsetof(GraphCall, fn), READONLY, "wrapped compiled graph"},
+    {NULL},
+};
+
+PyTypeObject dft_GraphCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace_dynamo._core.GraphCall",
+    .tp_basicsize = sizeof(GraphCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "GraphCall(fn, site, cell, phase, grad_fn): calls a compiled graph under a "
+              "(grad, phase) context and records the enclosing graph event.",
+    .tp_new = gc_new,
+    .tp_dealloc = (destructor)gc_dealloc,
+    .tp_traverse = (traverseproc)gc_traverse,
+    .tp_clear = (inquiry)gc_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(GraphCall, vectorcall),
+    .tp_members = gc_members,
+};

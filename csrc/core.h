@@ -1,0 +1,231 @@
+/* Shared declarations of dftrace_dynamo._core.
+ *
+ * Layout: module.c (Python API, interning, file lifecycle), callwrap.c
+ * (Interceptor, GraphCall), ring.c (per-thread rings, fork), writer.c (writer
+ * thread, placement, event lines), json.c (escaping, number formatting),
+ * sink.c (plain / gzip members / zstd frames).
+ */
+#ifndef DFT_CORE_H
+#define DFT_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#define DFT_LIKELY(x) __builtin_expect(!!(x), 1)
+#define DFT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Flag bits (module constants). FLAG_NOCTX is internal: log() events carry no
+ * graph context, so grad_enabled/phase are not printed for them. */
+#define DFT_FLAG_GRAD 1u
+#define DFT_PHASE_SHIFT 1
+#define DFT_PHASE_MASK (3u << DFT_PHASE_SHIFT)
+#define DFT_FLAG_FAILED 8u
+#define DFT_FLAG_NOCTX 16u
+enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE };
+
+/* ---- growable byte buffer ---------------------------------------------- */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} dft_buf;
+
+int dft_buf_grow(dft_buf *b, size_t extra); /* 0 ok, -1 ENOMEM */
+static inline int dft_buf_reserve(dft_buf *b, size_t extra) {
+    return DFT_LIKELY(b->cap - b->len >= extra) ? 0 : dft_buf_grow(b, extra);
+}
+static inline void dft_buf_put(dft_buf *b, const char *s, size_t n) { /* after reserve */
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+void dft_buf_free(dft_buf *b);
+
+/* ---- JSON (json.c) ------------------------------------------------------- */
+/* Python -> JSON text; need the GIL. Return 0, or -1 with a Python error. */
+int dft_json_str(dft_buf *b, PyObject *s);      /* "escaped" */
+int dft_json_value(dft_buf *b, PyObject *v);    /* any supported value */
+int dft_json_fields(dft_buf *b, PyObject *d);   /* ,"k":v for each item */
+/* Plain C, no GIL. */
+char *dft_fmt_u64(char *p, uint64_t v);         /* decimal, returns end */
+char *dft_fmt_us(char *p, uint64_t ns);         /* ns as µs with <= 3 decimals */
+
+/* ---- interned strings (module.c) --------------------------------------- */
+typedef struct {
+    const char *p;
+    uint32_t len;
+} dft_str;
+
+typedef struct {
+    dft_str namecat; /* ,"name":"..","cat":".." */
+    dft_str args;    /* ,"k":v... (may be empty) */
+} dft_site;
+
+/* Chunked tables: entries never move, so the writer reads them without the
+ * GIL; count is published with release after the entry is complete. */
+#define DFT_TAB_BITS 10
+#define DFT_TAB_CHUNK (1u << DFT_TAB_BITS)
+#define DFT_TAB_MAXCHUNKS 4096
+typedef struct {
+    _Atomic(void *) chunks[DFT_TAB_MAXCHUNKS];
+    _Atomic uint32_t count;
+    size_t esize;
+} dft_table;
+
+extern dft_table dft_sites, dft_tags;
+static inline void *dft_tab_get(dft_table *t, uint32_t i) {
+    char *c = atomic_load_explicit(&t->chunks[i >> DFT_TAB_BITS], memory_order_acquire);
+    return c + (size_t)(i & (DFT_TAB_CHUNK - 1)) * t->esize;
+}
+
+/* ---- events and rings (ring.c) ----------------------------------------- */
+typedef struct {
+    uint64_t start, end; /* ns on the epoch timeline */
+    uint32_t site, tags;
+    uint32_t flags, _pad;
+    char *extra; /* owned ,"k":v fragment of one-off args (log), or NULL */
+} dft_rec;
+
+#define DFT_PLACE_CAP 64
+typedef struct {
+    uint64_t ms, me; /* measured start/end */
+    uint64_t ds, de; /* display start/end */
+} dft_place_ent;
+
+typedef struct dft_ring {
+    /* producer side */
+    _Atomic uint64_t head;
+    uint64_t tail_cache;
+    dft_rec *buf;
+    uint64_t mask, cap, half;
+    char _pad1[64];
+    /* writer side */
+    _Atomic uint64_t tail;
+    _Atomic int dead; /* owning thread exited */
+    uint32_t tid;
+    char *name_json; /* "escaped thread name" */
+    uint32_t name_len;
+    uint64_t named_gen; /* file generation whose thread_name is written */
+    uint64_t place_gen;
+    dft_place_ent place[DFT_PLACE_CAP];
+    uint32_t place_top, place_n;
+    size_t bytes;
+    struct dft_ring *_Atomic next;
+} dft_ring;
+
+typedef struct {
+    dft_ring *ring;
+    uint32_t ctx; /* grad/phase bits of the innermost GraphCall */
+} dft_tls_t;
+extern _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
+
+extern _Atomic int dft_open_flag;
+
+int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
+                  char *extra);
+
+/* Append one event to the calling thread's ring. Needs the GIL (which also
+ * serialises against close()). Returns 0 when recorded; otherwise the caller
+ * still owns extra. */
+static inline int dft_push(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
+                           char *extra) {
+    if (!atomic_load_explicit(&dft_open_flag, memory_order_relaxed))
+        return -1;
+    dft_ring *r = dft_tls.ring;
+    if (DFT_UNLIKELY(!r))
+        return dft_push_slow(site, s, e, flags, tags, extra);
+    uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
+    if (DFT_UNLIKELY(h - r->tail_cache >= r->half))
+        return dft_push_slow(site, s, e, flags, tags, extra);
+    dft_rec *x = &r->buf[h & r->mask];
+    x->start = s;
+    x->end = e;
+    x->site = site;
+    x->tags = tags;
+    x->flags = flags;
+    x->extra = extra;
+    atomic_store_explicit(&r->head, h + 1, memory_order_release);
+    return 0;
+}
+
+extern pthread_mutex_t dft_list_mu;
+extern dft_ring *_Atomic dft_rings;
+void dft_ring_init_once(void);
+void dft_ring_set_budget(size_t bytes);
+void dft_ring_free(dft_ring *r);
+void dft_ring_discard(dft_ring *r); /* drop pending records (frees extras) */
+void dft_ring_retire(dft_ring *r); /* count a freed ring's records; under dft_list_mu */
+void dft_rings_reset(void);
+void dft_rings_counts(uint64_t *pushed, uint64_t *pending);
+
+/* ---- clock ------------------------------------------------------------- */
+extern int64_t dft_epoch_off;
+static inline uint64_t dft_mono(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+static inline uint64_t dft_now(void) { return dft_mono() + (uint64_t)dft_epoch_off; }
+
+/* ---- output sink (sink.c) ---------------------------------------------- */
+#include <zlib.h>
+typedef struct {
+    int fd, mode, err; /* err: errno of the first failed write */
+    z_stream z;
+    void *zc; /* ZSTD_CCtx */
+    dft_buf out;
+    uint64_t in_member; /* uncompressed bytes in the open member */
+} dft_sink;
+
+int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
+void dft_sink_set_fd(dft_sink *k, int fd);
+int dft_sink_put(dft_sink *k, const char *p, size_t n);
+int dft_sink_member(dft_sink *k); /* end the member/frame and write it */
+void dft_sink_free(dft_sink *k);
+
+/* ---- writer (writer.c) ------------------------------------------------- */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv_wake, cv_space, cv_done;
+    _Atomic int kick;    /* a ring passed half full */
+    _Atomic int waiters; /* producers waiting for space */
+    int stop;
+    uint64_t flush_req, flush_done;
+    int running;
+    pthread_t thread;
+
+    dft_sink sink;
+    dft_buf fmt;
+    uint64_t gen;            /* file generation, bumps per open() */
+    uint64_t next_id;
+    uint64_t written;        /* X events written (end excluded) */
+    _Atomic uint64_t dropped;
+    uint64_t last_member_ns; /* monotonic */
+    char pid_s[24];
+    uint32_t pid_len;
+    char *hhash_json; /* "escaped hhash" */
+    uint32_t hhash_len;
+    uint32_t end_tid;
+    uint64_t end_ts;
+} dft_writer_t;
+extern dft_writer_t dft_w;
+
+void dft_writer_init_once(void);
+int dft_writer_start(void);
+void dft_writer_stop(void);  /* drains, writes end and ']', closes; GIL released */
+void dft_writer_flush(void); /* GIL released */
+void dft_writer_kick(void);
+
+/* ---- types (callwrap.c) ------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    uint32_t id;
+} dft_TagCell;
+extern PyTypeObject dft_TagCellType;
+extern PyTypeObject dft_InterceptorType;
+extern PyTypeObject dft_GraphCallType;
+int dft_check_site(unsigned long long site);
+
+#endif

@@ -1,0 +1,258 @@
+/* JSON text from Python values (at intern time, with the GIL) and the
+ * hand-written number formatting used per event by the writer. */
+#include "core.h"
+
+#include <math.h>
+
+int dft_buf_grow(dft_buf *b, size_t extra) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap - b->len < extra)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p)
+        return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+void dft_buf_free(dft_buf *b) {
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+static const char dig2[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                           "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                           "8081828384858687888990919293949596979899";
+
+char *dft_fmt_u64(char *p, uint64_t v) {
+    char tmp[20];
+    char *e = tmp + sizeof tmp, *q = e;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        q -= 2;
+        memcpy(q, dig2 + 2 * r, 2);
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, dig2 + 2 * v, 2);
+    } else {
+        *--q = (char)('0' + v);
+    }
+    memcpy(p, q, (size_t)(e - q));
+    return p + (e - q);
+}
+
+char *dft_fmt_us(char *p, uint64_t ns) {
+    p = dft_fmt_u64(p, ns / 1000);
+    unsigned f = (unsigned)(ns % 1000);
+    if (f) {
+        *p++ = '.';
+        *p++ = (char)('0' + f / 100);
+        f %= 100;
+        if (f) {
+            *p++ = (char)('0' + f / 10);
+            if (f % 10)
+                *p++ = (char)('0' + f % 10);
+        }
+    }
+    return p;
+}
+
+static const char hexd[] = "0123456789abcdef";
+
+/* Worst case per code point: \u00XX (6 bytes) or 4 UTF-8 bytes. */
+int dft_json_str(dft_buf *b, PyObject *s) {
+    if (!PyUnicode_Check(s)) {
+        PyErr_Format(PyExc_TypeError, "expected str, got %.100s", Py_TYPE(s)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (dft_buf_reserve(b, (size_t)n * 6 + 2) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    char *o = b->p + b->len;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < 0x80) {
+            if (c >= 0x20 && c != '"' && c != '\\') {
+                *o++ = (char)c;
+                continue;
+            }
+            *o++ = '\\';
+            switch (c) {
+            case '"': *o++ = '"'; break;
+            case '\\': *o++ = '\\'; break;
+            case '\n': *o++ = 'n'; break;
+            case '\t': *o++ = 't'; break;
+            case '\r': *o++ = 'r'; break;
+            default:
+                memcpy(o, "u00", 3);
+                o[3] = hexd[c >> 4];
+                o[4] = hexd[c & 15];
+                o += 5;
+            }
+        } else if (c < 0x800) {
+            *o++ = (char)(0xC0 | (c >> 6));
+            *o++ = (char)(0x80 | (c & 0x3F));
+        } else if (c < 0x10000) {
+            if (c >= 0xD800 && c <= 0xDFFF) /* lone surrogate: not encodable */
+                c = 0xFFFD;
+            *o++ = (char)(0xE0 | (c >> 12));
+            *o++ = (char)(0x80 | ((c >> 6) & 0x3F));
+            *o++ = (char)(0x80 | (c & 0x3F));
+        } else {
+            *o++ = (char)(0xF0 | (c >> 18));
+            *o++ = (char)(0x80 | ((c >> 12) & 0x3F));
+            *o++ = (char)(0x80 | ((c >> 6) & 0x3F));
+            *o++ = (char)(0x80 | (c & 0x3F));
+        }
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->p);
+    return 0;
+}
+
+static int put(dft_buf *b, const char *s, size_t n) {
+    if (dft_buf_reserve(b, n) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    dft_buf_put(b, s, n);
+    return 0;
+}
+
+/* str(obj) as a JSON string: fallback for values JSON has no type for. */
+static int put_str_of(dft_buf *b, PyObject *v) {
+    PyObject *s = PyObject_Str(v);
+    if (!s)
+        return -1;
+    int rc = dft_json_str(b, s);
+    Py_DECREF(s);
+    return rc;
+}
+
+static int put_key(dft_buf *b, PyObject *k) {
+    return PyUnicode_Check(k) ? dft_json_str(b, k) : put_str_of(b, k);
+}
+
+static int json_value(dft_buf *b, PyObject *v);
+
+/* Guarded against self-containing lists/dicts. */
+int dft_json_value(dft_buf *b, PyObject *v) {
+    if (Py_EnterRecursiveCall(" while formatting trace args"))
+        return -1;
+    int rc = json_value(b, v);
+    Py_LeaveRecursiveCall();
+    return rc;
+}
+
+static int json_seq(dft_buf *b, PyObject *v) {
+    PyObject *seq = PySequence_Fast(v, "expected a sequence");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int rc = put(b, "[", 1);
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        if (i)
+            rc = put(b, ",", 1);
+        if (rc == 0)
+            rc = dft_json_value(b, PySequence_Fast_GET_ITEM(seq, i));
+    }
+    if (rc == 0)
+        rc = put(b, "]", 1);
+    Py_DECREF(seq);
+    return rc;
+}
+
+static int json_dict(dft_buf *b, PyObject *d) {
+    if (put(b, "{", 1) < 0)
+        return -1;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    int first = 1;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        if (!first && put(b, ",", 1) < 0)
+            return -1;
+        first = 0;
+        if (put_key(b, k) < 0 || put(b, ":", 1) < 0 || dft_json_value(b, v) < 0)
+            return -1;
+    }
+    return put(b, "}", 1);
+}
+
+static int json_value(dft_buf *b, PyObject *v) {
+    char num[32];
+    if (v == Py_None)
+        return put(b, "null", 4);
+    if (v == Py_True)
+        return put(b, "true", 4);
+    if (v == Py_False)
+        return put(b, "false", 5);
+    if (PyUnicode_Check(v))
+        return dft_json_str(b, v);
+    if (PyLong_Check(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) { /* digits of a big int are valid JSON */
+            PyObject *s = PyLong_Type.tp_repr(v);
+            if (!s)
+                return -1;
+            Py_ssize_t n;
+            const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+            int rc = u ? put(b, u, (size_t)n) : -1;
+            Py_DECREF(s);
+            return rc;
+        }
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        char *p = num;
+        if (x < 0) {
+            *p++ = '-';
+            p = dft_fmt_u64(p, 0ull - (unsigned long long)x);
+        } else {
+            p = dft_fmt_u64(p, (uint64_t)x);
+        }
+        return put(b, num, (size_t)(p - num));
+    }
+    if (PyFloat_Check(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (!isfinite(x)) /* JSON has no inf/nan */
+            return put_str_of(b, v);
+        char *s = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (!s)
+            return -1;
+        int rc = put(b, s, strlen(s));
+        PyMem_Free(s);
+        return rc;
+    }
+    if (PyDict_Check(v))
+        return json_dict(b, v);
+    if (PyList_Check(v) || PyTuple_Check(v))
+        return json_seq(b, v);
+    return put_str_of(b, v);
+}
+
+
+int dft_json_fields(dft_buf *b, PyObject *d) {
+    if (d == NULL || d == Py_None)
+        return 0;
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "args must be a dict or None, not %.100s", Py_TYPE(d)->tp_name);
+        return -1;
+    }
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        if (put(b, ",", 1) < 0 || put_key(b, k) < 0 || put(b, ":", 1) < 0 ||
+            dft_json_value(b, v) < 0)
+            return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,477 @@
+/* dftrace_dynamo._core: Python API, interning, file lifecycle. The contract
+ * is docs/design.rst. */
+#include "core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+dft_table dft_sites = {.esize = sizeof(dft_site)};
+dft_table dft_tags = {.esize = sizeof(dft_str)};
+int64_t dft_epoch_off;
+
+static PyObject *site_ids; /* formatted site bytes -> id (dedup) */
+static PyObject *tag_ids;  /* formatted tags bytes -> id */
+static PyObject *log_ids;  /* (name, cat) -> site id, for log() */
+static PyObject *cur_path; /* str while a file is open */
+static uint64_t pushed_base; /* pushes before the current file, for stats() */
+
+/* Append one entry (under the GIL); returns its id or -1. */
+static int64_t tab_add(dft_table *t, const void *entry) {
+    uint32_t i = atomic_load_explicit(&t->count, memory_order_relaxed);
+    uint32_t c = i >> DFT_TAB_BITS;
+    if (c >= DFT_TAB_MAXCHUNKS) {
+        PyErr_SetString(PyExc_OverflowError, "too many interned entries");
+        return -1;
+    }
+    char *chunk = atomic_load(&t->chunks[c]);
+    if (!chunk) {
+        chunk = calloc(DFT_TAB_CHUNK, t->esize);
+        if (!chunk) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        atomic_store_explicit(&t->chunks[c], chunk, memory_order_release);
+    }
+    memcpy(chunk + (size_t)(i & (DFT_TAB_CHUNK - 1)) * t->esize, entry, t->esize);
+    atomic_store_explicit(&t->count, i + 1, memory_order_release);
+    return i;
+}
+
+/* Look the formatted text up in `ids`, else copy it into a new entry. */
+static PyObject *intern_text(PyObject *ids, dft_table *t, dft_buf *b, size_t split) {
+    PyObject *key = PyBytes_FromStringAndSize(b->p, (Py_ssize_t)b->len);
+    if (!key)
+        return NULL;
+    PyObject *id = PyDict_GetItemWithError(ids, key);
+    if (id || PyErr_Occurred()) {
+        Py_XINCREF(id);
+        Py_DECREF(key);
+        return id;
+    }
+    char *copy = malloc(b->len + 1);
+    if (!copy) {
+        Py_DECREF(key);
+        return PyErr_NoMemory();
+    }
+    memcpy(copy, b->p, b->len);
+    copy[b->len] = 0;
+    int64_t n;
+    if (t == &dft_sites) {
+        dft_site s = {{copy, (uint32_t)split}, {copy + split, (uint32_t)(b->len - split)}};
+        n = tab_add(t, &s);
+    } else {
+        dft_str s = {copy, (uint32_t)b->len};
+        n = tab_add(t, &s);
+    }
+    if (n < 0) {
+        free(copy);
+        Py_DECREF(key);
+        return NULL;
+    }
+    id = PyLong_FromLongLong(n);
+    if (id && PyDict_SetItem(ids, key, id) < 0)
+        Py_CLEAR(id);
+    Py_DECREF(key);
+    return id;
+}
+
+static PyObject *intern_site_impl(PyObject *name, PyObject *cat, PyObject *args) {
+    dft_buf b = {0};
+    PyObject *r = NULL;
+    if (dft_buf_reserve(&b, 16) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    dft_buf_put(&b, ",\"name\":", 8);
+    if (dft_json_str(&b, name) < 0 || dft_buf_reserve(&b, 8) < 0)
+        goto done;
+    dft_buf_put(&b, ",\"cat\":", 7);
+    if (dft_json_str(&b, cat) < 0)
+        goto done;
+    size_t split = b.len;
+    if (dft_json_fields(&b, args) < 0)
+        goto done;
+    r = intern_text(site_ids, &dft_sites, &b, split);
+done:
+    dft_buf_free(&b);
+    return r;
+}
+
+static PyObject *py_intern_site(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"name", "cat", "args", NULL};
+    PyObject *name, *cat, *a = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UU|O:intern_site", kwl, &name, &cat, &a))
+        return NULL;
+    return intern_site_impl(name, cat, a);
+}
+
+static PyObject *py_intern_tags(PyObject *m, PyObject *a) {
+    if (a == Py_None || (PyDict_Check(a) && PyDict_GET_SIZE(a) == 0))
+        return PyLong_FromLong(0);
+    dft_buf b = {0};
+    PyObject *r = NULL;
+    if (dft_json_fields(&b, a) == 0)
+        r = intern_text(tag_ids, &dft_tags, &b, 0);
+    dft_buf_free(&b);
+    return r;
+}
+
+int dft_check_site(unsigned long long site) {
+    if (site == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (site == 0 || site >= atomic_load(&dft_sites.count)) {
+        PyErr_Format(PyExc_ValueError, "unknown site id %llu", site);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_now_ns(PyObject *m, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(dft_now());
+}
+
+/* Positional-or-keyword parsing for the vectorcall functions below. */
+static int parse(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                 const char *const *names, int nreq, PyObject **out) {
+    int n = 0;
+    while (names[n])
+        n++;
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments", fn, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        out[i] = i < nargs ? args[i] : NULL;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        for (; i < n; i++)
+            if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0)
+                break;
+        if (i == n || out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected or repeated argument %R", fn,
+                         key);
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    for (int i = 0; i < nreq; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing argument '%s'", fn, names[i]);
+            return -1;
+        }
+    return 0;
+}
+
+static int get_u64(PyObject *o, uint64_t *v) {
+    unsigned long long x = PyLong_AsUnsignedLongLong(o);
+    if (x == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *v = x;
+    return 0;
+}
+
+static PyObject *py_record(PyObject *m, PyObject *const *args, size_t nargsf, PyObject *kw) {
+    static const char *const names[] = {"site", "start_ns", "end_ns", "flags", "tags", NULL};
+    PyObject *o[5];
+    if (parse("record", args, PyVectorcall_NARGS(nargsf), kw, names, 3, o) < 0)
+        return NULL;
+    uint64_t site, s, e, flags = 0, tags = 0;
+    if (get_u64(o[0], &site) < 0 || get_u64(o[1], &s) < 0 || get_u64(o[2], &e) < 0 ||
+        (o[3] && get_u64(o[3], &flags) < 0) || (o[4] && get_u64(o[4], &tags) < 0))
+        return NULL;
+    if (dft_check_site(site) < 0)
+        return NULL;
+    if (tags >= atomic_load(&dft_tags.count)) {
+        PyErr_Format(PyExc_ValueError, "unknown tags id %llu", (unsigned long long)tags);
+        return NULL;
+    }
+    dft_push((uint32_t)site, s, e, (uint32_t)flags & ~DFT_FLAG_NOCTX, (uint32_t)tags, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObject *kw) {
+    static const char *const names[] = {"name", "cat", "start_ns", "end_ns", "args", NULL};
+    PyObject *o[5];
+    if (parse("log", args, PyVectorcall_NARGS(nargsf), kw, names, 4, o) < 0)
+        return NULL;
+    uint64_t s, e;
+    if (get_u64(o[2], &s) < 0 || get_u64(o[3], &e) < 0)
+        return NULL;
+    if (!atomic_load(&dft_open_flag))
+        Py_RETURN_NONE;
+    PyObject *key = PyTuple_Pack(2, o[0], o[1]);
+    if (!key)
+        return NULL;
+    PyObject *id = PyDict_GetItemWithError(log_ids, key);
+    if (id) {
+        Py_INCREF(id);
+    } else if (!PyErr_Occurred()) {
+        id = intern_site_impl(o[0], o[1], Py_None);
+        if (id && PyDict_SetItem(log_ids, key, id) < 0)
+            Py_CLEAR(id);
+    }
+    Py_DECREF(key);
+    if (!id)
+        return NULL;
+    uint32_t site = (uint32_t)PyLong_AsUnsignedLong(id);
+    Py_DECREF(id);
+    char *extra = NULL;
+    if (o[4] && o[4] != Py_None) {
+        dft_buf b = {0};
+        if (dft_json_fields(&b, o[4]) < 0 || dft_buf_reserve(&b, 1) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_NoMemory();
+            dft_buf_free(&b);
+            return NULL;
+        }
+        b.p[b.len] = 0;
+        extra = b.len ? b.p : (free(b.p), NULL);
+    }
+    if (dft_push(site, s, e, DFT_FLAG_NOCTX, 0, extra) < 0)
+        free(extra);
+    Py_RETURN_NONE;
+}
+
+/* ---- file lifecycle ------------------------------------------------------ */
+
+static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"path", "compression", "buffer_size", "header", "pid", "hhash", NULL};
+    PyObject *path, *hhash;
+    int comp;
+    Py_ssize_t bufsize;
+    Py_buffer header;
+    long long pid;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Uiny*LU:open", kwl, &path, &comp, &bufsize, &header,
+                                     &pid, &hhash))
+        return NULL;
+    PyObject *ret = NULL;
+    dft_buf hh = {0};
+    if (atomic_load(&dft_open_flag)) {
+        PyErr_SetString(PyExc_RuntimeError, "a trace file is already open");
+        goto out;
+    }
+    if (comp < 0 || comp > 2) {
+        PyErr_Format(PyExc_ValueError, "compression must be 0, 1 or 2, not %d", comp);
+        goto out;
+    }
+    if (bufsize <= 0) {
+        PyErr_SetString(PyExc_ValueError, "buffer_size must be positive");
+        goto out;
+    }
+    if (dft_json_str(&hh, hhash) < 0)
+        goto out;
+    /* The writer is not running: its state is ours until it starts. The sink
+     * is initialised in place (a z_stream must not be copied). */
+    char err[256];
+    dft_sink *sink = &dft_w.sink;
+    if (dft_sink_init(sink, comp, err, sizeof err) < 0) {
+        dft_sink_free(sink);
+        PyErr_SetString(PyExc_RuntimeError, err);
+        goto out;
+    }
+    const char *cpath = PyUnicode_AsUTF8(path);
+    int fd = cpath ? open(cpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) : -1;
+    if (fd < 0) {
+        if (cpath)
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        dft_sink_free(sink);
+        goto out;
+    }
+    dft_sink_set_fd(sink, fd);
+    dft_rings_reset();
+    dft_w.fmt.len = 0;
+    dft_w.gen++;
+    uint64_t lines = 0;
+    for (Py_ssize_t i = 0; i < header.len; i++)
+        lines += ((const char *)header.buf)[i] == '\n';
+    dft_w.next_id = lines + 1;
+    dft_w.written = 0;
+    atomic_store(&dft_w.dropped, 0);
+    char *p = dft_w.pid_s;
+    if (pid < 0) {
+        *p++ = '-';
+        p = dft_fmt_u64(p, 0ull - (unsigned long long)pid);
+    } else {
+        p = dft_fmt_u64(p, (uint64_t)pid);
+    }
+    dft_w.pid_len = (uint32_t)(p - dft_w.pid_s);
+    free(dft_w.hhash_json);
+    dft_w.hhash_json = hh.p;
+    dft_w.hhash_len = (uint32_t)hh.len;
+    hh.p = NULL;
+    /* '[' and the header make the first member: the file loads from now on */
+    dft_sink_put(&dft_w.sink, "[\n", 2);
+    dft_sink_put(&dft_w.sink, header.buf, (size_t)header.len);
+    dft_sink_member(&dft_w.sink);
+    dft_ring_set_budget((size_t)bufsize);
+    uint64_t pending;
+    dft_rings_counts(&pushed_base, &pending);
+    if (dft_writer_start() < 0) {
+        close(fd);
+        dft_sink_free(&dft_w.sink);
+        PyErr_SetString(PyExc_RuntimeError, "cannot start the trace writer thread");
+        goto out;
+    }
+    Py_INCREF(path);
+    Py_XSETREF(cur_path, path);
+    atomic_store(&dft_open_flag, 1);
+    ret = Py_NewRef(Py_None);
+out:
+    dft_buf_free(&hh);
+    PyBuffer_Release(&header);
+    return ret;
+}
+
+static PyObject *py_close(PyObject *m, PyObject *unused) {
+    if (!atomic_load(&dft_open_flag))
+        Py_RETURN_NONE;
+    /* Pushes happen under the GIL, so none is in progress once this is 0. */
+    atomic_store(&dft_open_flag, 0);
+    dft_w.end_tid = (uint32_t)syscall(SYS_gettid);
+    dft_w.end_ts = dft_now();
+    Py_BEGIN_ALLOW_THREADS
+    dft_writer_stop();
+    Py_END_ALLOW_THREADS
+    int err = dft_w.sink.err;
+    close(dft_w.sink.fd);
+    dft_sink_free(&dft_w.sink);
+    dft_w.sink.fd = -1;
+    dft_rings_reset();
+    PyObject *path = cur_path;
+    cur_path = NULL;
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        Py_DECREF(path);
+        return NULL;
+    }
+    PyObject *r = Py_BuildValue("{sKsKsN}", "num_events", (unsigned long long)dft_w.written,
+                                "dropped", (unsigned long long)atomic_load(&dft_w.dropped),
+                                "path", path);
+    return r;
+}
+
+static PyObject *py_flush(PyObject *m, PyObject *unused) {
+    if (atomic_load(&dft_open_flag)) {
+        Py_BEGIN_ALLOW_THREADS
+        dft_writer_flush();
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_is_open(PyObject *m, PyObject *unused) {
+    return PyBool_FromLong(atomic_load(&dft_open_flag));
+}
+
+static PyObject *py_path(PyObject *m, PyObject *unused) {
+    if (!atomic_load(&dft_open_flag) || !cur_path)
+        Py_RETURN_NONE;
+    return Py_NewRef(cur_path);
+}
+
+static PyObject *py_stats(PyObject *m, PyObject *unused) {
+    uint64_t pushed, pending;
+    dft_rings_counts(&pushed, &pending);
+    return Py_BuildValue("{sKsKsKsK}", "recorded", (unsigned long long)(pushed - pushed_base),
+                         "written",
+                         (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
+                         "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
+                         (unsigned long long)pending);
+}
+
+static PyMethodDef methods[] = {
+    {"open", (PyCFunction)(void (*)(void))py_open, METH_VARARGS | METH_KEYWORDS,
+     "open(path, compression, buffer_size, header, pid, hhash): start a trace file."},
+    {"close", py_close, METH_NOARGS, "Write everything, the end event and ']'; close."},
+    {"flush", py_flush, METH_NOARGS, "Write all buffered events as one member now."},
+    {"is_open", py_is_open, METH_NOARGS, "Whether a trace file is open."},
+    {"path", py_path, METH_NOARGS, "Path of the open trace file, or None."},
+    {"intern_site", (PyCFunction)(void (*)(void))py_intern_site, METH_VARARGS | METH_KEYWORDS,
+     "intern_site(name, cat, args=None) -> site id."},
+    {"intern_tags", py_intern_tags, METH_O, "intern_tags(args) -> tags id (0: none)."},
+    {"now_ns", py_now_ns, METH_NOARGS, "Event clock: monotonic, mapped onto the epoch."},
+    {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL | METH_KEYWORDS,
+     "record(site, start_ns, end_ns, flags=0, tags=0)"},
+    {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,
+     "log(name, cat, start_ns, end_ns, args=None): one-off event."},
+    {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "dftrace_dynamo._core",
+    .m_doc = "Event recording, interceptors and the trace writer (see docs/design.rst).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+/* Epoch offset of the monotonic clock, from the tightest of a few brackets. */
+static void calibrate_epoch(void) {
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 9; i++) {
+        struct timespec rt;
+        uint64_t a = dft_mono();
+        clock_gettime(CLOCK_REALTIME, &rt);
+        uint64_t b = dft_mono();
+        if (b - a < best) {
+            best = b - a;
+            int64_t real = (int64_t)rt.tv_sec * 1000000000 + rt.tv_nsec;
+            dft_epoch_off = real - (int64_t)(a + (b - a) / 2);
+        }
+    }
+}
+
+PyMODINIT_FUNC PyInit__core(void) {
+    static const dft_site empty_site = {{"", 0}, {"", 0}};
+    static const dft_str empty_tags = {"", 0};
+    if (PyType_Ready(&dft_TagCellType) < 0 || PyType_Ready(&dft_InterceptorType) < 0 ||
+        PyType_Ready(&dft_GraphCallType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m)
+        return NULL;
+    if (!site_ids) { /* id 0 is never a valid site and means "no tags" */
+        calibrate_epoch();
+        dft_ring_init_once();
+        site_ids = PyDict_New();
+        tag_ids = PyDict_New();
+        log_ids = PyDict_New();
+        if (!site_ids || !tag_ids || !log_ids || tab_add(&dft_sites, &empty_site) < 0 ||
+            tab_add(&dft_tags, &empty_tags) < 0)
+            goto fail;
+    }
+    struct {
+        const char *name;
+        long v;
+    } consts[] = {
+        {"FLAG_GRAD", DFT_FLAG_GRAD},
+        {"FLAG_FAILED", DFT_FLAG_FAILED},
+        {"PHASE_SHIFT", DFT_PHASE_SHIFT},
+        {"PHASE_NONE", DFT_PHASE_NONE},
+        {"PHASE_FORWARD", DFT_PHASE_FORWARD},
+        {"PHASE_BACKWARD", DFT_PHASE_BACKWARD},
+        {"PHASE_INFERENCE", DFT_PHASE_INFERENCE},
+        {"CALL", 0},
+        {"METHOD", 1},
+        {"GRAD_INHERIT", 0},
+        {"GRAD_ON", 1},
+        {"GRAD_OFF", 2},
+    };
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
+        if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)
+            goto fail;
+    if (PyModule_AddObjectRef(m, "TagCell", (PyObject *)&dft_TagCellType) < 0 ||
+        PyModule_AddObjectRef(m, "Interceptor", (PyObject *)&dft_InterceptorType) < 0 ||
+        PyModule_AddObjectRef(m, "GraphCall", (PyObject *)&dft_GraphCallType) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

@@ -1,0 +1,327 @@
+/* The writer thread: drains every ring without the GIL, places events so that
+ * Perfetto sees the measured tree, formats one JSON line per event and hands
+ * the text to the sink in members of at most ~1 s. */
+#include "core.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+dft_writer_t dft_w = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .cv_wake = PTHREAD_COND_INITIALIZER,
+    .cv_space = PTHREAD_COND_INITIALIZER,
+    .cv_done = PTHREAD_COND_INITIALIZER,
+    .sink = {.fd = -1},
+};
+
+#define WAKE_NS 250000000ull
+#define MEMBER_NS 750000000ull /* + one wake period: a member at least every second */
+#define MEMBER_BYTES (4u << 20)
+#define FMT_FLUSH (256u << 10)
+#define DRAIN_BATCH 1024u
+
+void dft_writer_kick(void) {
+    if (!atomic_exchange(&dft_w.kick, 1)) {
+        pthread_mutex_lock(&dft_w.mu);
+        pthread_cond_signal(&dft_w.cv_wake);
+        pthread_mutex_unlock(&dft_w.mu);
+    }
+}
+
+/* Display interval of one event (see design.rst "Timestamps"): events arrive
+ * children first; entries on the stack with a measured start >= s are its
+ * descendants and are replaced by it; the entry below is the latest earlier
+ * disjoint event. */
+static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E) {
+    const uint32_t m = DFT_PLACE_CAP - 1;
+    uint64_t desc_de = 0;
+    while (r->place_n) {
+        dft_place_ent *t = &r->place[(r->place_top - 1) & m];
+        if (t->ms < s)
+            break;
+        if (t->de > desc_de)
+            desc_de = t->de;
+        r->place_top--;
+        r->place_n--;
+    }
+    uint64_t st = s - s % 1000;
+    if (r->place_n) {
+        uint64_t pde = r->place[(r->place_top - 1) & m].de;
+        uint64_t c = (pde + 999) / 1000 * 1000;
+        if (c > st)
+            st = c;
+    }
+    uint64_t en = st + (e - s);
+    if (desc_de > en)
+        en = desc_de;
+    if (r->place_n == DFT_PLACE_CAP) /* cap: forget the oldest */
+        r->place_n--;
+    dft_place_ent *n = &r->place[r->place_top++ & m];
+    n->ms = s;
+    n->me = e;
+    n->ds = st;
+    n->de = en;
+    r->place_n++;
+    *S = st;
+    *E = en;
+}
+
+#define PUT(lit)                                                                            \
+    do {                                                                                    \
+        memcpy(p, lit, sizeof(lit) - 1);                                                    \
+        p += sizeof(lit) - 1;                                                               \
+    } while (0)
+#define PUTS(ptr, n)                                                                        \
+    do {                                                                                    \
+        memcpy(p, ptr, n);                                                                  \
+        p += n;                                                                             \
+    } while (0)
+
+/* {"id":N,"name":"thread_name","cat":"dftracer","pid":P,"tid":T,"ph":"M","args":{...}} */
+static int emit_thread_name(dft_ring *r) {
+    dft_buf *b = &dft_w.fmt;
+    if (dft_buf_reserve(b, 256 + r->name_len + dft_w.hhash_len) < 0)
+        return -1;
+    char *p = b->p + b->len;
+    PUT("{\"id\":");
+    p = dft_fmt_u64(p, dft_w.next_id++);
+    PUT(",\"name\":\"thread_name\",\"cat\":\"dftracer\",\"pid\":");
+    PUTS(dft_w.pid_s, dft_w.pid_len);
+    PUT(",\"tid\":");
+    p = dft_fmt_u64(p, r->tid);
+    PUT(",\"ph\":\"M\",\"args\":{\"hhash\":");
+    PUTS(dft_w.hhash_json, dft_w.hhash_len);
+    PUT(",\"name\":");
+    PUTS(r->name_json, r->name_len);
+    PUT("}}\n");
+    b->len = (size_t)(p - b->p);
+    return 0;
+}
+
+static const char *const phase_txt[4] = {"", ",\"phase\":\"forward\"", ",\"phase\":\"backward\"",
+                                         ",\"phase\":\"inference\""};
+static const uint8_t phase_len[4] = {0, 18, 19, 20};
+
+static int emit_event(dft_ring *r, const dft_rec *x) {
+    dft_buf *b = &dft_w.fmt;
+    const dft_site *site = dft_tab_get(&dft_sites, x->site);
+    const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
+    size_t extra_len = x->extra ? strlen(x->extra) : 0;
+    size_t need = 256 + site->namecat.len + site->args.len + dft_w.hhash_len + extra_len +
+                  (tags ? tags->len : 0);
+    if (dft_buf_reserve(b, need) < 0)
+        return -1;
+    uint64_t s = x->start, e = x->end > x->start ? x->end : x->start, S, E;
+    place(r, s, e, &S, &E);
+
+    char *p = b->p + b->len;
+    PUT("{\"id\":");
+    p = dft_fmt_u64(p, dft_w.next_id++);
+    PUTS(site->namecat.p, site->namecat.len);
+    PUT(",\"pid\":");
+    PUTS(dft_w.pid_s, dft_w.pid_len);
+    PUT(",\"tid\":");
+    p = dft_fmt_u64(p, r->tid);
+    PUT(",\"ts\":");
+    p = dft_fmt_u64(p, S / 1000);
+    PUT(",\"dur\":");
+    p = dft_fmt_us(p, E - S);
+    PUT(",\"ph\":\"X\",\"args\":{\"hhash\":");
+    PUTS(dft_w.hhash_json, dft_w.hhash_len);
+    PUTS(site->args.p, site->args.len);
+    if (tags)
+        PUTS(tags->p, tags->len);
+    if (extra_len)
+        PUTS(x->extra, extra_len);
+    if (!(x->flags & DFT_FLAG_NOCTX)) {
+        PUT(",\"grad_enabled\":");
+        *p++ = (x->flags & DFT_FLAG_GRAD) ? '1' : '0';
+        unsigned ph = (x->flags & DFT_PHASE_MASK) >> DFT_PHASE_SHIFT;
+        PUTS(phase_txt[ph], phase_len[ph]);
+    }
+    if (x->flags & DFT_FLAG_FAILED)
+        PUT(",\"failed\":1");
+    PUT("}}\n");
+    b->len = (size_t)(p - b->p);
+    dft_w.written++;
+    return 0;
+}
+
+static void fmt_to_sink(void) {
+    if (dft_w.fmt.len) {
+        dft_sink_put(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
+        dft_w.fmt.len = 0;
+    }
+}
+
+static void end_member(void) {
+    fmt_to_sink();
+    dft_sink_member(&dft_w.sink);
+    dft_w.last_member_ns = dft_mono();
+}
+
+static void drain_ring(dft_ring *r) {
+    if (r->place_gen != dft_w.gen) {
+        r->place_gen = dft_w.gen;
+        r->place_n = 0;
+    }
+    uint64_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    uint64_t h = atomic_load_explicit(&r->head, memory_order_acquire);
+    if (t != h && r->named_gen != dft_w.gen) {
+        if (emit_thread_name(r) == 0)
+            r->named_gen = dft_w.gen;
+    }
+    while (t != h) {
+        uint64_t stop = h - t > DRAIN_BATCH ? t + DRAIN_BATCH : h;
+        for (; t != stop; t++) {
+            dft_rec *x = &r->buf[t & r->mask];
+            if (emit_event(r, x) < 0)
+                atomic_fetch_add(&dft_w.dropped, 1);
+            free(x->extra);
+            if (dft_w.fmt.len >= FMT_FLUSH) {
+                fmt_to_sink();
+                if (dft_w.sink.in_member >= MEMBER_BYTES)
+                    end_member();
+            }
+        }
+        /* hand space back early so a waiting producer can go on */
+        atomic_store_explicit(&r->tail, t, memory_order_seq_cst);
+        if (atomic_load(&dft_w.waiters)) {
+            pthread_mutex_lock(&dft_w.mu);
+            pthread_cond_broadcast(&dft_w.cv_space);
+            pthread_mutex_unlock(&dft_w.mu);
+        }
+        h = atomic_load_explicit(&r->head, memory_order_acquire);
+    }
+}
+
+/* Drain every ring; free the rings of exited threads once empty. */
+static void drain_all(void) {
+    dft_ring *prev = NULL;
+    dft_ring *r = atomic_load_explicit(&dft_rings, memory_order_acquire);
+    while (r) {
+        int dead = atomic_load_explicit(&r->dead, memory_order_acquire);
+        drain_ring(r);
+        dft_ring *next = atomic_load_explicit(&r->next, memory_order_relaxed);
+        if (dead) {
+            pthread_mutex_lock(&dft_list_mu);
+            if (prev)
+                atomic_store(&prev->next, next);
+            else if (atomic_load(&dft_rings) == r)
+                atomic_store(&dft_rings, next);
+            else { /* a ring was prepended meanwhile: find our predecessor */
+                dft_ring *q = atomic_load(&dft_rings);
+                while (atomic_load(&q->next) != r)
+                    q = atomic_load(&q->next);
+                atomic_store(&q->next, next);
+            }
+            dft_ring_retire(r);
+            pthread_mutex_unlock(&dft_list_mu);
+            dft_ring_free(r);
+        } else {
+            prev = r;
+        }
+        r = next;
+    }
+}
+
+/* The end event sits on the closing thread, placed after its last event. */
+static void emit_end(void) {
+    dft_ring scratch_ring = {.tid = dft_w.end_tid}, *r = &scratch_ring;
+    for (dft_ring *q = atomic_load(&dft_rings); q; q = atomic_load(&q->next))
+        if (q->tid == dft_w.end_tid && q->place_gen == dft_w.gen)
+            r = q;
+    uint64_t S, E;
+    place(r, dft_w.end_ts, dft_w.end_ts, &S, &E);
+    dft_buf *b = &dft_w.fmt;
+    if (dft_buf_reserve(b, 512 + dft_w.hhash_len) < 0)
+        return;
+    char *p = b->p + b->len;
+    PUT("{\"id\":");
+    p = dft_fmt_u64(p, dft_w.next_id++);
+    PUT(",\"name\":\"end\",\"cat\":\"dftracer\",\"pid\":");
+    PUTS(dft_w.pid_s, dft_w.pid_len);
+    PUT(",\"tid\":");
+    p = dft_fmt_u64(p, dft_w.end_tid);
+    PUT(",\"ts\":");
+    p = dft_fmt_u64(p, S / 1000);
+    PUT(",\"dur\":0,\"ph\":\"X\",\"args\":{\"hhash\":");
+    PUTS(dft_w.hhash_json, dft_w.hhash_len);
+    PUT(",\"num_events\":");
+    p = dft_fmt_u64(p, dft_w.written);
+    PUT(",\"dropped\":");
+    p = dft_fmt_u64(p, atomic_load(&dft_w.dropped));
+    PUT("}}\n]\n");
+    b->len = (size_t)(p - b->p);
+}
+
+static void *writer_main(void *arg) {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to Python's main thread */
+    prctl(PR_SET_NAME, "dftrace-writer");
+    for (;;) {
+        pthread_mutex_lock(&dft_w.mu);
+        if (!atomic_load(&dft_w.kick) && !dft_w.stop && dft_w.flush_req == dft_w.flush_done) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)WAKE_NS;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&dft_w.cv_wake, &dft_w.mu, &ts);
+        }
+        int stop = dft_w.stop;
+        uint64_t req = dft_w.flush_req;
+        pthread_mutex_unlock(&dft_w.mu);
+        atomic_store(&dft_w.kick, 0);
+
+        drain_all();
+        if (stop) {
+            emit_end();
+            end_member();
+            break;
+        }
+        if (req != dft_w.flush_done ||
+            (dft_mono() - dft_w.last_member_ns >= MEMBER_NS &&
+             (dft_w.fmt.len || dft_w.sink.in_member)))
+            end_member();
+        if (req != dft_w.flush_done) {
+            pthread_mutex_lock(&dft_w.mu);
+            dft_w.flush_done = req;
+            pthread_cond_broadcast(&dft_w.cv_done);
+            pthread_mutex_unlock(&dft_w.mu);
+        }
+    }
+    return NULL;
+}
+
+int dft_writer_start(void) {
+    dft_w.stop = 0;
+    dft_w.flush_req = dft_w.flush_done = 0;
+    dft_w.last_member_ns = dft_mono();
+    if (pthread_create(&dft_w.thread, NULL, writer_main, NULL) != 0)
+        return -1;
+    dft_w.running = 1;
+    return 0;
+}
+
+void dft_writer_stop(void) {
+    pthread_mutex_lock(&dft_w.mu);
+    dft_w.stop = 1;
+    pthread_cond_signal(&dft_w.cv_wake);
+    pthread_mutex_unlock(&dft_w.mu);
+    pthread_join(dft_w.thread, NULL);
+    dft_w.running = 0;
+}
+
+void dft_writer_flush(void) {
+    pthread_mutex_lock(&dft_w.mu);
+    uint64_t req = ++dft_w.flush_req;
+    pthread_cond_signal(&dft_w.cv_wake);
+    while (dft_w.flush_done < req && dft_w.running)
+        pthread_cond_wait(&dft_w.cv_done, &dft_w.mu);
+    pthread_mutex_unlock(&dft_w.mu);
+}
