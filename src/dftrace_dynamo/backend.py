@@ -213,3 +213,4 @@ def _register() -> None:
 
 
 _register()
+compile_events.install()  # before the first compile, so its start is seen

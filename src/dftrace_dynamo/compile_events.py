@@ -92,13 +92,14 @@ def install() -> None:
             return
         callback_handler.register_start_callback(_on_start)
         callback_handler.register_end_callback(_on_end)
-    # Registered while a frame compiles (first backend call after a reset): its end
-    # callback will run, so open its record now, dated from Dynamo's own start time.
+    # Registered while a frame compiles (first backend call after torch._dynamo.reset(),
+    # which also empties the graph-break list): its end callback will run, so open its
+    # record now, dated from Dynamo's own start time.
     from torch._guards import CompileContext
 
     compile_id = CompileContext.current_compile_id()
     if compile_id is not None and current() is None:
-        _on_start(None, compile_id=str(compile_id), started_ns=_dynamo_start_ns())
+        _on_start(None, compile_id=str(compile_id), started_ns=_dynamo_start_ns(), breaks_seen=0)
 
 
 def _dynamo_start_ns() -> Optional[int]:
@@ -129,11 +130,13 @@ def _first_paragraph(text: str) -> str:
     return text.strip().split("\n\n", 1)[0]
 
 
-def _on_start(args, compile_id: Optional[str] = None, started_ns: Optional[int] = None) -> None:
+def _on_start(args, compile_id: Optional[str] = None, started_ns: Optional[int] = None,
+              breaks_seen: Optional[int] = None) -> None:
     start = _core.now_ns() if started_ns is None else started_ns
     trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO").lower()
     info = {"compile_id": getattr(args, "compile_id", compile_id), "trigger": trigger, "start_ns": start,
-            "frame": None, "location": None, "breaks_seen": len(_break_reasons())}
+            "frame": None, "location": None,
+            "breaks_seen": len(_break_reasons()) if breaks_seen is None else breaks_seen}
     code = _compiling_code() if trigger == "dynamo" else None
     if code is not None:
         info["frame"] = code.co_name
