@@ -3,7 +3,9 @@
 ``capture_graphs`` compiles the model on example inputs, runs it once and
 returns each graph partition with its example inputs and op counts, plus the
 graph breaks (reason, location). All contact with the compile machinery goes
-through :func:`_compile_and_run`, so there is one capture mechanism.
+through :func:`_compile_and_run`, which uses the project's tracing backend
+(``create_backend(on_graph=...)``) and ``compile_events``: one capture
+mechanism for tracing and for these tools.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-__all__ = ["InputMeta", "GraphPartition", "GraphBreak", "CaptureResult", "capture_graphs", "target_name"]
+__all__ = ["InputMeta", "GraphPartition", "GraphBreak", "CaptureResult", "capture_graphs", "make_partition",
+           "snapshot", "target_name"]
 
 CALL_OPS = ("call_function", "call_method", "call_module")
 
@@ -64,7 +67,7 @@ class GraphBreak:
     """A point where Dynamo stopped the graph and fell back to Python."""
 
     reason: str
-    location: Optional[str] = None  # "file:line in function" of the user code
+    location: Optional[str] = None  # "file:line" of the user code
 
     @property
     def short_reason(self) -> str:
@@ -117,8 +120,9 @@ def target_name(node: torch.fx.Node) -> str:
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
     if module.startswith("torch._C._nn"):
         module = "torch.nn.functional"
-    elif module.startswith("torch._C") or module in ("torch._ops.aten", ""):
-        module = "torch"
+    elif module.startswith("torch._C") or not module or name.startswith("_VariableFunctionsClass."):
+        # torch's C functions: qualname is _VariableFunctionsClass.matmul
+        module, name = "torch", getattr(target, "__name__", name)
     elif module == "_operator":
         module = "operator"
     return f"{module}.{name}" if module else name
@@ -154,35 +158,47 @@ def make_partition(index: int, gm: torch.fx.GraphModule, example_inputs: list) -
     )
 
 
-def _location(frames) -> Optional[str]:
-    if not frames:
-        return None
-    frame = frames[-1]
-    return f"{frame.filename}:{frame.lineno} in {frame.name}"
+def snapshot(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` with its own graph (the tracing backend rewrites graphs in place)."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    graph._codegen = gm.graph._codegen
+    copy = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    copy.meta = dict(gm.meta)
+    if hasattr(gm, "compile_subgraph_reason"):
+        copy.compile_subgraph_reason = gm.compile_subgraph_reason
+    return copy
 
 
 def _compile_and_run(model: Callable, args: tuple, kwargs: dict,
                      on_graph: Callable[[torch.fx.GraphModule, list], None]) -> tuple[Any, list[GraphBreak]]:
-    """Compile ``model`` with a capturing backend, run it once, return output and breaks.
+    """Compile ``model`` with the tracing backend, run it once, return output and breaks.
 
-    Dynamo's own facilities: each captured graph goes to ``on_graph``; break
-    reasons come from ``torch._dynamo.utils.graph_break_reasons``, which also
-    lists breaks that produced no graph (``reset`` clears it).
+    The backend hands over each Dynamo graph before instrumenting it;
+    ``compile_events`` reports every graph break, including those after
+    which Dynamo made no graph.
     """
     import torch._dynamo
-    from torch._dynamo.utils import graph_break_reasons
 
-    def backend(gm: torch.fx.GraphModule, example_inputs: list):
-        on_graph(gm, list(example_inputs))
-        return gm.forward
+    from .. import backend as tracer, compile_events
 
+    if tracer.tracing_disabled():
+        raise RuntimeError("graph capture uses the tracing backend, which DFTRACER_ENABLE=0 "
+                           "(or a bad DFTRACER_* value) turns off")
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list, info: dict) -> None:
+        if info.get("stage") == "dynamo":
+            on_graph(snapshot(gm), list(example_inputs))
+
+    compiler = tracer.create_backend(level="torch", on_graph=keep)
     torch._dynamo.reset()
     try:
-        output = torch.compile(model, backend=backend)(*args, **kwargs)
-        breaks = [GraphBreak(r.reason, _location(r.user_stack)) for r in graph_break_reasons if r.graph_break]
+        with compile_events.collect() as records:
+            output = torch.compile(model, backend=compiler)(*args, **kwargs)
     finally:
         # Cached code holds the captured graphs and the model: drop it.
         torch._dynamo.reset()
+    breaks = [GraphBreak(r.get("reason", ""), r.get("location")) for r in records if r["kind"] == "graph_break"]
     return output, breaks
 
 
