@@ -13,19 +13,19 @@ from dftrace_dynamo.traces.writer import TraceWriter
 HHASH = "f9ff883caaf21863"
 # (op name, module path, duration in ns): one forward graph of a small MLP.
 FORWARD = [
-    ("aten.t.default", "layers.0", 900),
-    ("aten.addmm.default", "layers.0", 14250),
-    ("aten.relu.default", "layers.1", 2100),
-    ("aten.t.default", "layers.2", 850),
-    ("aten.addmm.default", "layers.2", 6400),
-    ("aten._log_softmax.default", "", 3300),
+    ("function.t.default", "layers.0", 900),
+    ("function.addmm.default", "layers.0", 14250),
+    ("function.relu.default", "layers.1", 2100),
+    ("function.t.default", "layers.2", 850),
+    ("function.addmm.default", "layers.2", 6400),
+    ("function._log_softmax.default", "", 3300),
 ]
 BACKWARD = [
-    ("aten._log_softmax_backward_data.default", "", 3900),
-    ("aten.mm.default", "layers.2", 5100),
-    ("aten.threshold_backward.default", "layers.1", 2600),
-    ("aten.mm.default", "layers.0", 12700),
-    ("aten.sum.dim_IntList", "layers.0", 1800),
+    ("function._log_softmax_backward_data.default", "", 3900),
+    ("function.mm.default", "layers.2", 5100),
+    ("function.threshold_backward.default", "layers.1", 2600),
+    ("function.mm.default", "layers.0", 12700),
+    ("function.sum.dim_IntList", "layers.0", 1800),
 ]
 
 
@@ -49,7 +49,7 @@ def events(ops, pid, tid=None, rank=None, start_us=1_760_934_170_000_000):
     yield _line({"id": next(ident), "name": "start", "cat": "dftracer", "pid": pid, "tid": tid,
                  "ts": start_us, "dur": 0, "ph": "X", "args": {"hhash": HHASH, "ppid": 1}})
     t_ns = start_us * 1000 + 1000
-    yield _line({"id": next(ident), "name": "compile graph 0", "cat": "compile", "pid": pid,
+    yield _line({"id": next(ident), "name": "compile graph 0", "cat": "dynamo_compile", "pid": pid,
                  "tid": tid, "ts": t_ns // 1000, "dur": 250000, "ph": "X",
                  "args": {"hhash": HHASH, "graph": 0}})
     t_ns += 251_000_000
@@ -57,6 +57,8 @@ def events(ops, pid, tid=None, rank=None, start_us=1_760_934_170_000_000):
     done, step = 0, 0
     while done < ops:
         for phase, graph_ops, grad in (("forward", FORWARD, 1), ("backward", BACKWARD, 0)):
+            if done == ops:
+                break
             g_start = t_ns = (t_ns // 1000 + 1) * 1000
             for node, (name, module, dur) in enumerate(graph_ops):
                 if done == ops:
@@ -68,8 +70,9 @@ def events(ops, pid, tid=None, rank=None, start_us=1_760_934_170_000_000):
                 t_ns += dur
                 done += 1
             g_dur = t_ns - g_start + 500
-            yield (head % (next(ident), f"graph 0 {phase}", pid, tid, g_start // 1000, g_dur // 1000,
-                           g_dur % 1000, HHASH) + ',"graph":0,"phase":"%s"}}' % phase).encode()
+            yield (head.replace('"dynamo"', '"dynamo_graph"')
+                   % (next(ident), f"graph 0 {phase}", pid, tid, g_start // 1000, g_dur // 1000, g_dur % 1000, HHASH)
+                   + ',"graph":0,"phase":"%s"}}' % phase).encode()
             t_ns += 1000
         step += 1
     yield _line({"id": next(ident), "name": "end", "cat": "dftracer", "pid": pid, "tid": tid,

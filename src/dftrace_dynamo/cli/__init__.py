@@ -56,11 +56,15 @@ def main(argv=None):
     except TraceError as e:
         print(f"dftrace-dynamo {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"dftrace-dynamo {args.command}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # Output piped into `head` and closed: not an error. Point stdout at
         # devnull so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # unreadable input, full disk...: one line, no traceback
+        where = f": {e.filename}" if e.filename else ""
+        print(f"dftrace-dynamo {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dftrace-dynamo {args.command}: interrupted", file=sys.stderr)
+        return 130

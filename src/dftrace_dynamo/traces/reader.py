@@ -11,6 +11,7 @@ import os
 import re
 import zlib
 
+import orjson
 import zstandard
 
 CHUNK = 1 << 20
@@ -170,3 +171,63 @@ def rank_of(path):
     """The ``rank<R>`` number in a trace file name, or None."""
     m = _RANK.search(os.path.basename(path))
     return int(m.group(1)) if m else None
+
+
+class EventLines:
+    """Iterates over the events of one trace file, line by line, recording
+    what is wrong on the way (for validate, merge and convert).
+
+    Accepts the DFTracer layout (``[``, one object per line, ``]``), trailing
+    commas (strict JSON arrays written one event per line) and a JSON array on
+    one line. After iteration: ``broken`` (line numbers that are not JSON;
+    the last one may just be a cut last line, see ``last_line``), ``not_events``
+    (JSON lines that are not objects), ``early_close`` (``]`` lines followed by
+    more data), ``closed`` (ends with ``]``), ``head`` (first decompressed
+    bytes) and ``damage``."""
+
+    def __init__(self, path):
+        self.path = path
+        self.damage = Damage(path)
+        self.broken, self.not_events, self.early_close = [], [], []
+        self.closed, self.last_line, self.head = False, 0, b""
+
+    def __iter__(self):
+        """Yields ``(line_number, raw_json_bytes, event_dict)``."""
+        for lineno, line in iter_lines(self.path, self.damage):
+            self.last_line = lineno
+            if len(self.head) < 128:
+                self.head += line + b"\n"
+            text = line.strip()
+            if not text:
+                continue
+            if self.closed:
+                self.early_close.append(lineno)
+                self.closed = False
+            if lineno == 1 and text.startswith(b"["):
+                text = text[1:].lstrip()
+                if not text:
+                    continue
+                if text.endswith(b"]"):  # a whole JSON array on one line
+                    text = b"[" + text
+            if text == b"]":
+                self.closed = True
+                continue
+            if text.endswith(b","):
+                text = text[:-1]
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                self.broken.append(lineno)
+                continue
+            if isinstance(value, dict):
+                yield lineno, text, value
+                continue
+            for ev in value if isinstance(value, list) else [value]:
+                if isinstance(ev, dict):
+                    yield lineno, orjson.dumps(ev), ev
+                else:
+                    self.not_events.append(lineno)
+
+    def cut_last_line(self):
+        """True when the last line is broken: what a crash mid-write leaves."""
+        return bool(self.broken) and self.broken[-1] == self.last_line

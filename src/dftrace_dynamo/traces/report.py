@@ -15,7 +15,9 @@ _STATS = ("count", "total_us", "mean_us", "p50_us", "p99_us", "share")
 
 
 def _seconds(us):
-    return f"{us / 1e6:.3f} s"
+    if us >= 1e6:
+        return f"{us / 1e6:.3f} s"
+    return f"{us / 1e3:.3f} ms" if us >= 1e3 else f"{us:.3f} us"
 
 
 def headline(result):

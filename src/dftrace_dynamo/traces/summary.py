@@ -9,9 +9,10 @@ cannot decompress (cut inside a gzip member or zstd frame) is decoded by
 What counts as an *op event*: a complete event (``"ph":"X"``) whose args
 carry a ``node`` (one executed FX node); traces written by pydftracer's
 Dynamo backend, which have no ``node``, count their ``cat:"dynamo"`` events
-without a ``graph`` arg. Graph-call events (``graph`` arg, no ``node``), compile
-events (``cat:"compile"``), ``start``/``end`` and metadata are not ops; graph
-calls and compile events are reported in the totals only.
+without a ``graph`` arg. Graph-call events (``cat:"dynamo_graph"``), compile
+events (``cat:"dynamo_compile"``), ``start``/``end`` and metadata are not ops;
+graph calls and compile events are reported in the totals only (compile time
+counts only compile events not nested in another one).
 """
 
 import os
@@ -23,17 +24,29 @@ from .reader import Damage, check_trace, compression_of, iter_chunks, rank_of
 
 VIEWS = ("op", "module", "phase", "graph", "process")
 
+# Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
+CAT_OP, CAT_GRAPH, CAT_COMPILE = "dynamo", "dynamo_graph", "dynamo_compile"
+
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
-            "'dur':'DOUBLE','args':'STRUCT(graph VARCHAR, node VARCHAR, module VARCHAR, "
+            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(graph VARCHAR, node VARCHAR, module VARCHAR, "
             "phase VARCHAR, name VARCHAR)'}")
 _INSERT = f"""
 INSERT INTO ev
-SELECT ?, ph, cat, name, pid, dur, args.graph, args.node, args.module, args.phase, args.name
+SELECT ?, ph, cat, name, pid, tid, ts, dur, args.graph, args.node, args.module, args.phase, args.name
 FROM read_json(?, format=?, compression=?, ignore_errors=true, columns={_COLUMNS})
 WHERE ph = 'X' OR (ph = 'M' AND name = 'process_name')
 """
-_IS_OP = "(node IS NOT NULL OR (cat = 'dynamo' AND graph IS NULL))"
-_IS_GRAPH = "(node IS NULL AND graph IS NOT NULL AND cat IS DISTINCT FROM 'compile')"
+_IS_OP = f"(node IS NOT NULL OR (cat = '{CAT_OP}' AND graph IS NULL))"
+_OUTER_COMPILE = f"""
+WITH comp AS (SELECT row_number() OVER () AS i, file, pid, tid, ts, dur
+              FROM ev WHERE ph = 'X' AND cat = '{CAT_COMPILE}')
+SELECT count(*), coalesce(sum(dur) FILTER (WHERE is_outer), 0) FROM (
+    SELECT c.dur, NOT EXISTS (
+        SELECT 1 FROM comp p WHERE p.file = c.file AND p.pid = c.pid AND p.tid IS NOT DISTINCT FROM c.tid
+        AND p.i <> c.i AND p.ts <= c.ts AND p.ts + p.dur >= c.ts + c.dur
+        AND (p.ts < c.ts OR p.dur > c.dur OR p.i < c.i)) AS is_outer
+    FROM comp c)
+"""
 
 
 def _load_file(con, index, path, layout, damage, tmpdir):
@@ -95,7 +108,7 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
     layouts = [check_trace(p) for p in paths]
     con = duckdb.connect()
     con.execute("CREATE TABLE ev (file INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid BIGINT, "
-                "dur DOUBLE, graph VARCHAR, node VARCHAR, module VARCHAR, phase VARCHAR, aname VARCHAR)")
+                "tid BIGINT, ts DOUBLE, dur DOUBLE, graph VARCHAR, node VARCHAR, module VARCHAR, phase VARCHAR, aname VARCHAR)")
     warnings = []
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
         for i, (path, layout) in enumerate(zip(paths, layouts)):
@@ -107,8 +120,9 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
     _process_labels(con, paths)
 
     n_ops, op_time = con.execute(f"SELECT count(*), coalesce(sum(dur), 0) FROM ev WHERE ph = 'X' AND {_IS_OP}").fetchone()
-    n_graph, graph_time = con.execute(f"SELECT count(*), coalesce(sum(dur), 0) FROM ev WHERE ph = 'X' AND {_IS_GRAPH}").fetchone()
-    n_comp, comp_time = con.execute("SELECT count(*), coalesce(sum(dur), 0) FROM ev WHERE ph = 'X' AND cat = 'compile'").fetchone()
+    n_graph, graph_time = con.execute(
+        f"SELECT count(*), coalesce(sum(dur), 0) FROM ev WHERE ph = 'X' AND cat = '{CAT_GRAPH}'").fetchone()
+    n_comp, comp_time = con.execute(_OUTER_COMPILE).fetchone()
     result = {
         "files": list(paths),
         "processes": con.execute("SELECT count(*) FROM procs").fetchone()[0],

@@ -1,0 +1,52 @@
+"""Rewrites a trace in another compression or as a strict JSON array.
+
+Event lines are copied byte for byte (numbers keep their exact text); lines
+that are not valid JSON are dropped so that the output always loads in
+Perfetto (one broken line would abort the whole load)."""
+
+import os
+
+from .reader import EventLines, TraceError, check_trace
+from .writer import TraceWriter
+
+
+def prepare_output(out, inputs, force):
+    """Absolute path for ``out``; refuses to overwrite an input, or
+    any existing file unless ``force``."""
+    out = os.path.abspath(out)
+    if not os.path.isdir(os.path.dirname(out)):
+        raise TraceError(f"output directory {os.path.dirname(out)} does not exist")
+    if os.path.exists(out):
+        if any(os.path.samefile(p, out) for p in inputs):
+            raise TraceError(f"output {out} is one of the inputs")
+        if not force:
+            raise TraceError(f"output {out} exists (use --force to overwrite)")
+        os.unlink(out)
+    return out
+
+
+def lost_lines_note(lines):
+    """One-line description of the lines an :class:`EventLines` dropped, or None."""
+    dropped = lines.broken + lines.not_events
+    if not dropped:
+        return None
+    if lines.cut_last_line() and len(dropped) == 1:
+        return f"{lines.path}: dropped the cut last line {lines.last_line}"
+    shown = ", ".join(map(str, dropped[:5])) + (" ..." if len(dropped) > 5 else "")
+    return f"{lines.path}: dropped {len(dropped)} line(s) that are not JSON events (line {shown})"
+
+
+def convert(src, out, json_array=False, force=False):
+    """Copies the events of ``src`` into ``out`` (compression from its
+    extension). Returns ``(events written, warnings)``."""
+    check_trace(src)
+    out = prepare_output(out, [src], force)
+    lines = EventLines(src)
+    with TraceWriter(out, json_array=json_array) as w:
+        for _, raw, _ in lines:
+            w.write(raw)
+    warnings = list(lines.damage.notes)
+    note = lost_lines_note(lines)
+    if note:
+        warnings.append(note)
+    return w.events, warnings

@@ -1,0 +1,83 @@
+"""Merges the traces of many processes into one file for Perfetto.
+
+Every input keeps its own processes: a pid already used by an earlier input
+is moved to a free one (its main-thread tid, equal to the pid, moves with it;
+other colliding tids move too, since Perfetto keys threads by tid). Each
+process gets a ``process_name`` (the input's own, prefixed with its rank when
+the file name has ``rank<R>``; else a name made from the file name) and a
+``process_sort_index`` so ranks are listed in order."""
+
+import os
+
+import orjson
+
+from .convert import lost_lines_note, prepare_output
+from .reader import EventLines, check_trace, rank_of
+from .writer import TraceWriter
+
+
+class _Ids:
+    """Hands out pids/tids unique across inputs, preferring the original."""
+
+    def __init__(self):
+        self.used = set()
+
+    def take(self, wanted):
+        if not isinstance(wanted, int) or wanted in self.used or not 0 <= wanted < 1 << 32:
+            wanted = max(self.used, default=0) + 1
+        self.used.add(wanted)
+        return wanted
+
+
+def _remap(mapping, ids, value, wanted):
+    if value is None:  # e.g. an M event without tid: nothing to keep apart
+        return None
+    if value not in mapping:
+        mapping[value] = ids.take(wanted)
+    return mapping[value]
+
+
+def _name(path, rank, given):
+    label = given or os.path.basename(path).split(".")[0]
+    if rank is not None and f"rank{rank}" not in label.replace(" ", ""):
+        label = f"rank{rank} {label}"
+    return label
+
+
+def merge(paths, out, force=False, progress=None):
+    """Writes the events of ``paths`` into ``out``. Returns
+    ``(events written, processes as (input, old pid, new pid, name), warnings)``."""
+    for p in paths:
+        check_trace(p)
+    out = prepare_output(out, paths, force)
+    pids, tids = _Ids(), _Ids()
+    processes, warnings = [], []
+    with TraceWriter(out) as w:
+        for index, path in enumerate(paths):
+            rank = rank_of(path)
+            pid_map, tid_map, names = {}, {}, {}
+            lines = EventLines(path)
+            for _, raw, ev in lines:
+                pid, tid = ev.get("pid"), ev.get("tid")
+                new_pid = _remap(pid_map, pids, pid, pid)
+                new_tid = _remap(tid_map, tids, tid, new_pid if tid == pid else tid)
+                if ev.get("ph") == "M" and ev.get("name") == "process_name":
+                    names[new_pid] = _name(path, rank, (ev.get("args") or {}).get("name"))
+                    continue  # written below, once per process
+                if (new_pid, new_tid) != (pid, tid):
+                    ev.update((k, v) for k, v in (("pid", new_pid), ("tid", new_tid)) if v is not None)
+                    raw = orjson.dumps(ev)
+                w.write(raw)
+            for old, new in pid_map.items():
+                name = names.get(new) or _name(path, rank, None)
+                sort = rank if rank is not None else index
+                for key, args in (("process_name", {"name": name}), ("process_sort_index", {"sort_index": sort})):
+                    w.write(orjson.dumps({"name": key, "ph": "M", "pid": new, "args": args}))
+                processes.append((path, old, new, name))
+            warnings += lines.damage.notes
+            note = lost_lines_note(lines)
+            if note:
+                warnings.append(note)
+            if progress:
+                progress(os.path.getsize(path))
+    return w.events, processes, warnings
