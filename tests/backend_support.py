@@ -1,0 +1,79 @@
+"""Shared pieces of the backend tests: small models, a trace recorder, event filters."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+import torch.nn as nn
+
+from tracefile import read_events, traces
+
+
+class MLP(nn.Module):
+    def __init__(self, width=16, depth=3):
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.GELU())])
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.head(self.layers(x))
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+class Recorder:
+    """Opens a trace under ``directory``; ``events()`` finalizes it and returns its events."""
+
+    def __init__(self, directory):
+        from dftrace_dynamo import logger
+
+        self.directory = directory
+        self._logger = logger
+        logger.initialize_log(str(directory / "trace"))
+        assert logger.enabled()
+
+    def path(self):
+        self._logger.finalize()
+        (path,) = traces(self.directory)
+        return path
+
+    def events(self):
+        return read_events(self.path())
+
+
+def ops(events, cat="dynamo"):
+    return [e for e in events if e.get("cat") == cat and e.get("ph") == "X"]
+
+
+def graphs(events):
+    return ops(events, "dynamo_graph")
+
+
+def compile_records(events):
+    return ops(events, "dynamo_compile")
+
+
+def executed_nodes(gm):
+    return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+
+
+def run_py(code, cwd, env=None, timeout=300):
+    """Runs ``code`` in a fresh interpreter in ``cwd`` with only the given DFTRACER_* variables."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
+    base.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=base,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc

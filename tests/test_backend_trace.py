@@ -1,0 +1,341 @@
+"""What the tracing backend writes: one event per executed node inside its graph event,
+names, args (graph, node, module, grad_enabled, phase, tags), compile-side events, and
+the cases that must keep working (no_grad, exceptions, threads, several models)."""
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+import perfetto_tp
+from backend_support import CNN, MLP, Recorder, compile_records, executed_nodes, graphs, ops, run_py
+from dftrace_dynamo import Dynamo, compile_events, config, create_backend
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def rec(tmp_path):
+    recorder = Recorder(tmp_path)
+    yield recorder
+    recorder._logger.finalize()
+
+
+def capture(level="torch", **kw):
+    """A backend that also keeps every captured graph (after instrumentation) with its info."""
+    seen = []
+    backend = create_backend(level=level, on_graph=lambda gm, ex, info: seen.append((gm, info)), **kw)
+    return backend, seen
+
+
+def test_torch_level_one_event_per_executed_node_nested_in_graph_event(rec):
+    torch.manual_seed(0)
+    model = MLP()
+    backend, seen = capture("torch")
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(8, 16)
+    for _ in range(3):
+        compiled(x)
+    path = rec.path()
+    events = __import__("tracefile").read_events(path)
+    (gm, info), = seen
+    assert info["stage"] == "dynamo" and info["phase"] == "forward" and info["frame"] == "forward"
+    nodes = {n.name for n in executed_nodes(gm)}
+    op_events = ops(events)
+    assert len(op_events) == 3 * len(nodes)
+    assert {e["args"]["node"] for e in op_events} == nodes
+    assert {e["name"] for e in op_events} == {"function.linear", "function.gelu"}
+    assert {e["args"].get("module") for e in op_events} == {"layers.0", "layers.2", "layers.4", "head",
+                                                           "layers.1", "layers.3", "layers.5"}
+    assert all(e["args"]["grad_enabled"] == 1 and e["args"]["phase"] == "forward" for e in op_events)
+    gid = info["graph_id"]
+    assert [e["name"] for e in graphs(events)] == [f"graph {gid} forward"] * 3
+    assert all(e["args"]["graph"] == gid for e in op_events)
+
+    assert perfetto_tp.error_stats(path) == []
+    nested = perfetto_tp.rows(path, (
+        "select p.name parent, s.depth depth, count(*) n from slice s join slice p on s.parent_id = p.id "
+        "where s.category = 'dynamo' group by p.name, s.depth"))
+    assert nested == [{"parent": f"graph {gid} forward", "depth": 1, "n": 3 * len(nodes)}]
+
+
+def test_aten_level_labels_forward_and_backward_with_modules(rec):
+    torch.manual_seed(0)
+    model = CNN().train()
+    backend, seen = capture("aten")
+    out = torch.compile(model, backend=backend)(torch.randn(2, 3, 8, 8))
+    out.sum().backward()
+    events = rec.events()
+    by_phase = {info["phase"]: gm for gm, info in seen if info["stage"] == "aot"}
+    assert set(by_phase) == {"forward", "backward"}
+    for phase, gm in by_phase.items():
+        evs = [e for e in ops(events) if e["args"]["phase"] == phase]
+        assert len(evs) == len(executed_nodes(gm))
+        assert {e["args"]["grad_enabled"] for e in evs} == {1 if phase == "forward" else 0}
+    names = {e["name"]: e["args"] for e in ops(events)}
+    assert names["function.convolution.default"]["module"] == "conv"
+    # backward ops are attributed to the module whose forward produced them
+    assert names["function.convolution_backward.default"]["module"] == "conv"
+    assert names["function.convolution_backward.default"]["phase"] == "backward"
+    assert "function._native_batch_norm_legit_functional.default" in names
+    gid = seen[0][1]["graph_id"]
+    assert sorted(e["name"] for e in graphs(events)) == [f"graph {gid} backward", f"graph {gid} forward"]
+
+
+@pytest.mark.parametrize("level", ["torch", "aten"])
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_no_grad_and_inference_mode_record_inference_with_grad_off(rec, level, mode):
+    model = MLP()
+    compiled = torch.compile(model, backend=create_backend(level=level))
+    with mode():
+        compiled(torch.randn(4, 16))
+    events = rec.events()
+    assert ops(events)
+    assert {(e["args"]["phase"], e["args"]["grad_enabled"]) for e in ops(events) + graphs(events)} == {("inference", 0)}
+    assert graphs(events)[0]["name"].endswith(" inference")
+
+
+def test_grad_mode_switched_inside_the_graph_is_recorded_per_op(rec):
+    def fn(x):
+        y = x * 3
+        with torch.no_grad():
+            z = y + 1
+        return y.sum() + z.sum()
+
+    torch.compile(fn, backend=create_backend(level="torch"))(torch.randn(4, requires_grad=True))
+    grad_of = {e["args"]["node"]: e["args"]["grad_enabled"] for e in ops(rec.events())}
+    assert grad_of["y"] == 1 and grad_of["z"] == 0 and grad_of["add_1"] == 1
+
+
+@pytest.mark.parametrize("level", ["torch", "aten"])
+def test_exception_in_an_op_propagates_and_its_event_is_failed(rec, level):
+    def fn(x, idx):
+        return torch.index_select(x * 2, 0, idx)
+
+    compiled = torch.compile(fn, backend=create_backend(level=level))
+    x = torch.randn(4, 3)
+    assert torch.equal(compiled(x, torch.tensor([1, 2])), fn(x, torch.tensor([1, 2])))
+    with pytest.raises((IndexError, RuntimeError)) as caught:
+        compiled(x, torch.tensor([1, 9]))
+    with pytest.raises(type(caught.value)):
+        fn(x, torch.tensor([1, 9]))
+    events = rec.events()
+    failed = [e for e in events if e.get("args", {}).get("failed") == 1]
+    assert {e["cat"] for e in failed} == {"dynamo", "dynamo_graph"}
+    assert [e["name"] for e in failed if e["cat"] == "dynamo"] == [
+        "function.index_select" if level == "torch" else "function.index_select.default"]
+
+
+def test_tags_follow_update_without_recompiling(rec):
+    tracer = Dynamo(name="mlp", epoch=0, step=0, level="torch")
+    compiled = tracer.compile(MLP())
+    x = torch.randn(2, 16)
+    compiled(x)
+    frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    tracer.update(epoch=1, step=7)
+    compiled(x)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames_before
+    tags = [(e["args"]["name"], e["args"]["epoch"], e["args"]["step"]) for e in graphs(rec.events())]
+    assert tags == [("mlp", 0, 0), ("mlp", 1, 7)]
+
+
+def test_graph_breaks_are_reported_with_reason_and_location(rec):
+    def fn(x):
+        x = x.relu()
+        print("side effect")  # graph break
+        return x + 1
+
+    break_line = fn.__code__.co_firstlineno + 2
+    with compile_events.collect() as records:
+        torch.compile(fn, backend=create_backend(level="torch"))(torch.randn(3))
+    breaks = [r for r in records if r["kind"] == "graph_break"]
+    assert len(breaks) == 1
+    assert "print" in breaks[0]["reason"]
+    assert breaks[0]["location"] == f"{__file__}:{break_line}"
+    compiles = [r for r in records if r["kind"] == "compile"]
+    assert [c["frame"] for c in compiles][0] == "fn" and compiles[0]["graph_breaks"] == 1
+    assert compiles[0]["end_ns"] > compiles[0]["start_ns"]
+    events = rec.events()
+    (event,) = [e for e in compile_records(events) if e["name"] == "graph break"]
+    assert event["args"]["location"] == breaks[0]["location"]
+    assert len(graphs(events)) == 2  # one graph on each side of the break
+
+
+def test_recompiles_are_reported_with_the_failed_guard(rec):
+    def fn(x, n):
+        return x * n
+
+    compiled = torch.compile(fn, backend=create_backend(level="torch"))
+    with compile_events.collect() as records:
+        compiled(torch.randn(3), 2)
+        compiled(torch.randn(3), 3)
+    (recompile,) = [r for r in records if r["kind"] == "recompile"]
+    assert recompile["reason"] == "n == 2"
+    assert recompile["frame"] == "fn" and recompile["location"] == f"{__file__}:{fn.__code__.co_firstlineno}"
+    assert [e["args"]["reason"] for e in compile_records(rec.events()) if e["name"] == "recompile"] == ["n == 2"]
+
+
+def test_compile_event_listener_api():
+    got = []
+    compile_events.add_listener(got.append)
+    try:
+        torch.compile(lambda x: x + 1, backend=create_backend(level="torch"))(torch.ones(2))
+    finally:
+        compile_events.remove_listener(got.append)
+    kinds = [r["kind"] for r in got]
+    assert kinds.count("compile") == 1 and "instrument" in kinds and "backend" in kinds
+    torch.compile(lambda x: x + 2, backend=create_backend(level="torch"))(torch.ones(2))
+    assert len(got) == len(kinds)  # removed: nothing more arrives
+
+
+def test_dynamic_shapes_trace_every_size(rec):
+    compiled = torch.compile(MLP(), backend=create_backend(level="aten"), dynamic=True)
+    model_out = []
+    for batch in (2, 5, 9):
+        model_out.append(compiled(torch.randn(batch, 16)).shape[0])
+    assert model_out == [2, 5, 9]
+    assert len(graphs(rec.events())) == 3
+
+
+def test_threads_each_get_complete_nested_events(rec):
+    model = MLP()
+    backend, seen = capture("torch")
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(4, 16)
+    compiled(x)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                compiled(x)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, name=f"worker{i}") for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    path = rec.path()
+    events = __import__("tracefile").read_events(path)
+    per_call = len(executed_nodes(seen[0][0]))
+    tids = {e["tid"] for e in graphs(events)}
+    assert len(tids) == 4
+    for tid in tids:
+        assert len([e for e in ops(events) if e["tid"] == tid]) == per_call * len(
+            [e for e in graphs(events) if e["tid"] == tid])
+    assert perfetto_tp.error_stats(path) == []
+    assert perfetto_tp.rows(path, "select count(*) n from slice where category = 'dynamo' and depth = 1") == [
+        {"n": per_call * 61}]
+
+
+def test_several_compiled_models_get_their_own_graphs(rec):
+    a = torch.compile(MLP(), backend=create_backend(level="torch", name="a"))
+    b = torch.compile(CNN().eval(), backend=create_backend(level="aten", name="b"))
+    a(torch.randn(2, 16))
+    b(torch.randn(1, 3, 8, 8))
+    a(torch.randn(2, 16))
+    events = graphs(rec.events())
+    assert [(e["args"]["name"], e["args"]["level"]) for e in events] == [("a", "torch"), ("b", "aten"), ("a", "torch")]
+    assert events[0]["args"]["graph"] == events[2]["args"]["graph"] != events[1]["args"]["graph"]
+
+
+def test_inner_backend_gets_graph_events_and_compile_time_only(rec):
+    model = MLP()
+    x = torch.randn(3, 16)
+    out = torch.compile(model, backend=create_backend(inner="aot_eager"))(x)
+    assert torch.equal(out, torch.compile(model, backend="aot_eager")(x))
+    events = rec.events()
+    assert ops(events) == []
+    (graph,) = graphs(events)
+    assert graph["args"]["inner"] == "aot_eager" and graph["args"]["phase"] == "forward"
+    (backend_event,) = [e for e in compile_records(events) if e["name"].startswith("backend graph")]
+    assert backend_event["args"]["inner"] == "aot_eager" and backend_event["dur"] > 0
+
+
+def test_backend_registered_by_name(rec):
+    import dftrace_dynamo.backend  # noqa: F401  (registers "dftrace")
+
+    torch.compile(lambda x: x.sin() + 1, backend="dftrace")(torch.randn(3))
+    assert {e["name"] for e in ops(rec.events())} == {"function.sin.default", "function.add.Tensor"}
+
+
+def test_metadata_adds_static_shapes_flops_and_source(rec, monkeypatch):
+    monkeypatch.setattr(config, "_config", dataclasses.replace(config.get(), inc_metadata=True))
+    lin = torch.nn.Linear(16, 32)
+    torch.compile(lambda x: lin(x).relu(), backend=create_backend(level="aten"))(torch.randn(8, 16))
+    args = {e["name"]: e["args"] for e in ops(rec.events())}
+    addmm = args["function.addmm.default"]
+    assert addmm["input_shapes"] == [[32], [8, 16], [16, 32]] and addmm["output_shapes"] == [[8, 32]]
+    assert addmm["input_dtypes"] == ["float32"] * 3 and addmm["op_type"] == "call_function"
+    assert addmm["flops"] == 2 * 8 * 16 * 32
+    assert addmm["bytes"] == 4 * (32 + 8 * 16 + 16 * 32 + 8 * 32)
+    assert addmm["source"].startswith(__file__ + ":")
+    assert args["function.relu.default"]["flops"] == 0
+
+
+def test_disabled_backend_and_decorator_leave_code_untouched(rec):
+    gm = torch.fx.symbolic_trace(MLP())
+    assert create_backend(enable=False)(gm, [torch.randn(2, 16)]) == gm.forward
+    assert "dft_" not in gm.code
+    traced = torch.fx.symbolic_trace(MLP())
+    compiled = create_backend(level="torch")(traced, [torch.randn(2, 16)])
+    assert "dft_layers_0(x)" in traced.code  # call_module nodes call the submodule object
+    compiled(torch.randn(2, 16))
+    assert [e["name"] for e in ops(rec.events())][:2] == ["layers.0", "layers.1"]
+
+    def fn(x):
+        return x + 1
+
+    assert Dynamo(enable=False).compile(fn) is fn
+    assert Dynamo(enable=False).compile()(fn) is fn
+
+
+def test_dftracer_enable_0_returns_functions_untouched(tmp_path):
+    proc = run_py("""
+        import torch
+        from dftrace_dynamo import dynamo, tracer_backend
+        def fn(x):
+            return x + 1
+        assert dynamo.compile(fn) is fn
+        assert dynamo.compile(level="torch")(fn) is fn
+        gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+        assert tracer_backend(gm, [torch.randn(1, 2)]) == gm.forward and "dft_" not in gm.code
+        print("untouched")
+    """, tmp_path, env={"DFTRACER_ENABLE": "0"})
+    assert "untouched" in proc.stdout
+
+
+def test_decorator_forms_on_methods_and_functions(rec):
+    from dftrace_dynamo import dynamo
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        @dynamo.compile
+        def forward(self, x):
+            return self.fc(x).relu()
+
+    @dynamo.compile(level="torch")
+    def plain(x):
+        return x.cos()
+
+    @dynamo.compile()
+    def bare(x):
+        return x.sin()
+
+    net, x = Net(), torch.randn(2, 4)
+    assert torch.equal(net(x), torch.relu(net.fc(x)))
+    assert torch.equal(plain(x), x.cos()) and torch.equal(bare(x), x.sin())
+    names = {e["name"] for e in ops(rec.events())}
+    assert {"function.addmm.default", "method.cos", "function.sin.default"} <= names
