@@ -173,16 +173,16 @@ static inline uint64_t dft_now(void) { return dft_mono() + (uint64_t)dft_epoch_o
 #include <zlib.h>
 typedef struct {
     int fd, mode, err; /* err: errno of the first failed write */
-    z_stream z;
-    void *zc; /* ZSTD_CCtx */
+    void *ld;          /* libdeflate compressor, when loaded */
+    z_stream z;        /* zlib fallback for gzip */
+    int z_init;
+    void *zc;          /* ZSTD_CCtx */
     dft_buf out;
-    uint64_t in_member; /* uncompressed bytes in the open member */
 } dft_sink;
 
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
 void dft_sink_set_fd(dft_sink *k, int fd);
-int dft_sink_put(dft_sink *k, const char *p, size_t n);
-int dft_sink_member(dft_sink *k); /* end the member/frame and write it */
+int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame */
 void dft_sink_free(dft_sink *k);
 
 /* ---- writer (writer.c) ------------------------------------------------- */

@@ -304,9 +304,16 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_w.hhash_len = (uint32_t)hh.len;
     hh.p = NULL;
     /* '[' and the header make the first member: the file loads from now on */
-    dft_sink_put(&dft_w.sink, "[\n", 2);
-    dft_sink_put(&dft_w.sink, header.buf, (size_t)header.len);
-    dft_sink_member(&dft_w.sink);
+    if (dft_buf_reserve(&dft_w.fmt, 2 + (size_t)header.len) < 0) {
+        close(fd);
+        dft_sink_free(sink);
+        PyErr_NoMemory();
+        goto out;
+    }
+    dft_buf_put(&dft_w.fmt, "[\n", 2);
+    dft_buf_put(&dft_w.fmt, header.buf, (size_t)header.len);
+    dft_sink_write(sink, dft_w.fmt.p, dft_w.fmt.len);
+    dft_w.fmt.len = 0;
     dft_ring_set_budget((size_t)bufsize);
     uint64_t pending;
     dft_rings_counts(&pushed_base, &pending);

@@ -1,35 +1,43 @@
-/* Output: plain text, gzip level 1 with every member independent, or zstd
- * level 1 with independent frames. A compressed member is written with one
- * write() when it ends, so a file cut by a crash holds whole members only
- * (up to the one being written). */
+/* Output: plain text, gzip level 1 where every member is independent, or zstd
+ * level 1 with independent frames. The writer hands over whole members; each
+ * is compressed in one call and written with one write(), so a file cut by a
+ * crash holds whole members only (up to the one being written).
+ *
+ * gzip uses libdeflate when libdeflate.so.0 can be loaded (about 1.8x faster
+ * than zlib at level 1 on trace lines, slightly smaller output) and zlib
+ * otherwise. zstd comes from libzstd.so.1. Both are loaded with dlopen so the
+ * build needs neither library's headers. */
 #include "core.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <unistd.h>
 
-/* The few libzstd entry points we use; the build has no zstd headers. */
-typedef struct {
-    const void *src;
-    size_t size, pos;
-} ZSTD_inBuffer;
-typedef struct {
-    void *dst;
-    size_t size, pos;
-} ZSTD_outBuffer;
 enum { ZSTD_c_compressionLevel = 100 };
-enum { ZSTD_e_continue = 0, ZSTD_e_end = 2 };
 
 static struct {
     void *(*createCCtx)(void);
     size_t (*freeCCtx)(void *);
     size_t (*setParameter)(void *, int, int);
-    size_t (*compressStream2)(void *, ZSTD_outBuffer *, ZSTD_inBuffer *, int);
+    size_t (*compress2)(void *, void *, size_t, const void *, size_t);
+    size_t (*bound)(size_t);
     unsigned (*isError)(size_t);
     const char *(*getErrorName)(size_t);
-    size_t (*outSize)(void);
     int loaded;
 } zs;
+
+static struct {
+    void *(*alloc)(int);
+    void (*free)(void *);
+    size_t (*compress)(void *, const void *, size_t, void *, size_t);
+    size_t (*bound)(void *, size_t);
+    int tried;
+} ld;
+
+#define SYM(lib, h, field, name, fail)                                                     \
+    if (!(*(void **)&lib.field = dlsym(h, name))) {                                        \
+        fail;                                                                              \
+    }
 
 static int zstd_load(char *err, size_t errlen) {
     if (zs.loaded)
@@ -39,21 +47,37 @@ static int zstd_load(char *err, size_t errlen) {
         snprintf(err, errlen, "zstd compression needs libzstd.so.1: %s", dlerror());
         return -1;
     }
-#define SYM(field, name)                                                                   \
-    if (!(*(void **)&zs.field = dlsym(h, name))) {                                         \
-        snprintf(err, errlen, "libzstd.so.1 lacks %s (zstd >= 1.4 needed)", name);         \
-        return -1;                                                                         \
-    }
-    SYM(createCCtx, "ZSTD_createCCtx")
-    SYM(freeCCtx, "ZSTD_freeCCtx")
-    SYM(setParameter, "ZSTD_CCtx_setParameter")
-    SYM(compressStream2, "ZSTD_compressStream2")
-    SYM(isError, "ZSTD_isError")
-    SYM(getErrorName, "ZSTD_getErrorName")
-    SYM(outSize, "ZSTD_CStreamOutSize")
-#undef SYM
+#define ZSYM(field, name)                                                                  \
+    SYM(zs, h, field, name, snprintf(err, errlen, "libzstd.so.1 lacks %s (zstd >= 1.4 needed)", \
+                                     name);                                                \
+        return -1)
+    ZSYM(createCCtx, "ZSTD_createCCtx")
+    ZSYM(freeCCtx, "ZSTD_freeCCtx")
+    ZSYM(setParameter, "ZSTD_CCtx_setParameter")
+    ZSYM(compress2, "ZSTD_compress2")
+    ZSYM(bound, "ZSTD_compressBound")
+    ZSYM(isError, "ZSTD_isError")
+    ZSYM(getErrorName, "ZSTD_getErrorName")
+#undef ZSYM
     zs.loaded = 1;
     return 0;
+}
+
+/* Optional: a missing or incomplete libdeflate means zlib. */
+static void libdeflate_load(void) {
+    if (ld.tried)
+        return;
+    ld.tried = 1;
+    void *h = dlopen("libdeflate.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    SYM(ld, h, alloc, "libdeflate_alloc_compressor", goto none)
+    SYM(ld, h, free, "libdeflate_free_compressor", goto none)
+    SYM(ld, h, compress, "libdeflate_gzip_compress", goto none)
+    SYM(ld, h, bound, "libdeflate_gzip_compress_bound", goto none)
+    return;
+none:
+    ld.alloc = NULL;
 }
 
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen) {
@@ -61,11 +85,15 @@ int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen) {
     k->fd = -1;
     k->mode = mode;
     if (mode == 1) {
+        libdeflate_load();
+        if (ld.alloc && (k->ld = ld.alloc(1)))
+            return 0;
         /* windowBits 16+15: gzip wrapper; deflateReset starts a new member. */
         if (deflateInit2(&k->z, 1, Z_DEFLATED, 16 + 15, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
             snprintf(err, errlen, "zlib deflateInit2 failed");
             return -1;
         }
+        k->z_init = 1;
     } else if (mode == 2) {
         if (zstd_load(err, errlen) < 0)
             return -1;
@@ -77,8 +105,6 @@ int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen) {
         size_t r = zs.setParameter(k->zc, ZSTD_c_compressionLevel, 1);
         if (zs.isError(r)) {
             snprintf(err, errlen, "zstd: %s", zs.getErrorName(r));
-            zs.freeCCtx(k->zc);
-            k->zc = NULL;
             return -1;
         }
     }
@@ -101,71 +127,60 @@ static void write_all(dft_sink *k, const char *p, size_t n) {
     }
 }
 
-/* Compress input into k->out, growing it as needed. */
-static int gz_run(dft_sink *k, const char *p, size_t n, int flush) {
-    k->z.next_in = (Bytef *)p;
-    k->z.avail_in = (uInt)n;
-    for (;;) {
-        if (dft_buf_reserve(&k->out, 65536) < 0)
+static int compress_member(dft_sink *k, const char *p, size_t n) {
+    k->out.len = 0;
+    if (k->ld) {
+        size_t bound = ld.bound(k->ld, n);
+        if (dft_buf_reserve(&k->out, bound) < 0)
             return -1;
-        k->z.next_out = (Bytef *)(k->out.p + k->out.len);
-        k->z.avail_out = (uInt)(k->out.cap - k->out.len);
-        int rc = deflate(&k->z, flush);
+        k->out.len = ld.compress(k->ld, p, n, k->out.p, k->out.cap);
+        return k->out.len ? 0 : -1;
+    }
+    if (k->mode == 1) {
+        if (dft_buf_reserve(&k->out, deflateBound(&k->z, n)) < 0)
+            return -1;
+        k->z.next_in = (Bytef *)p;
+        k->z.avail_in = (uInt)n;
+        k->z.next_out = (Bytef *)k->out.p;
+        k->z.avail_out = (uInt)k->out.cap;
+        int rc = deflate(&k->z, Z_FINISH);
         k->out.len = k->out.cap - k->z.avail_out;
-        if (rc == Z_STREAM_END)
-            return 0;
-        if (rc != Z_OK && rc != Z_BUF_ERROR)
-            return -1;
-        if (flush == Z_NO_FLUSH && k->z.avail_in == 0)
-            return 0;
+        deflateReset(&k->z);
+        return rc == Z_STREAM_END ? 0 : -1;
     }
+    if (dft_buf_reserve(&k->out, zs.bound(n)) < 0)
+        return -1;
+    size_t r = zs.compress2(k->zc, k->out.p, k->out.cap, p, n);
+    if (zs.isError(r))
+        return -1;
+    k->out.len = r;
+    return 0;
 }
 
-static int zs_run(dft_sink *k, const char *p, size_t n, int end) {
-    ZSTD_inBuffer in = {p, n, 0};
-    size_t chunk = zs.outSize();
-    for (;;) {
-        if (dft_buf_reserve(&k->out, chunk) < 0)
-            return -1;
-        ZSTD_outBuffer out = {k->out.p, k->out.cap, k->out.len};
-        size_t r = zs.compressStream2(k->zc, &out, &in, end ? ZSTD_e_end : ZSTD_e_continue);
-        k->out.len = out.pos;
-        if (zs.isError(r))
-            return -1;
-        if (end ? r == 0 : in.pos == in.size)
-            return 0;
-    }
-}
-
-int dft_sink_put(dft_sink *k, const char *p, size_t n) {
+int dft_sink_write(dft_sink *k, const char *p, size_t n) {
     if (!n)
         return 0;
-    k->in_member += n;
     if (k->mode == 0) {
         write_all(k, p, n);
         return 0;
     }
-    return k->mode == 1 ? gz_run(k, p, n, Z_NO_FLUSH) : zs_run(k, p, n, 0);
-}
-
-int dft_sink_member(dft_sink *k) {
-    if (k->mode == 0 || k->in_member == 0)
-        return 0;
-    int rc = k->mode == 1 ? gz_run(k, NULL, 0, Z_FINISH) : zs_run(k, NULL, 0, 1);
-    if (k->mode == 1)
-        deflateReset(&k->z);
+    if (compress_member(k, p, n) < 0) {
+        if (!k->err)
+            k->err = ENOMEM;
+        return -1;
+    }
     write_all(k, k->out.p, k->out.len);
-    k->out.len = 0;
-    k->in_member = 0;
-    return rc;
+    return 0;
 }
 
 void dft_sink_free(dft_sink *k) {
-    if (k->mode == 1)
+    if (k->ld)
+        ld.free(k->ld);
+    if (k->z_init)
         deflateEnd(&k->z);
-    else if (k->mode == 2 && k->zc)
+    if (k->zc)
         zs.freeCCtx(k->zc);
-    k->zc = NULL;
-    k->mode = 0;
+    k->ld = k->zc = NULL;
+    k->z_init = 0;
     dft_buf_free(&k->out);
 }

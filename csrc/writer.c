@@ -17,8 +17,7 @@ dft_writer_t dft_w = {
 
 #define WAKE_NS 250000000ull
 #define MEMBER_NS 750000000ull /* + one wake period: a member at least every second */
-#define MEMBER_BYTES (4u << 20)
-#define FMT_FLUSH (256u << 10)
+#define MEMBER_BYTES (1u << 20)
 #define DRAIN_BATCH 1024u
 
 void dft_writer_kick(void) {
@@ -148,16 +147,9 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     return 0;
 }
 
-static void fmt_to_sink(void) {
-    if (dft_w.fmt.len) {
-        dft_sink_put(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
-        dft_w.fmt.len = 0;
-    }
-}
-
 static void end_member(void) {
-    fmt_to_sink();
-    dft_sink_member(&dft_w.sink);
+    dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
+    dft_w.fmt.len = 0;
     dft_w.last_member_ns = dft_mono();
 }
 
@@ -179,11 +171,8 @@ static void drain_ring(dft_ring *r) {
             if (emit_event(r, x) < 0)
                 atomic_fetch_add(&dft_w.dropped, 1);
             free(x->extra);
-            if (dft_w.fmt.len >= FMT_FLUSH) {
-                fmt_to_sink();
-                if (dft_w.sink.in_member >= MEMBER_BYTES)
-                    end_member();
-            }
+            if (dft_w.fmt.len >= MEMBER_BYTES)
+                end_member();
         }
         /* hand space back early so a waiting producer can go on */
         atomic_store_explicit(&r->tail, t, memory_order_seq_cst);
@@ -286,7 +275,7 @@ static void *writer_main(void *arg) {
         }
         if (req != dft_w.flush_done ||
             (dft_mono() - dft_w.last_member_ns >= MEMBER_NS &&
-             (dft_w.fmt.len || dft_w.sink.in_member)))
+             dft_w.fmt.len))
             end_member();
         if (req != dft_w.flush_done) {
             pthread_mutex_lock(&dft_w.mu);
