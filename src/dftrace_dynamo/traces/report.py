@@ -27,10 +27,12 @@ def headline(result):
             f"{result['op_events']:,} op events, {_seconds(result['op_time_us'])} in ops")
     if result["graph_calls"]:
         cover = 100 * result["op_time_us"] / result["graph_time_us"] if result["graph_time_us"] else 0
-        line += (f"; {result['graph_calls']:,} graph calls, {_seconds(result['graph_time_us'])} "
+        n = result["graph_calls"]
+        line += (f"; {n:,} graph call{'s' * (n != 1)}, {_seconds(result['graph_time_us'])} "
                  f"({cover:.1f}% of it in ops)")
     if result["compile_events"]:
-        line += f"; {result['compile_events']:,} compile events, {_seconds(result['compile_time_us'])}"
+        n = result["compile_events"]
+        line += f"; {n:,} compile event{'s' * (n != 1)}, {_seconds(result['compile_time_us'])}"
     return line
 
 
