@@ -18,16 +18,25 @@ from typing import Any, Optional
 import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from ..naming import abbreviate
 from .capture import CALL_OPS, GraphBreak, GraphPartition, target_name
 
 __all__ = ["DEFAULT_BALANCE", "NodeProfile", "ModelProfile", "machine_balance", "profile_partitions",
-           "module_path"]
+           "profile_model", "module_path"]
 
 # Seed 004's threshold between memory- and compute-bound, in FLOPs/byte.
 DEFAULT_BALANCE = 10.0
+
+
+
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# flop_counter has formulas for the CUDA attention kernels but not the CPU one.
+_EXTRA_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
 
 _BARE_ROOT = re.compile(r"""^[LG]\[(['"])[^'"]+\1\]$""")
 
@@ -62,7 +71,7 @@ class NodeProfile:
     bytes_read: int
     bytes_written: int
     bottleneck: str = "none"
-    time_ns: Optional[float] = None  # mean measured time of one execution
+    time_ns: Optional[float] = None  # median measured time of one execution
     calls: int = 0  # measured executions
 
     @property
@@ -109,6 +118,8 @@ class ModelProfile:
     peak_flops: Optional[float] = None
     mem_bw: Optional[float] = None
     timing: Optional[str] = None  # how op times were measured, None when they were not
+    timing_error: Optional[str] = None  # why they were not
+    module_types: dict = dataclasses.field(default_factory=dict)  # module path -> class name
 
     @property
     def total_params(self) -> int:
@@ -164,24 +175,34 @@ class ModelProfile:
             "peak_flops": self.peak_flops,
             "mem_bw": self.mem_bw,
             "timing": self.timing,
+            "timing_error": self.timing_error,
             "time_ns": total_time,
             "achieved_flops": self.total_flops / (total_time * 1e-9) if total_time else None,
             "bottlenecks": self.bottlenecks(),
         }
 
 
-def module_path(node: torch.fx.Node) -> tuple[str, str]:
-    """(readable module path, module type) owning ``node``; ("", "") at top level."""
-    if node.op == "call_module":
-        mod = node.graph.owning_module.get_submodule(node.target)
-        return abbreviate(node.target, max_len=None), type(mod).__name__
-    stack = node.meta.get("nn_module_stack") or {}
-    for path, mtype in reversed(list(stack.values())):
+def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
+    """``[(readable module path, class name)]`` enclosing ``node``, outermost first.
+
+    The model itself is not listed: its nodes are at the top level.
+    """
+    stack = []
+    for path, mtype in (node.meta.get("nn_module_stack") or {}).values():
         # Dynamo's outermost entry is the compiled model itself (L['self']).
-        if _BARE_ROOT.match(str(path)):
-            break
-        return abbreviate(path, max_len=None), getattr(mtype, "__name__", str(mtype).rsplit(".", 1)[-1])
-    return "", ""
+        if not _BARE_ROOT.match(str(path)):
+            stack.append((abbreviate(path, max_len=None), getattr(mtype, "__name__", str(mtype).rsplit(".", 1)[-1])))
+    if node.op == "call_module":
+        path = abbreviate(node.target, max_len=None)
+        if not stack or stack[-1][0] != path:
+            stack.append((path, type(node.graph.owning_module.get_submodule(node.target)).__name__))
+    return stack
+
+
+def module_path(node: torch.fx.Node) -> tuple[str, str]:
+    """(readable module path, class name) owning ``node``; ("", "") at top level."""
+    stack = module_stack(node)
+    return stack[-1] if stack else ("", "")
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -216,6 +237,7 @@ class _Meter(torch.fx.Interpreter):
         super().__init__(gm)
         self.graph_index, self.index, self.seen = graph, start, seen
         self.rows: list[NodeProfile] = []
+        self.module_types: dict[str, str] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op not in CALL_OPS:
@@ -225,7 +247,7 @@ class _Meter(torch.fx.Interpreter):
         if n.op == "call_module":
             mod = self.module.get_submodule(n.target)
             inputs += list(mod.parameters()) + list(mod.buffers())
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOPS) as counter:
             out = super().run_node(n)
         flops = counter.get_total_flops()
         params = 0
@@ -241,7 +263,9 @@ class _Meter(torch.fx.Interpreter):
         read = sum(_nbytes(t) for t in unique) if (fresh or flops or _in_place(n)) else 0
         if _in_place(n) and not fresh:
             written = sum(_nbytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
-        module, mtype = module_path(n)
+        stack = module_stack(n)
+        self.module_types.update(stack)
+        module, mtype = stack[-1] if stack else ("", "")
         self.index += 1
         self.rows.append(NodeProfile(
             index=self.index, graph=self.graph_index, name=n.name, op=n.op, target=target_name(n),
@@ -268,11 +292,13 @@ def profile_partitions(partitions: list[GraphPartition], *, model: str = "model"
     """
     seen: set = set()
     nodes: list[NodeProfile] = []
+    module_types: dict[str, str] = {}
     with torch.no_grad():
         for part in partitions:
             meter = _Meter(part.graph_module, part.index, len(nodes), seen)
             meter.run(*part.example_inputs)
             nodes.extend(meter.rows)
+            module_types.update(meter.module_types)
     for node in nodes:
         node.bottleneck = _classify(node, balance)
 
@@ -284,4 +310,34 @@ def profile_partitions(partitions: list[GraphPartition], *, model: str = "model"
         model=model, method=method, fx_error=fx_error, nodes=nodes, graph_breaks=list(graph_breaks or []),
         graph_count=len(partitions), balance=balance, input_bytes=tensor_bytes(model_inputs),
         output_bytes=tensor_bytes(model_output), weight_bytes=tensor_bytes(weights),
-        peak_flops=peak_flops, mem_bw=mem_bw)
+        peak_flops=peak_flops, mem_bw=mem_bw, module_types=module_types)
+
+
+def profile_model(model: torch.nn.Module, args: tuple = (), kwargs: Optional[dict] = None, *, name: str = "model",
+                  method: str = "auto", peak_flops: Optional[float] = None, mem_bw: Optional[float] = None,
+                  balance: Optional[float] = None, runs: int = 5) -> ModelProfile:
+    """Hybrid-trace ``model``, profile every node and, with ``runs`` > 0, time the ops with the tracer.
+
+    When op times cannot be measured (tracing off, or a trace already open)
+    the profile has no times and ``timing_error`` says why.
+    """
+    from .hybrid import trace_hybrid
+    from .timing import TimingError, measure_op_times
+
+    balance = machine_balance(peak_flops, mem_bw, balance)
+    traced = trace_hybrid(model, args, kwargs, method=method)
+    weights = list(model.parameters()) + list(model.buffers())
+    profile = profile_partitions(
+        traced.partitions, model=name, method=traced.method, fx_error=traced.fx_error,
+        graph_breaks=traced.graph_breaks, model_inputs=(args, kwargs), model_output=traced.output,
+        weights=weights, balance=balance, peak_flops=peak_flops, mem_bw=mem_bw)
+    if runs > 0:
+        try:
+            times = measure_op_times(traced.partitions, runs=runs)
+        except TimingError as exc:
+            profile.timing_error = str(exc)
+        else:
+            for node in profile.nodes:
+                node.time_ns, node.calls = times.get((node.graph, node.name), (None, 0))
+            profile.timing = f"tracer, median of {runs} run(s)"
+    return profile

@@ -1,0 +1,76 @@
+"""Measured time per op, from the project's own tracer.
+
+Each partition (a copy: the backend rewrites graphs in place) goes through
+the tracing backend at ``level="torch"``, so its nodes are the nodes the
+profile counted. The partitions run on their example inputs, once untraced
+(warm-up) and then ``runs`` times with a trace open in a temporary directory;
+the op events are read back and matched to nodes by their ``graph`` and
+``node`` args.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import statistics
+import tempfile
+
+import torch
+
+from .capture import GraphPartition, snapshot
+
+__all__ = ["TimingError", "measure_op_times"]
+
+
+class TimingError(RuntimeError):
+    """Op times cannot be measured in this process (tracing off or busy)."""
+
+
+def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> dict[tuple[int, str], tuple[float, int]]:
+    """``{(partition index, node name): (median ns per execution, executions measured)}``.
+
+    The median, not the mean: one descheduled execution on a busy machine
+    would otherwise dominate a node's time.
+    """
+    from .. import logger
+    from ..backend import create_backend, tracing_disabled
+    from ..sites import CAT_OP
+    from ..traces.reader import EventLines
+
+    if runs < 1:
+        raise ValueError("runs must be at least 1")
+    if tracing_disabled():
+        raise TimingError("tracing is off (DFTRACER_ENABLE=0 or a bad DFTRACER_* value)")
+    if logger.enabled():
+        raise TimingError("a trace is already open in this process; its events would mix with ours")
+
+    partition_of: dict[int, int] = {}
+    current: list[int] = []
+    compiler = create_backend(name="profile", level="torch",
+                              on_graph=lambda gm, inputs, info: partition_of.update({info["graph_id"]: current[0]}))
+    compiled = []
+    for part in partitions:
+        current[:] = [part.index]
+        compiled.append((compiler(snapshot(part.graph_module), part.example_inputs), part.example_inputs))
+
+    def run_all() -> None:
+        for fn, inputs in compiled:
+            fn(*inputs)
+
+    durations: dict = collections.defaultdict(list)
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="dftrace-profile-") as tmp:
+        run_all()  # warm-up: nothing is recorded while no trace is open
+        logger.initialize_log(os.path.join(tmp, "profile"))
+        if not logger.enabled():
+            raise TimingError("the trace could not be opened")
+        try:
+            for _ in range(runs):
+                run_all()
+        finally:
+            closed = logger.finalize()
+        for _, _, event in EventLines(closed["path"]):
+            args = event.get("args") or {}
+            if event.get("cat") != CAT_OP or args.get("graph") not in partition_of:
+                continue
+            durations[(partition_of[args["graph"]], args.get("node"))].append(float(event.get("dur", 0)) * 1000.0)
+    return {key: (statistics.median(ns), len(ns)) for key, ns in durations.items()}
