@@ -9,7 +9,7 @@ FORMATS = ("table", "csv", "json")
 
 
 def register(subparsers):
-    from dftrace_dynamo.traces.summary import VIEWS
+    from dftrace_dynamo.traces.report import VIEWS
 
     p = subparsers.add_parser(
         "summary", help="top ops, modules, phases, graphs and processes by time",
@@ -31,7 +31,8 @@ def register(subparsers):
 def run(args):
     from dftrace_dynamo.traces import report
     from dftrace_dynamo.traces.reader import TraceError, find_traces
-    from dftrace_dynamo.traces.summary import VIEWS, summarize
+    from dftrace_dynamo.traces.report import VIEWS
+    from dftrace_dynamo.traces.summary import summarize
 
     if args.top < 1:
         raise TraceError("--top must be at least 1")

@@ -4,6 +4,7 @@ import csv
 import io
 import json
 
+VIEWS = ("op", "module", "phase", "graph", "process")
 TITLES = {
     "op": "Top ops by total time",
     "module": "By module path",

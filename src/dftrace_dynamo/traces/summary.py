@@ -21,8 +21,7 @@ import tempfile
 import duckdb
 
 from .reader import Damage, check_trace, compression_of, iter_chunks, rank_of
-
-VIEWS = ("op", "module", "phase", "graph", "process")
+from .report import VIEWS
 
 # Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
 CAT_OP, CAT_GRAPH, CAT_COMPILE = "dynamo", "dynamo_graph", "dynamo_compile"

@@ -1,0 +1,24 @@
+"""Running the ``dftrace-dynamo`` command in the CLI tests."""
+
+import shutil
+import subprocess
+import sys
+
+# The console script when installed on PATH, else the module (same entry point).
+CLI = [shutil.which("dftrace-dynamo")] if shutil.which("dftrace-dynamo") else [sys.executable, "-m", "dftrace_dynamo"]
+
+
+def cli(*args, cwd=None, env=None, timeout=300):
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout)
+
+
+def assert_bad_input(p, *fragments):
+    """Exit status 2 and exactly one line on stderr, holding every fragment; no traceback."""
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
