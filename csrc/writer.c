@@ -31,16 +31,20 @@ void dft_writer_kick(void) {
 /* Display interval of one event (see design.rst "Timestamps"): events arrive
  * children first; entries on the stack with a measured start >= s are its
  * descendants and are replaced by it; the entry below is the latest earlier
- * disjoint event. */
+ * disjoint event. A parent that would coincide with its first child is made
+ * 1 ns longer: Perfetto orders equal-ts slices by duration, so equal intervals
+ * could swap parent and child. */
 static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E) {
     const uint32_t m = DFT_PLACE_CAP - 1;
-    uint64_t desc_de = 0;
+    uint64_t desc_de = 0, desc_ds = UINT64_MAX;
     while (r->place_n) {
         dft_place_ent *t = &r->place[(r->place_top - 1) & m];
         if (t->ms < s)
             break;
         if (t->de > desc_de)
             desc_de = t->de;
+        if (t->ds < desc_ds)
+            desc_ds = t->ds;
         r->place_top--;
         r->place_n--;
     }
@@ -54,6 +58,8 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
     uint64_t en = st + (e - s);
     if (desc_de > en)
         en = desc_de;
+    if (desc_ds == st && en == desc_de)
+        en++;
     if (r->place_n == DFT_PLACE_CAP) /* cap: forget the oldest */
         r->place_n--;
     dft_place_ent *n = &r->place[r->place_top++ & m];
