@@ -34,10 +34,14 @@ class InputMeta:
     device: Optional[str] = None
     value: Any = None  # for ints / floats / bools
 
-    def describe(self) -> str:
+    @property
+    def type_text(self) -> str:
         if self.shape is None:
-            return f"{self.name}: {self.kind} = {self.value!r}"
-        return f"{self.name}: {self.kind} {self.dtype}{list(self.shape)} on {self.device}"
+            return f"{self.kind} = {self.value!r}"
+        return f"{self.kind} {self.dtype}{list(self.shape)} on {self.device}"
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.type_text}"
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ from ..naming import abbreviate
 from .capture import CALL_OPS, GraphBreak, GraphPartition, target_name
 
 __all__ = ["DEFAULT_BALANCE", "NodeProfile", "ModelProfile", "machine_balance", "profile_partitions",
-           "profile_model", "module_path"]
+           "profile_traced", "profile_model", "module_path", "module_stack"]
 
 # Seed 004's threshold between memory- and compute-bound, in FLOPs/byte.
 DEFAULT_BALANCE = 10.0
@@ -313,19 +313,17 @@ def profile_partitions(partitions: list[GraphPartition], *, model: str = "model"
         peak_flops=peak_flops, mem_bw=mem_bw, module_types=module_types)
 
 
-def profile_model(model: torch.nn.Module, args: tuple = (), kwargs: Optional[dict] = None, *, name: str = "model",
-                  method: str = "auto", peak_flops: Optional[float] = None, mem_bw: Optional[float] = None,
-                  balance: Optional[float] = None, runs: int = 5) -> ModelProfile:
-    """Hybrid-trace ``model``, profile every node and, with ``runs`` > 0, time the ops with the tracer.
+def profile_traced(traced, model: torch.nn.Module, args: tuple = (), kwargs: Optional[dict] = None, *,
+                   name: str = "model", peak_flops: Optional[float] = None, mem_bw: Optional[float] = None,
+                   balance: Optional[float] = None, runs: int = 5) -> ModelProfile:
+    """Profile a :class:`~.hybrid.TracedModel` of ``model``; ``runs`` > 0 also times the ops with the tracer.
 
     When op times cannot be measured (tracing off, or a trace already open)
     the profile has no times and ``timing_error`` says why.
     """
-    from .hybrid import trace_hybrid
     from .timing import TimingError, measure_op_times
 
     balance = machine_balance(peak_flops, mem_bw, balance)
-    traced = trace_hybrid(model, args, kwargs, method=method)
     weights = list(model.parameters()) + list(model.buffers())
     profile = profile_partitions(
         traced.partitions, model=name, method=traced.method, fx_error=traced.fx_error,
@@ -341,3 +339,12 @@ def profile_model(model: torch.nn.Module, args: tuple = (), kwargs: Optional[dic
                 node.time_ns, node.calls = times.get((node.graph, node.name), (None, 0))
             profile.timing = f"tracer, median of {runs} run(s)"
     return profile
+
+
+def profile_model(model: torch.nn.Module, args: tuple = (), kwargs: Optional[dict] = None, *,
+                  method: str = "auto", **options) -> ModelProfile:
+    """Hybrid-trace ``model`` on ``args``/``kwargs`` and profile it (options: see :func:`profile_traced`)."""
+    from .hybrid import trace_hybrid
+
+    traced = trace_hybrid(model, args, kwargs, method=method)
+    return profile_traced(traced, model, args, kwargs, **options)
