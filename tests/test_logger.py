@@ -108,14 +108,13 @@ def test_bad_configuration_turns_tracing_off_with_one_message(tmp_path, env, var
     code = """
         import torch
         from dftrace_dynamo import dftracer, region
+        INIT
         with region("work"):
             y = torch.ones(4).sum()
         dftracer.log_event("x", "user", dftracer.get_time(), 1.0)
         print("result", float(y))
     """
-    if variable != "DFTRACER_LOG_FILE":
-        code = code.replace("import torch", "import torch\nfrom dftrace_dynamo import initialize_log\n"
-                            "initialize_log('t.pfw')")
+    code = code.replace("INIT", "" if variable == "DFTRACER_LOG_FILE" else "dftracer.initialize_log('t.pfw')")
     p = run_py(code, tmp_path, env=env)
     assert p.returncode == 0, p.stderr
     assert "result 4.0" in p.stdout
