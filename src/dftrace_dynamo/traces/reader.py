@@ -182,14 +182,14 @@ class EventLines:
     one line. After iteration: ``broken`` (line numbers that are not JSON;
     the last one may just be a cut last line, see ``last_line``), ``not_events``
     (JSON lines that are not objects), ``early_close`` (``]`` lines followed by
-    more data), ``closed`` (ends with ``]``), ``head`` (first decompressed
-    bytes) and ``damage``."""
+    more data), ``closed`` (line number of the final ``]``, 0 when missing),
+    ``head`` (first decompressed bytes) and ``damage``."""
 
     def __init__(self, path):
         self.path = path
         self.damage = Damage(path)
         self.broken, self.not_events, self.early_close = [], [], []
-        self.closed, self.last_line, self.head = False, 0, b""
+        self.closed, self.last_line, self.head = 0, 0, b""
 
     def __iter__(self):
         """Yields ``(line_number, raw_json_bytes, event_dict)``."""
@@ -200,9 +200,11 @@ class EventLines:
             text = line.strip()
             if not text:
                 continue
-            if self.closed:
-                self.early_close.append(lineno)
-                self.closed = False
+            if self.closed:  # a second run appended after ']' (Perfetto stops at the ']')
+                self.early_close.append(self.closed)
+                self.closed = 0
+                if text == b"[":
+                    continue
             if lineno == 1 and text.startswith(b"["):
                 text = text[1:].lstrip()
                 if not text:
@@ -210,7 +212,7 @@ class EventLines:
                 if text.endswith(b"]"):  # a whole JSON array on one line
                     text = b"[" + text
             if text == b"]":
-                self.closed = True
+                self.closed = lineno
                 continue
             if text.endswith(b","):
                 text = text[:-1]

@@ -5,7 +5,8 @@ Problems (Perfetto loses data or refuses the file):
 * the first 128 decompressed bytes, whitespace removed, must start with
   ``[{"`` or ``{"`` (a file holding only ``[`` is "Unknown trace type");
 * every line must be valid JSON: one broken line aborts the whole load;
-* a ``]`` line must be the last one (an appended run gives ``][``);
+* a ``]`` line must be the last one (an appended run gives ``][``; Perfetto
+  ignores everything after the first ``]``);
 * ``pid``/``tid`` must be integers in 0..2^32-1 (others become 0: threads merge);
 * an ``X`` event needs a numeric ``ts`` and ``dur`` (without ``dur`` it is dropped);
 * ``X`` events of one (pid, tid) must nest: a partial overlap drops the later
@@ -111,7 +112,8 @@ def validate(path):
     for lineno in lines.not_events:
         report.problem(lineno, "JSON value that is not an event object")
     for lineno in lines.early_close:
-        report.problem(lineno, "data after a ']' line (two runs appended to one file?)")
+        report.problem(lineno, "data after this ']' (two runs appended to one file?): "
+                               "Perfetto stops reading here")
     if not lines.closed:
         report.notes.append("no closing ']' (fine for Perfetto; the writer did not finish)")
     for note in lines.damage.notes:
