@@ -198,6 +198,7 @@ typedef struct {
 
     dft_sink sink;
     dft_buf fmt;
+    size_t hold; /* bytes of fmt not worth a member alone (a lone '[') */
     uint64_t gen;            /* file generation, bumps per open() */
     uint64_t next_id;
     uint64_t written;        /* X events written (end excluded) */

@@ -310,10 +310,16 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         goto out;
     }
+    /* Perfetto needs an object within the first bytes ('[' alone is an
+     * unknown format), so without a header '[' waits for the first events. */
     dft_buf_put(&dft_w.fmt, "[\n", 2);
     dft_buf_put(&dft_w.fmt, header.buf, (size_t)header.len);
-    dft_sink_write(sink, dft_w.fmt.p, dft_w.fmt.len);
-    dft_w.fmt.len = 0;
+    dft_w.hold = 2;
+    if (header.len) {
+        dft_sink_write(sink, dft_w.fmt.p, dft_w.fmt.len);
+        dft_w.fmt.len = 0;
+        dft_w.hold = 0;
+    }
     dft_ring_set_budget((size_t)bufsize);
     uint64_t pending;
     dft_rings_counts(&pushed_base, &pending);

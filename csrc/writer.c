@@ -154,9 +154,12 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
 }
 
 static void end_member(void) {
+    dft_w.last_member_ns = dft_mono();
+    if (dft_w.fmt.len <= dft_w.hold)
+        return;
     dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
     dft_w.fmt.len = 0;
-    dft_w.last_member_ns = dft_mono();
+    dft_w.hold = 0;
 }
 
 static void drain_ring(dft_ring *r) {

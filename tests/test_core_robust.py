@@ -1,0 +1,169 @@
+"""The C core under concurrency, back-pressure, fork and SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import zlib
+
+import pytest
+
+import perfetto_tp
+from dftrace_dynamo import _core
+from test_core_format import events, open_trace, read_objects
+
+
+@pytest.fixture(autouse=True)
+def closed_core():
+    _core.close()
+    yield
+    _core.close()
+
+
+def test_four_threads_exact_counts(tmp_path):
+    site = _core.intern_site("op", "c")
+    cell = _core.TagCell()
+    ic = _core.Interceptor(abs, site, cell)
+    n = 40_000
+    tids = []
+    start = threading.Barrier(4)
+
+    def work():
+        tids.append(threading.get_native_id())
+        start.wait()
+        for i in range(n):
+            if i % 2:
+                ic(-i)
+            else:
+                t = _core.now_ns()
+                _core.record(site, t, t + 1)
+
+    path = open_trace(tmp_path, 2, buffer_size=256 << 10)  # small rings: producers wait
+    ths = [threading.Thread(target=work, name=f"w{k}") for k in range(4)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    res = _core.close()
+    assert res["num_events"] == 4 * n and res["dropped"] == 0
+    objs = read_objects(path)
+    assert [o["id"] for o in objs] == list(range(1, len(objs) + 1))
+    ev = events(objs)
+    assert sorted({e["tid"] for e in ev}) == sorted(tids)
+    for tid in tids:
+        assert sum(e["tid"] == tid for e in ev) == n
+    names = {o["tid"]: o["args"]["name"] for o in objs if o["name"] == "thread_name"}
+    assert sorted(names.values()) == ["w0", "w1", "w2", "w3"]
+
+
+def test_full_ring_waits_instead_of_dropping(tmp_path):
+    site = _core.intern_site("op", "c")
+    path = open_trace(tmp_path, 1, buffer_size=16 << 10)  # smallest ring: 256 records
+    n = 200_000
+    t = _core.now_ns()
+    for i in range(n):
+        _core.record(site, t + i * 1000, t + i * 1000 + 500)
+    st = _core.stats()
+    assert st["recorded"] == n and st["dropped"] == 0
+    assert _core.close()["num_events"] == n
+    assert len(events(read_objects(path))) == n
+
+
+def test_short_lived_threads(tmp_path):
+    site = _core.intern_site("op", "c")
+    path = open_trace(tmp_path, 0, buffer_size=64 << 10)
+    for k in range(60):
+        th = threading.Thread(target=lambda: [_core.record(site, 1000 * j, 1000 * j + 1) for j in range(10)])
+        th.start()
+        th.join()
+        if k % 20 == 0:
+            _core.flush()
+    res = _core.close()
+    assert res["num_events"] == 600
+    assert _core.stats()["pending"] == 0
+    assert len(events(read_objects(path))) == 600
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_child_does_not_duplicate_parent_events(tmp_path):
+    site = _core.intern_site("op", "c")
+    parent_path = open_trace(tmp_path, 1, name="parent")
+    t = _core.now_ns()
+    for i in range(100):  # still buffered at fork time
+        _core.record(site, t + i, t + i + 1)
+    child_path = str(tmp_path / "child.pfw")
+    pid = os.fork()
+    if pid == 0:  # child: only _core, exit without running pytest's teardown
+        ok = not _core.is_open() and _core.path() is None
+        _core.record(site, 1, 2)  # no file: no-op
+        _core.open(child_path, 0, 1 << 20, b"", os.getpid(), "0" * 16)
+        for i in range(10):
+            _core.record(site, 1000 * i, 1000 * i + 1)
+        res = _core.close()
+        os._exit(0 if ok and res["num_events"] == 10 else 1)
+    for i in range(100):
+        _core.record(site, t + 1000 + i, t + 1000 + i + 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _core.close()["num_events"] == 200
+    parent = events(read_objects(parent_path))
+    assert len(parent) == 200 and {e["pid"] for e in parent} == {42}
+    child = events(read_objects(child_path))
+    assert len(child) == 10 and {e["pid"] for e in child} == {pid}
+
+
+KILL_CHILD = textwrap.dedent("""
+    import sys, time
+    from dftrace_dynamo import _core
+    site = _core.intern_site("op", "c")
+    _core.open(sys.argv[1], 1, 1 << 20, b"", 7, "0" * 16)
+    while True:  # ~20 events per ms; prints the time of its latest event
+        for _ in range(20):
+            t = _core.now_ns()
+            _core.record(site, t, t + 100)
+        print(t, flush=True)
+        time.sleep(0.001)
+""")
+
+def whole_members(data):
+    """Decompresses gzip members up to the first incomplete one."""
+    out = []
+    while data:
+        d = zlib.decompressobj(31)
+        try:
+            chunk = d.decompress(data)
+        except zlib.error:
+            break
+        if not d.eof:
+            break
+        out.append(chunk)
+        data = d.unused_data
+    return b"".join(out)
+
+
+def test_sigkill_keeps_events_up_to_about_a_second(tmp_path):
+    path = str(tmp_path / "killed.pfw.gz")
+    p = subprocess.Popen([sys.executable, "-c", KILL_CHILD, path], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 2.5
+        last = None
+        while time.monotonic() < deadline:
+            last = int(p.stdout.readline())
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    with open(path, "rb") as f:
+        text = whole_members(f.read()).decode()
+    lines = text.splitlines()
+    assert lines[0] == "["
+    evs = [json.loads(line) for line in lines[1:]]
+    ops = [e for e in evs if e["name"] == "op"]
+    assert len(ops) > 1000
+    assert max(e["ts"] for e in ops) * 1000 >= last - 1_500_000_000
+    assert perfetto_tp.error_stats(path) == []
+    n = perfetto_tp.rows(path, "select count(*) as n from slice where name = 'op'")[0]["n"]
+    assert n >= len(ops)
