@@ -47,7 +47,8 @@ def select(total: int, start: Optional[int] = None, end: Optional[int] = None, a
             raise ValueError(f"--around {around} is outside the graph (nodes 1..{total})")
         first, last = max(1, around - context), min(total, around + context)
     else:
-        first, last = start or 1, min(end or total, total)
+        first = 1 if start is None else start
+        last = total if end is None else min(end, total)
         if first < 1 or first > total:
             raise ValueError(f"--start {first} is outside the graph (nodes 1..{total})")
         if last < first:

@@ -1,0 +1,109 @@
+"""Model loading for the CLI and example inputs from the forward signature."""
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from dftrace_dynamo.graphs.models import ModelError, load_model, make_inputs, parse_overrides
+
+transformers = pytest.importorskip("transformers")
+
+TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+             "vocab_size": 100}
+
+
+class TwoInputs(nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+
+def tiny_mlp():
+    return nn.Sequential(nn.Linear(6, 3))
+
+
+def test_transformers_by_model_type_with_overrides():
+    loaded = load_model("bert", TINY_BERT)
+    assert type(loaded.model).__name__ == "BertModel"
+    assert loaded.model.config.num_hidden_layers == 2
+    assert loaded.source == "transformers"
+    assert not loaded.model.training
+
+
+def test_transformers_from_local_config_json(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 2, "vocab_size": 100}))
+    loaded = load_model(str(path))
+    assert type(loaded.model).__name__ == "GPT2Model"
+    assert loaded.model.config.n_layer == 2
+    path.write_text("{}")
+    with pytest.raises(ModelError, match="model_type"):
+        load_model(str(path))
+
+
+def test_factory_and_transformers_class():
+    assert isinstance(load_model(f"{__name__}:tiny_mlp").model, nn.Sequential)
+    head = load_model("transformers:BertForMaskedLM", TINY_BERT).model
+    assert type(head).__name__ == "BertForMaskedLM"
+    with pytest.raises(ModelError, match="cannot import"):
+        load_model("no_such_module_xyz:Thing")
+
+
+def test_unknown_name_says_what_is_accepted():
+    try:
+        import torchvision  # noqa: F401
+        tv = "a torchvision model name"
+    except ImportError:
+        tv = "torchvision is not installed"
+    with pytest.raises(ModelError, match=tv):
+        load_model("resnet-not-a-model")
+
+
+def test_torchvision_missing_is_reported_for_its_models():
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        with pytest.raises(ModelError, match="pip install torchvision"):
+            load_model("resnet18")
+    else:
+        assert load_model("resnet18").source == "torchvision"
+
+
+def test_inputs_for_text_models():
+    model = load_model("bert", TINY_BERT).model
+    args, kwargs = make_inputs(model, seq_len=12, batch_size=3)
+    assert args == ()
+    assert kwargs.keys() == {"input_ids", "attention_mask"}
+    assert kwargs["input_ids"].shape == (3, 12)
+    assert kwargs["input_ids"].max() < 100
+    assert kwargs["attention_mask"].dtype == torch.long
+
+
+def test_inputs_for_image_models():
+    vit = load_model("vit", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                             "intermediate_size": 64, "image_size": 32, "patch_size": 8}).model
+    _, kwargs = make_inputs(vit, batch_size=2)
+    assert kwargs["pixel_values"].shape == (2, 3, 32, 32)
+    _, kwargs = make_inputs(vit, input_shape=[1, 3, 64, 64])
+    assert kwargs["pixel_values"].shape == (1, 3, 64, 64)
+
+
+def test_inputs_from_the_first_layer_or_input_shape():
+    assert make_inputs(tiny_mlp(), batch_size=4)[0][0].shape == (4, 6)
+    conv = nn.Sequential(nn.Conv2d(5, 2, 3))
+    assert make_inputs(conv, batch_size=2, image_size=16)[0][0].shape == (2, 5, 16, 16)
+    emb = nn.Sequential(nn.Embedding(7, 4))
+    ids = make_inputs(emb, seq_len=9)[0][0]
+    assert ids.shape == (1, 9) and ids.dtype == torch.long and ids.max() < 7
+    assert make_inputs(nn.ReLU(), input_shape=[2, 3])[0][0].shape == (2, 3)
+    with pytest.raises(ModelError, match="--input-shape"):
+        make_inputs(nn.ReLU())
+    with pytest.raises(ModelError, match="forward"):
+        make_inputs(TwoInputs())
+
+
+def test_parse_overrides():
+    assert parse_overrides(["a=1", "b=false", "c=gelu", "d=[1, 2]"]) == {"a": 1, "b": False, "c": "gelu", "d": [1, 2]}
+    with pytest.raises(ModelError):
+        parse_overrides(["novalue"])
