@@ -1,0 +1,227 @@
+"""Interceptor and GraphCall: results, exceptions and arguments pass through
+unchanged; events carry the graph context; references are managed."""
+
+import gc
+import sys
+import weakref
+
+import pytest
+
+from dftrace_dynamo import _core
+from test_core_format import HHASH, events, open_trace, read_objects
+
+
+@pytest.fixture(autouse=True)
+def closed_core():
+    _core.close()
+    yield
+    _core.close()
+
+
+@pytest.fixture
+def site():
+    return _core.intern_site("op", "dynamo", {"node": "n"})
+
+
+def recorded(tmp_path, fn):
+    """Runs fn() with a file open; returns (fn's result, the events written)."""
+    path = open_trace(tmp_path, 0, name=f"t{id(fn)}")
+    try:
+        out = fn()
+    finally:
+        _core.close()
+    return out, events(read_objects(path))
+
+
+def test_call_passes_args_kwargs_and_result(tmp_path, site):
+    sentinel = object()
+
+    def target(*args, **kwargs):
+        return sentinel, args, kwargs
+
+    ic = _core.Interceptor(target, site, _core.TagCell())
+    (res, args, kwargs), ev = recorded(tmp_path, lambda: ic(1, "a", x=2, y=None))
+    assert res is sentinel and args == (1, "a") and kwargs == {"x": 2, "y": None}
+    assert len(ev) == 1 and ev[0]["name"] == "op" and "failed" not in ev[0]["args"]
+    assert ev[0]["args"] == {"hhash": HHASH, "node": "n", "grad_enabled": 0}
+    # no file open: still a plain call
+    assert ic(5)[1] == (5,)
+
+
+def test_exception_passes_through_and_is_recorded(tmp_path, site):
+    err = KeyError("boom")
+
+    def target():
+        raise err
+
+    ic = _core.Interceptor(target, site, None)
+
+    def run():
+        with pytest.raises(KeyError) as info:
+            ic()
+        return info.value
+
+    caught, ev = recorded(tmp_path, run)
+    assert caught is err
+    assert ev[0]["args"]["failed"] == 1
+
+
+def test_method_mode(tmp_path, site):
+    lst = [3, 1, 2]
+    sort = _core.Interceptor("sort", site, None, mode=_core.METHOD)
+    split = _core.Interceptor("split", site, None, mode=_core.METHOD, name="split")
+    out, ev = recorded(tmp_path, lambda: (sort(lst, reverse=True), split("a b c", maxsplit=1)))
+    assert out == (None, ["a", "b c"]) and lst == [3, 2, 1]
+    assert len(ev) == 2
+    assert split.__name__ == "split" and split.target == "split"
+    with pytest.raises(TypeError):
+        sort()
+    with pytest.raises(AttributeError):
+        sort(1)
+    with pytest.raises(TypeError):
+        _core.Interceptor(len, site, None, mode=_core.METHOD)
+
+
+def test_names_and_attributes(site):
+    ic = _core.Interceptor(abs, site, None, name="relu_wrapped")
+    assert ic.__name__ == ic.__qualname__ == "relu_wrapped"
+    assert ic.__module__ == "dftrace_dynamo._core"
+    assert ic.target is abs and ic.site == site
+    assert _core.Interceptor(abs, site, None).__name__ == "abs"
+    ic.__module__ = "m"
+    assert ic.__module__ == "m"
+    with pytest.raises(ValueError):
+        _core.Interceptor(abs, 0, None)
+    with pytest.raises(ValueError):
+        _core.Interceptor(abs, site, None, mode=5)
+    with pytest.raises(TypeError):
+        _core.Interceptor(abs, site, object())
+
+
+def test_tags_read_on_every_event(tmp_path, site):
+    cell = _core.TagCell()
+    ic = _core.Interceptor(abs, site, cell)
+    t1 = _core.intern_tags({"step": 1})
+    t2 = _core.intern_tags({"step": 2})
+
+    def run():
+        ic(1)
+        cell.id = t1
+        ic(1)
+        cell.id = t2
+        ic(1)
+
+    _, ev = recorded(tmp_path, run)
+    assert [e["args"].get("step") for e in ev] == [None, 1, 2]
+    with pytest.raises(ValueError):
+        cell.id = 10**6
+    assert _core.TagCell(t1).id == t1
+
+
+def test_graphcall_context_and_enclosing_event(tmp_path, site):
+    gsite = _core.intern_site("graph 0 forward", "dynamo_graph")
+    op = _core.Interceptor(abs, site, None)
+    inherit_calls = []
+    grad_states = iter([True, False, True])
+
+    def grad_fn():
+        inherit_calls.append(1)
+        return next(grad_states)
+
+    def graph(args):
+        assert isinstance(args, list)
+        args.append(op(-1))
+        return args
+
+    g = _core.GraphCall(graph, gsite, None, _core.PHASE_FORWARD, grad_fn)
+    bwd = _core.GraphCall(graph, gsite, None, _core.PHASE_BACKWARD, grad_fn)
+
+    def run():
+        a = g([])
+        b = g([])
+        c = bwd([])
+        op(-1)  # outside any graph: no context
+        return a, b, c
+
+    out, ev = recorded(tmp_path, run)
+    assert out == ([1], [1], [1]) and len(inherit_calls) == 3
+    got = [(e["name"], e["args"]["grad_enabled"], e["args"].get("phase")) for e in ev]
+    assert got == [
+        ("op", 1, "forward"), ("graph 0 forward", 1, "forward"),
+        ("op", 0, "inference"), ("graph 0 forward", 0, "inference"),
+        ("op", 1, "backward"), ("graph 0 forward", 1, "backward"),
+        ("op", 0, None),
+    ]
+    for k in (0, 2, 4):  # each graph event encloses its op
+        o, gr = ev[k], ev[k + 1]
+        assert gr["ts"] <= o["ts"] and o["ts"] + o["dur"] <= gr["ts"] + gr["dur"]
+
+
+def test_grad_override(tmp_path, site):
+    on = _core.Interceptor(abs, site, None, grad=_core.GRAD_ON)
+    off = _core.Interceptor(abs, site, None, grad=_core.GRAD_OFF)
+    g = _core.GraphCall(lambda: (on(1), off(1)), site, None, _core.PHASE_BACKWARD, lambda: False)
+    _, ev = recorded(tmp_path, g)
+    assert [(e["args"]["grad_enabled"], e["args"]["phase"]) for e in ev[:2]] == [(1, "backward"), (0, "backward")]
+
+
+def test_graphcall_exception_restores_context(tmp_path, site):
+    op = _core.Interceptor(abs, site, None)
+
+    def boom():
+        raise ValueError("x")
+
+    g = _core.GraphCall(boom, site, None, _core.PHASE_FORWARD, lambda: True)
+
+    def run():
+        with pytest.raises(ValueError):
+            g()
+        op(1)
+
+    _, ev = recorded(tmp_path, run)
+    assert ev[0]["args"]["failed"] == 1 and ev[0]["args"]["phase"] == "forward"
+    assert ev[1]["args"] == {"hhash": HHASH, "node": "n", "grad_enabled": 0}
+
+
+def test_grad_fn_error_propagates(tmp_path, site):
+    def bad():
+        raise RuntimeError("grad")
+
+    g = _core.GraphCall(lambda: 1, site, None, _core.PHASE_FORWARD, bad)
+
+    def run():
+        with pytest.raises(RuntimeError, match="grad"):
+            g()
+
+    _, ev = recorded(tmp_path, run)
+    assert ev == []
+
+
+def test_no_reference_leaks(tmp_path, site):
+    arg, res = object(), object()
+    ic = _core.Interceptor(lambda a: res, site, _core.TagCell())
+    g = _core.GraphCall(lambda a: ic(a), site, None, 1, lambda: True)
+    before = sys.getrefcount(arg), sys.getrefcount(res)
+
+    def run():
+        for _ in range(1000):
+            g(arg)
+            with pytest.raises(TypeError):
+                ic()
+
+    recorded(tmp_path, run)
+    assert (sys.getrefcount(arg), sys.getrefcount(res)) == before
+
+
+def test_cycles_are_collected(site):
+    class Holder:
+        def __call__(self):
+            return 1
+
+    h = Holder()
+    h.ic = _core.Interceptor(h, site, None)
+    h.gc = _core.GraphCall(h, site, None, 1, h)
+    ref = weakref.ref(h)
+    del h
+    gc.collect()
+    assert ref() is None
