@@ -24,9 +24,12 @@ def register(subparsers):
 
 def run(args):
     from dftrace_dynamo.traces.convert import convert
-    from dftrace_dynamo.traces.reader import find_traces
+    from dftrace_dynamo.traces.reader import TraceError, find_traces
 
-    (src,) = find_traces([args.input])
+    found = find_traces([args.input])
+    if len(found) != 1:
+        raise TraceError(f"convert takes one trace file; {args.input} holds {len(found)}")
+    src = found[0]
     fmt = args.format or ("json-array" if ".json" in args.output.lower().rsplit("/", 1)[-1] else "pfw")
     events, warnings = convert(src, args.output, fmt == "json-array", args.force)
     for note in warnings:
