@@ -1,0 +1,100 @@
+"""dftrace-dynamo run: unmodified scripts traced, their output and status passed through."""
+
+import os
+
+import pytest
+
+from scripts.clitools import assert_bad_input, cli
+from tracefile import read_events
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+EAGER = os.path.join(SCRIPTS, "compile_eager.py")
+
+
+def only_trace(directory):
+    (path,) = [os.path.join(directory, n) for n in os.listdir(directory)]
+    return path
+
+
+def ops(path):
+    return [e for e in read_events(path) if e.get("ph") == "X" and "node" in e.get("args", {})]
+
+
+def test_compile_all_replaces_the_scripts_backend_and_traces_aten_ops(tmp_path):
+    p = cli("run", "--out", tmp_path, "--compile-all", EAGER, "3", "hello")
+    assert p.returncode == 3
+    assert p.stdout == "args ['3', 'hello']\n"
+    assert p.stderr.startswith("to stderr\n")
+    trace = only_trace(tmp_path)
+    assert os.path.basename(trace).startswith("compile_eager-")
+    assert f"dftrace-dynamo summary {tmp_path}" in p.stderr and trace in p.stderr
+    events = ops(trace)
+    assert {"function.addmm.default", "function.threshold_backward.default"} <= {e["name"] for e in events}
+    assert {e["args"]["phase"] for e in events} == {"forward", "backward"}
+
+
+def test_level_torch(tmp_path):
+    p = cli("run", "--out", tmp_path, "--compile-all", "--level", "torch", EAGER)
+    assert p.returncode == 0, p.stderr
+    names = {e["name"] for e in ops(only_trace(tmp_path))}
+    assert names and not any(n.endswith(".default") for n in names)  # torch-level, no ATen overloads
+
+
+def test_keep_backend_traces_graph_calls_only(tmp_path):
+    p = cli("run", "--out", tmp_path, "--compile-all", "--keep-backend", EAGER)
+    assert p.returncode == 0, p.stderr
+    events = read_events(only_trace(tmp_path))
+    graphs = [e for e in events if e.get("cat") == "dynamo_graph"]
+    assert len(graphs) == 1 and graphs[0]["args"]["inner"] == "eager"
+    assert ops(only_trace(tmp_path)) == []
+
+
+def test_decorator_and_module_compile_with_inductor_default(tmp_path):
+    p = cli("run", "--out", tmp_path, "--compile-all", os.path.join(SCRIPTS, "compile_decorator.py"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("5.04") and "torch.Size([1, 2])" in p.stdout
+    assert "mode='reduce-overhead'" in p.stderr and "ignored" in p.stderr
+    names = {e["name"] for e in ops(only_trace(tmp_path))}
+    assert {"function.sin.default", "function.addmm.default"} <= names
+
+
+def test_module_mode(tmp_path):
+    p = cli("run", "--out", tmp_path / "t", "--compile-all", "-m", "compile_eager", "0", "x", cwd=SCRIPTS)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "args ['0', 'x']\n"
+    assert ops(only_trace(tmp_path / "t"))
+
+
+def test_without_compile_all_the_scripts_backend_is_kept(tmp_path):
+    p = cli("run", "--out", tmp_path, EAGER, "0")
+    assert p.returncode == 0
+    assert os.listdir(tmp_path) == []
+    assert "no trace written" in p.stderr and "--compile-all" in p.stderr
+
+
+def test_script_using_the_tracer_traces_with_run_alone(tmp_path):
+    script = tmp_path / "own.py"
+    script.write_text("import torch\nfrom dftrace_dynamo import tracer_backend\n"
+                      "f = torch.compile(lambda x: x.relu() + 1, backend=tracer_backend)\nf(torch.ones(2))\n")
+    p = cli("run", "--out", tmp_path / "t", script)
+    assert p.returncode == 0, p.stderr
+    assert {e["name"] for e in ops(only_trace(tmp_path / "t"))} == {"function.relu.default", "function.add.Tensor"}
+
+
+def test_script_exception_passes_through(tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text("raise SystemExit('boom: bad config')\n")
+    p = cli("run", "--out", tmp_path / "t", script)
+    assert p.returncode == 1 and "boom: bad config" in p.stderr
+    script.write_text("import os\nos.kill(os.getpid(), 9)\n")
+    assert cli("run", "--out", tmp_path / "t", script).returncode == 128 + 9
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["nope.py"], "no such script: nope.py"),
+    ([], "give a script"),
+    (["--keep-backend", EAGER], "--keep-backend needs --compile-all"),
+    (["--level", "fx", EAGER], "invalid choice"),
+])
+def test_bad_input(tmp_path, args, fragment):
+    assert_bad_input(cli("run", "--out", tmp_path, *args), fragment)
