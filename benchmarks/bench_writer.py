@@ -21,6 +21,8 @@ import os
 import random
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -158,25 +160,31 @@ def recording_costs(tmp, n):
 
 
 def rss_run(tmp, n, comp):
-    """Extra RSS (peak over baseline) while writing n events."""
-    site = _core.intern_site("aten.relu.default", "dynamo", {"level": 1})
-    path = os.path.join(tmp, f"rss-{time.perf_counter_ns()}.pfw")
-    proc = psutil.Process()
-    base = proc.memory_info().rss
-    peak = base
-    rec = _core.record
-    t = time.time_ns()
-    _core.open(path, comp, 16 << 20, b"", os.getpid(), HHASH)
-    for chunk in range(n // 100_000):
-        for i in range(100_000):
-            rec(site, t, t + 700)
-            t += 1000
-        peak = max(peak, proc.memory_info().rss)
-    res = _core.close()
+    """Extra RSS (peak over the baseline before open()) while writing n events,
+    in a fresh process so that no earlier ring or buffer is already resident."""
+    code = f"""
+import os, psutil, time
+from dftrace_dynamo import _core
+site = _core.intern_site("function.relu.default", "dynamo", {{"graph": 0, "node": "relu_1"}})
+proc = psutil.Process()
+path = os.path.join({tmp!r}, "rss-%d.pfw" % os.getpid())
+rec = _core.record
+t = time.time_ns()
+base = peak = proc.memory_info().rss
+_core.open(path, {comp}, 16 << 20, b"", os.getpid(), "0123456789abcdef")
+for chunk in range({n} // 100_000):
+    for i in range(100_000):
+        rec(site, t, t + 700)
+        t += 1000
     peak = max(peak, proc.memory_info().rss)
-    os.remove(path)
-    assert res["num_events"] == n // 100_000 * 100_000
-    return (peak - base) / 2**20
+res = _core.close()
+peak = max(peak, proc.memory_info().rss)
+os.remove(path)
+assert res["num_events"] == {n} // 100_000 * 100_000 and res["dropped"] == 0
+print((peak - base) / 2**20)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout)
 
 
 def main():
