@@ -20,6 +20,7 @@ import importlib
 import inspect
 import json
 import pathlib
+import sys
 from typing import Any, Optional, Sequence
 
 import torch
@@ -73,7 +74,8 @@ def _from_factory(spec: str, overrides: dict) -> torch.nn.Module:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ModelError(f"cannot import {spec}: {exc}") from exc
-    transformers = _transformers()
+    # A transformers class means transformers is imported already: no need to import it here.
+    transformers = sys.modules.get("transformers")
     if transformers and inspect.isclass(obj) and issubclass(obj, transformers.PreTrainedModel):
         return obj(obj.config_class(**overrides))
     if overrides:
