@@ -6,6 +6,8 @@ import gzip
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import zlib
 
@@ -307,3 +309,51 @@ def test_self_referencing_args_raise():
     a.append(a)
     with pytest.raises(RecursionError):
         _core.intern_site("x", "y", {"a": a})
+
+
+FALLBACK_CHILD = """
+import sys
+from dftrace_dynamo import _core
+site = _core.intern_site("op", "c")
+try:
+    _core.open(sys.argv[1], int(sys.argv[2]), 1 << 20, b"", 1, "0" * 16)
+except RuntimeError as e:
+    print("RuntimeError:", e)
+    sys.exit(0)
+for i in range(3000):
+    _core.record(site, 1000 * i, 1000 * i + 1)
+    if i % 1000 == 0:
+        _core.flush()
+print(_core.close()["num_events"])
+"""
+
+
+def run_without_libs(tmp_path, path, comp):
+    """Runs FALLBACK_CHILD where libdeflate.so.0 and libzstd.so.1 resolve to
+    empty files, as on a machine without them."""
+    bogus = tmp_path / "bogus"
+    bogus.mkdir()
+    (bogus / "libdeflate.so.0").write_bytes(b"")
+    (bogus / "libzstd.so.1").write_bytes(b"")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(bogus))
+    out = subprocess.run([sys.executable, "-c", FALLBACK_CHILD, path, str(comp)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_gzip_falls_back_to_zlib(tmp_path):
+    path = str(tmp_path / "z.pfw.gz")
+    assert run_without_libs(tmp_path, path, 1) == "3000"
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[9] == 3  # zlib's gzip header (libdeflate writes OS=255)
+    assert len(members(data, 1)) >= 3
+    assert len(events(read_objects(path))) == 3000
+
+
+def test_zstd_without_libzstd_is_a_clear_error(tmp_path):
+    path = str(tmp_path / "z.pfw.zst")
+    out = run_without_libs(tmp_path, path, 2)
+    assert out.startswith("RuntimeError: zstd compression needs libzstd.so.1")
+    assert not os.path.exists(path)
