@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import os
 
 import pytest
 import torch
@@ -114,7 +115,9 @@ class Attention(nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, q, q)
 
 
-def test_op_times_come_from_the_tracer():
+def test_op_times_come_from_the_tracer(monkeypatch):
+    monkeypatch.delenv("DFTRACER_ENABLE", raising=False)
+    monkeypatch.delenv("DFTRACER_LOG_FILE", raising=False)
     profile = profile_model(Net().eval(), (torch.randn(2, 3, 4, 4),), runs=3)
     assert profile.timing_error is None
     assert profile.timing == "tracer, median of 3 run(s)"
@@ -125,10 +128,16 @@ def test_op_times_come_from_the_tracer():
     assert summary["time_ns"] == pytest.approx(sum(n.time_ns for n in profile.nodes))
     from dftrace_dynamo import logger
     assert not logger.enabled()  # the temporary trace was closed
+    # and child processes do not inherit a trace file in the removed directory
+    assert "DFTRACER_LOG_FILE" not in os.environ and "DFTRACER_ENABLE" not in os.environ
 
 
-def test_timing_refuses_an_open_trace(tmp_path):
+def test_timing_refuses_an_open_trace(tmp_path, monkeypatch):
     from dftrace_dynamo import logger
+
+    # initialize_log exports these for children: restored by monkeypatch afterwards
+    monkeypatch.delenv("DFTRACER_ENABLE", raising=False)
+    monkeypatch.delenv("DFTRACER_LOG_FILE", raising=False)
 
     logger.initialize_log(str(tmp_path / "user"))
     try:

@@ -59,10 +59,12 @@ class GraphPartition:
 
     @property
     def num_ops(self) -> int:
+        """Call nodes (call_function, call_method, call_module)."""
         return sum(self.ops_by_kind.get(op, 0) for op in CALL_OPS)
 
     @property
     def code(self) -> str:
+        """The Python code FX generated for the graph."""
         return self.graph_module.code
 
 
@@ -86,19 +88,23 @@ class CaptureResult:
 
     @property
     def graph_count(self) -> int:
+        """Number of graph partitions."""
         return len(self.partitions)
 
     @property
     def break_count(self) -> int:
+        """Number of graph breaks (can exceed graph_count - 1: some breaks leave no graph)."""
         return len(self.graph_breaks)
 
     def ops_by_target(self) -> dict[str, int]:
+        """Call counts per target over all partitions, most frequent first."""
         total: collections.Counter = collections.Counter()
         for part in self.partitions:
             total.update(part.ops_by_target)
         return dict(total.most_common())
 
     def summary(self) -> str:
+        """A few lines: graph and break counts, ops per graph, each break's reason."""
         lines = [f"graphs: {self.graph_count}  graph breaks: {self.break_count}"]
         for part in self.partitions:
             kinds = ", ".join(f"{k}={v}" for k, v in sorted(part.ops_by_kind.items()))

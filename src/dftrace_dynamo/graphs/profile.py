@@ -76,6 +76,7 @@ class NodeProfile:
 
     @property
     def macs(self) -> int:
+        """Multiply-accumulates: FLOPs / 2 (flop_counter counts products only)."""
         return self.flops // 2
 
     @property
@@ -84,6 +85,7 @@ class NodeProfile:
 
     @property
     def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per byte moved (0 when nothing moves)."""
         return self.flops / self.bytes if self.bytes else 0.0
 
     @property
@@ -157,6 +159,7 @@ class ModelProfile:
         return out
 
     def summary(self) -> dict:
+        """Totals, memory breakdown, graphs and breaks, timing and bottlenecks (the JSON ``summary``)."""
         total_time = self.total_time_ns
         return {
             "model": self.model,

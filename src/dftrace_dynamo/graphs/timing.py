@@ -21,6 +21,8 @@ from .capture import GraphPartition, snapshot
 
 __all__ = ["TimingError", "measure_op_times"]
 
+_INHERITED = ("DFTRACER_ENABLE", "DFTRACER_LOG_FILE")
+
 
 class TimingError(RuntimeError):
     """Op times cannot be measured in this process (tracing off or busy)."""
@@ -60,14 +62,22 @@ def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> dict[tu
     durations: dict = collections.defaultdict(list)
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="dftrace-profile-") as tmp:
         run_all()  # warm-up: nothing is recorded while no trace is open
+        # initialize_log exports DFTRACER_ENABLE/LOG_FILE for child processes; this
+        # temporary trace is ours alone, so the environment is put back afterwards.
+        saved = {name: os.environ.get(name) for name in _INHERITED}
         logger.initialize_log(os.path.join(tmp, "profile"))
-        if not logger.enabled():
-            raise TimingError("the trace could not be opened")
         try:
+            if not logger.enabled():
+                raise TimingError("the trace could not be opened")
             for _ in range(runs):
                 run_all()
         finally:
             closed = logger.finalize()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         for _, _, event in EventLines(closed["path"]):
             args = event.get("args") or {}
             if event.get("cat") != CAT_OP or args.get("graph") not in partition_of:
