@@ -162,6 +162,8 @@ static void end_member(void) {
     dft_w.hold = 0;
 }
 
+/* Up to the head seen on entry: a producer as fast as the writer must not
+ * keep it on one ring (other rings, member timing and stop wait meanwhile). */
 static void drain_ring(dft_ring *r) {
     if (r->place_gen != dft_w.gen) {
         r->place_gen = dft_w.gen;
@@ -190,7 +192,6 @@ static void drain_ring(dft_ring *r) {
             pthread_cond_broadcast(&dft_w.cv_space);
             pthread_mutex_unlock(&dft_w.mu);
         }
-        h = atomic_load_explicit(&r->head, memory_order_acquire);
     }
 }
 
