@@ -43,6 +43,8 @@ def human_bytes(value: Optional[float]) -> str:
 def _time(ns: Optional[float]) -> str:
     if ns is None:
         return "-"
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
     if ns >= 1e6:
         return f"{ns / 1e6:.2f} ms"
     if ns >= 1e3:
@@ -67,6 +69,17 @@ def _module_rows(nodes: list[NodeProfile]) -> dict[str, dict]:
     return totals
 
 
+def _cells(label: str, params: int, shape: str, flops: int, read: int, written: int, bound: str,
+           time_ns: Optional[float], show_shapes: bool, timed: bool) -> list[str]:
+    traffic = read + written
+    row = [label, human(params) if params else ""] + ([shape] if show_shapes else []) + [
+        human(flops // 2) if flops else "", human(flops) if flops else "", human_bytes(read), human_bytes(written),
+        f"{flops / traffic:.2f}" if traffic else "-", bound]
+    if timed:
+        row += [_time(time_ns), human(flops / (time_ns * 1e-9)) if time_ns and flops else "-"]
+    return row
+
+
 def _table(profile: ModelProfile, show_shapes: bool) -> str:
     timed = profile.timing is not None
     header = ["Module / op", "#Params"] + (["Shape"] if show_shapes else []) + \
@@ -76,32 +89,23 @@ def _table(profile: ModelProfile, show_shapes: bool) -> str:
     shown: set = set()
     for node in profile.nodes:
         parts = node.module.split(".") if node.module else []
+        # A module's row (its totals) comes before its first op.
         for depth in range(1, len(parts) + 1):
             key = ".".join(parts[:depth])
             if key in shown:
                 continue
             shown.add(key)
             m = modules[key]
-            flops, traffic = m["flops"], m["read"] + m["written"]
             label = "  " * (depth - 1) + abbreviate(parts[depth - 1] if depth > 1 else key, NAME_WIDTH - 2 * depth)
             if profile.module_types.get(key):
                 label += f" ({profile.module_types[key]})"
-            row = [label, human(m["params"])] + ([""] if show_shapes else []) + \
-                  [human(flops // 2), human(flops), human_bytes(m["read"]), human_bytes(m["written"]),
-                   f"{flops / traffic:.2f}" if traffic else "-", ""]
-            if timed:
-                row += [_time(m["time"]), human(flops / (m["time"] * 1e-9), "") if m["time"] and flops else "-"]
-            rows.append(row)
+            rows.append(_cells(label, m["params"], "", m["flops"], m["read"], m["written"], "", m["time"],
+                               show_shapes, timed))
         indent = "  " * len(parts)
         op = node.target.rsplit(".", 1)[-1]
         label = indent + abbreviate(f"{node.label} [{op}]", max(NAME_WIDTH - len(indent), 12))
-        row = [label, human(node.params) if node.params else ""] + ([node.shape] if show_shapes else []) + \
-              [human(node.macs) if node.flops else "", human(node.flops) if node.flops else "",
-               human_bytes(node.bytes_read), human_bytes(node.bytes_written),
-               f"{node.intensity:.2f}" if node.bytes else "-", node.bottleneck]
-        if timed:
-            row += [_time(node.time_ns), human(node.achieved_flops) if node.achieved_flops else "-"]
-        rows.append(row)
+        rows.append(_cells(label, node.params, node.shape, node.flops, node.bytes_read, node.bytes_written,
+                           node.bottleneck, node.time_ns, show_shapes, timed))
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     out = io.StringIO()
     out.write(f"Graph profile of {profile.model} ({profile.method}, {profile.graph_count} graph(s))\n\n")
