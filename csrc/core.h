@@ -202,6 +202,7 @@ typedef struct {
     uint64_t gen;            /* file generation, bumps per open() */
     uint64_t next_id;
     uint64_t written;        /* X events written (end excluded) */
+    uint64_t member_events;  /* of them, in the member being built */
     _Atomic uint64_t dropped;
     uint64_t last_member_ns; /* monotonic */
     char pid_s[24];

@@ -289,7 +289,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     for (Py_ssize_t i = 0; i < header.len; i++)
         lines += ((const char *)header.buf)[i] == '\n';
     dft_w.next_id = lines + 1;
-    dft_w.written = 0;
+    dft_w.written = dft_w.member_events = 0;
     atomic_store(&dft_w.dropped, 0);
     char *p = dft_w.pid_s;
     if (pid < 0) {
@@ -356,16 +356,16 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     dft_rings_reset();
     PyObject *path = cur_path;
     cur_path = NULL;
-    if (err) {
-        errno = err;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+    unsigned long long dropped = atomic_load(&dft_w.dropped);
+    /* Tracing must not break the traced program's exit: a write error is a
+     * warning, and close() still reports what was written. */
+    if (err && PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "trace file %U: %s; %llu events lost",
+                                path, strerror(err), dropped) < 0) {
         Py_DECREF(path);
         return NULL;
     }
-    PyObject *r = Py_BuildValue("{sKsKsN}", "num_events", (unsigned long long)dft_w.written,
-                                "dropped", (unsigned long long)atomic_load(&dft_w.dropped),
-                                "path", path);
-    return r;
+    return Py_BuildValue("{sKsKsN}", "num_events", (unsigned long long)dft_w.written, "dropped",
+                         dropped, "path", path);
 }
 
 static PyObject *py_flush(PyObject *m, PyObject *unused) {

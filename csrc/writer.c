@@ -150,14 +150,21 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     PUT("}}\n");
     b->len = (size_t)(p - b->p);
     dft_w.written++;
+    dft_w.member_events++;
     return 0;
 }
 
+/* A member that cannot be written (disk full, file size limit) counts its
+ * events as dropped rather than written. */
 static void end_member(void) {
     dft_w.last_member_ns = dft_mono();
     if (dft_w.fmt.len <= dft_w.hold)
         return;
-    dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
+    if (dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len) < 0 || dft_w.sink.err) {
+        dft_w.written -= dft_w.member_events;
+        atomic_fetch_add(&dft_w.dropped, dft_w.member_events);
+    }
+    dft_w.member_events = 0;
     dft_w.fmt.len = 0;
     dft_w.hold = 0;
 }
