@@ -74,3 +74,27 @@ def test_abbreviate_truncates_after_rewriting():
 
 def test_default_max_len_applies():
     assert len(abbreviate("x" * 500)) < 500
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+# "modules"/"buffers" as module names are ambiguous in the mangled spelling itself.
+_IDENT = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True).filter(lambda s: s not in ("modules", "buffers"))
+
+
+@given(st.text(max_size=200), st.integers(min_value=0, max_value=80))
+def test_never_longer_than_max_len(text, max_len):
+    assert len(abbreviate(text, max_len=max_len)) <= max_len
+
+
+@given(st.lists(st.one_of(_IDENT, st.integers(0, 99).map(str)), min_size=1, max_size=6))
+def test_fx_paths_map_to_themselves_from_every_spelling(parts):
+    # consecutive repeats collapse by design; keep paths without them
+    parts = [p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1] or p.isdigit()]
+    path = ".".join(parts)
+    assert abbreviate(path, max_len=None) == path
+    if not parts[0].isdigit():
+        source = "L['self']" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in parts)
+        assert abbreviate(source, max_len=None) == path
+        mangled = "l_self_" + "_".join(f"modules_{p}" for p in parts) + "_"
+        assert abbreviate(mangled, max_len=None) == path
