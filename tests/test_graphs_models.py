@@ -48,6 +48,10 @@ def test_factory_and_transformers_class():
     assert type(head).__name__ == "BertForMaskedLM"
     with pytest.raises(ModelError, match="cannot import"):
         load_model("no_such_module_xyz:Thing")
+    with pytest.raises(ModelError, match="without arguments"):
+        load_model("torch.nn:Linear")
+    with pytest.raises(ModelError, match="not a torch.nn.Module"):
+        load_model("collections:OrderedDict")
 
 
 def test_unknown_name_says_what_is_accepted():

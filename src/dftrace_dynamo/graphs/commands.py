@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import re
 import sys
@@ -59,6 +60,7 @@ def _slug(name: str) -> str:
 
 
 def _stopping(fn):
+    @functools.wraps(fn)
     def run(*a, **k):
         try:
             return fn(*a, **k)

@@ -80,7 +80,10 @@ def _from_factory(spec: str, overrides: dict) -> torch.nn.Module:
         return obj(obj.config_class(**overrides))
     if overrides:
         raise ModelError("--config-set only applies to transformers models")
-    model = obj()
+    try:
+        model = obj()
+    except TypeError as exc:  # a factory that needs arguments
+        raise ModelError(f"cannot call {spec}() without arguments: {exc}") from exc
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
     return model
