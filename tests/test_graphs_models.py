@@ -40,6 +40,9 @@ def test_transformers_from_local_config_json(tmp_path):
     path.write_text("{}")
     with pytest.raises(ModelError, match="model_type"):
         load_model(str(path))
+    path.write_text('{"model_type": "no-such-type"}')
+    with pytest.raises(ModelError, match="cannot build a 'no-such-type' model"):
+        load_model(str(path))
 
 
 def test_factory_and_transformers_class():

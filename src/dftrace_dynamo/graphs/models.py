@@ -61,9 +61,11 @@ def _transformers():
     return transformers
 
 
-def _from_transformers_config(config) -> torch.nn.Module:
-    transformers = _transformers()
-    return transformers.AutoModel.from_config(config)
+def _from_transformers_config(transformers, model_type: str, values: dict) -> torch.nn.Module:
+    try:
+        return transformers.AutoModel.from_config(transformers.AutoConfig.for_model(model_type, **values))
+    except ValueError as exc:  # unknown model type, or a config type without a base model class
+        raise ModelError(f"transformers cannot build a {model_type!r} model: {exc}") from exc
 
 
 def _from_factory(spec: str, overrides: dict) -> torch.nn.Module:
@@ -113,7 +115,7 @@ def load_model(spec: str, overrides: Optional[dict] = None) -> LoadedModel:
         if "model_type" not in data:
             raise ModelError(f"{spec} has no \"model_type\" key")
         data.update(overrides)
-        model, source = _from_transformers_config(transformers.AutoConfig.for_model(**data)), "transformers"
+        model, source = _from_transformers_config(transformers, data.pop("model_type"), data), "transformers"
     else:
         model, source = _by_name(spec, overrides)
     return LoadedModel(model=model.eval(), name=spec, source=source)
@@ -124,11 +126,7 @@ def _by_name(spec: str, overrides: dict):
     if transformers is not None:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
         if spec in CONFIG_MAPPING:
-            config = transformers.AutoConfig.for_model(spec, **overrides)
-            try:
-                return _from_transformers_config(config), "transformers"
-            except ValueError as exc:  # a config type without a base model class
-                raise ModelError(f"transformers cannot build a model for {spec!r}: {exc}") from exc
+            return _from_transformers_config(transformers, spec, overrides), "transformers"
     tv_names = _torchvision_names()
     if tv_names is not None and spec in tv_names:
         import torchvision
