@@ -9,12 +9,12 @@ def interactive():
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-def progress_bar(total, desc):
-    """A tqdm byte counter on stderr, shown after half a second on a terminal
-    only; a disabled (no-op) bar otherwise."""
+def progress_bar(total, desc, unit="B"):
+    """A tqdm bar on stderr, shown after half a second on a terminal only; a
+    disabled (no-op) bar otherwise."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False,
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", leave=False,
                 delay=0.5, file=sys.stderr, disable=not interactive())
 
 

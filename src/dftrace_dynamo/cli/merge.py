@@ -25,7 +25,7 @@ def run(args):
 
     paths = find_traces(args.traces)
     with progress_bar(sum(os.path.getsize(p) for p in paths), "merge") as bar:
-        events, processes, warnings = merge(paths, args.output, args.force, bar.update)
+        events, processes, warnings = merge(paths, args.output, args.force, None if bar.disable else bar.update)
     for note in warnings:
         warn("merge", note)
     for path, old, new, name in processes:

@@ -1,6 +1,5 @@
 """``dftrace-dynamo summary``: op statistics of one or many traces."""
 
-import os
 import sys
 
 from ._common import progress_bar, warn
@@ -38,8 +37,8 @@ def run(args):
         raise TraceError("--top must be at least 1")
     paths = find_traces(args.traces)
     views = list(dict.fromkeys(args.by or VIEWS))
-    with progress_bar(sum(os.path.getsize(p) for p in paths), "summary") as bar:
-        result = summarize(paths, views, args.top, args.module_depth, bar.update)
+    with progress_bar(100, "summary", unit="%") as bar:
+        result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update)
     for note in result["warnings"]:
         warn("summary", note)
     if not result["op_events"]:

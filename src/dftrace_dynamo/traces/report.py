@@ -27,10 +27,10 @@ def headline(result):
     line = (f"{files} file{'s' * (files != 1)}, {procs} process{'es' * (procs != 1)}: "
             f"{result['op_events']:,} op events, {_seconds(result['op_time_us'])} in ops")
     if result["graph_calls"]:
-        cover = 100 * result["op_time_us"] / result["graph_time_us"] if result["graph_time_us"] else 0
         n = result["graph_calls"]
-        line += (f"; {n:,} graph call{'s' * (n != 1)}, {_seconds(result['graph_time_us'])} "
-                 f"({cover:.1f}% of it in ops)")
+        line += f"; {n:,} graph call{'s' * (n != 1)}, {_seconds(result['graph_time_us'])}"
+        if result["op_time_us"] <= result["graph_time_us"]:  # else some ops ran outside graph events
+            line += f" ({100 * result['op_time_us'] / result['graph_time_us']:.1f}% of it in ops)"
     if result["compile_events"]:
         n = result["compile_events"]
         line += f"; {n:,} compile event{'s' * (n != 1)}, {_seconds(result['compile_time_us'])}"

@@ -1,10 +1,13 @@
 """Op statistics over one or many trace files, computed by DuckDB.
 
 DuckDB parses the NDJSON lines itself (multi-member gzip and multi-frame zstd
-included), in parallel, so no Python code runs per event. The ``[``/``]``
-lines and a cut last line are skipped (``ignore_errors``). A file DuckDB
-cannot decompress (cut inside a gzip member or zstd frame) is decoded by
-:mod:`.reader` into a temporary plain file first, keeping what is readable.
+included), and everything is computed in one parallel scan with grouping
+sets: no Python code runs per event and nothing is materialised. A large
+compressed file is cut at member/frame boundaries into pieces that DuckDB
+reads in parallel. The ``[``/``]`` lines and a cut last line are skipped
+(``ignore_errors``). A file DuckDB cannot decompress (cut inside a gzip member
+or zstd frame) is decoded by :mod:`.reader` into a temporary plain file first,
+keeping what is readable.
 
 What counts as an *op event*: a complete event (``"ph":"X"``) whose args
 carry a ``node`` (one executed FX node); traces written by pydftracer's
@@ -12,140 +15,285 @@ Dynamo backend, which have no ``node``, count their ``cat:"dynamo"`` events
 without a ``graph`` arg. Graph-call events (``cat:"dynamo_graph"``), compile
 events (``cat:"dynamo_compile"``), ``start``/``end`` and metadata are not ops;
 graph calls and compile events are reported in the totals only (compile time
-counts only compile events not nested in another one).
+counts only compile events not nested in another one of the same thread).
 """
 
+import mmap
 import os
 import tempfile
+import threading
+import zlib
 
 import duckdb
+import zstandard
 
-from .reader import Damage, check_trace, compression_of, iter_chunks, rank_of
+from .reader import GZIP_MAGIC, ZSTD_MAGIC, Damage, TraceError, check_trace, compression_of, iter_chunks, rank_of
 from .report import VIEWS
 
 # Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
 CAT_OP, CAT_GRAPH, CAT_COMPILE = "dynamo", "dynamo_graph", "dynamo_compile"
+OP, GRAPH, COMPILE, PROCESS_NAME = 1, 2, 3, 4
+PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
             "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(graph VARCHAR, node VARCHAR, module VARCHAR, "
             "phase VARCHAR, name VARCHAR)'}")
-_INSERT = f"""
-INSERT INTO ev
-SELECT ?, ph, cat, name, pid, tid, ts, dur, args.graph, args.node, args.module, args.phase, args.name
-FROM read_json(?, format=?, compression=?, ignore_errors=true, columns={_COLUMNS})
-WHERE ph = 'X' OR (ph = 'M' AND name = 'process_name')
-"""
-_IS_OP = f"(node IS NOT NULL OR (cat = '{CAT_OP}' AND graph IS NULL))"
-_OUTER_COMPILE = f"""
-WITH comp AS (SELECT row_number() OVER () AS i, file, pid, tid, ts, dur
-              FROM ev WHERE ph = 'X' AND cat = '{CAT_COMPILE}')
-SELECT count(*), coalesce(sum(dur) FILTER (WHERE is_outer), 0) FROM (
-    SELECT c.dur, NOT EXISTS (
-        SELECT 1 FROM comp p WHERE p.file = c.file AND p.pid = c.pid AND p.tid IS NOT DISTINCT FROM c.tid
-        AND p.i <> c.i AND p.ts <= c.ts AND p.ts + p.dur >= c.ts + c.dur
-        AND (p.ts < c.ts OR p.dur > c.dur OR p.i < c.i)) AS is_outer
-    FROM comp c)
-"""
+_KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns, in result order
+_SETS = {
+    "op": ("name",),
+    "module": ("module",),
+    "phase": ("phase",),
+    "graph": ("graph", "phase"),
+    "process": ("file", "pid"),
+}
 
 
-def _load_file(con, index, path, layout, damage, tmpdir):
-    fmt = "array" if layout == "array" else "newline_delimited"
+def _pieces(path, kind, tmpdir):
+    """Cuts a large gzip/zstd file at member/frame starts into files of about
+    PIECE_BYTES, so DuckDB can decompress them in parallel. A start is used
+    only if decoding from it gives the beginning of a line."""
+    size = os.path.getsize(path)
+    if size < 2 * PIECE_BYTES:
+        return [path]
+    magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cuts, pos = [0], PIECE_BYTES
+        while pos < size - PIECE_BYTES // 2:
+            pos = data.find(magic, pos)
+            if pos < 0:
+                break
+            if _starts_a_line(data[pos:pos + (1 << 18)], kind):
+                cuts.append(pos)
+                pos += PIECE_BYTES
+            else:
+                pos += 1
+        cuts.append(size)
+        suffix = ".gz" if kind == "gzip" else ".zst"
+        base = os.path.join(tmpdir, f"{len(os.listdir(tmpdir))}-")
+        pieces = []
+        for i, (start, end) in enumerate(zip(cuts, cuts[1:])):
+            pieces.append(f"{base}{i}{suffix}")
+            with open(pieces[-1], "wb") as out:
+                out.write(data[start:end])
+    return pieces
+
+
+def _starts_a_line(head, kind):
     try:
-        con.execute(_INSERT, [index, path, fmt, compression_of(path) or "none"])
-        return
-    except duckdb.Error:
-        pass  # cut or corrupt compressed data: decode what is readable below
-    plain = os.path.join(tmpdir, f"{index}.pfw")
-    with open(plain, "wb") as out:
-        for chunk in iter_chunks(path, damage):
-            out.write(chunk)
-    con.execute(_INSERT, [index, plain, fmt, "none"])
-    os.unlink(plain)
+        if kind == "gzip":
+            out = zlib.decompressobj(31).decompress(head, 64)
+        else:
+            out = zstandard.ZstdDecompressor().decompressobj().decompress(head)[:64]
+    except (zlib.error, zstandard.ZstdError):
+        return False
+    return out[:2] == b'{"' or out[:1] == b"]"
 
 
-def _process_labels(con, paths):
-    """One display label per (file, pid): process name, rank, pid."""
-    names = dict(((f, p), n) for f, p, n in con.execute(
-        "SELECT file, pid, any_value(aname) FROM ev WHERE ph = 'M' GROUP BY ALL").fetchall())
-    rows = []
-    for f, p in con.execute(f"SELECT DISTINCT file, pid FROM ev WHERE {_IS_OP}").fetchall():
-        path = paths[f]
-        label = names.get((f, p)) or os.path.basename(path).split(".")[0]
-        rank = rank_of(path)
-        if rank is not None and f"rank{rank}" not in label.replace(" ", ""):
-            label = f"rank{rank} {label}"
-        rows.append([f, p, f"{label} [pid {p}]"])
-    seen = [r[2] for r in rows]
-    for r in rows:
-        if seen.count(r[2]) > 1:  # same name and pid in several files (several hosts)
-            r[2] += f" {os.path.basename(paths[r[0]])}"
-    con.execute("CREATE TABLE procs (file INTEGER, pid BIGINT, label VARCHAR)")
-    if rows:
-        con.executemany("INSERT INTO procs VALUES (?, ?, ?)", rows)
+def _source_sql(sources):
+    """UNION ALL of one read_json per (layout, compression) group of files."""
+    groups = {}
+    for src, _, layout, comp, _ in sources:
+        groups.setdefault((layout, comp), []).append(src)
+    parts, params = [], []
+    for (layout, comp), files in groups.items():
+        fmt = "array" if layout == "array" else "newline_delimited"
+        parts.append(f"SELECT * FROM read_json(?, format='{fmt}', compression='{comp}', "
+                     f"ignore_errors=true, filename=true, columns={_COLUMNS})")
+        params.append(files)
+    return " UNION ALL ".join(parts), params
 
 
-def _key(view, module_depth):
-    if view == "op":
-        return "name"
-    if view == "module":
-        mod = "nullif(module, '')"
-        if module_depth:
-            mod = f"array_to_string(string_split({mod}, '.')[1:{int(module_depth)}], '.')"
-        return f"coalesce({mod}, '(top level)')"
-    if view == "phase":
-        return "coalesce(phase, '(none)')"
-    if view == "graph":
-        return "'graph ' || coalesce(graph, '?') || coalesce(' ' || phase, '')"
-    return "procs.label"
+def _query(views, module_depth, source_sql):
+    """(key columns of the result, SQL): one row per group of each grouping set."""
+    module = "nullif(e.args.module, '')"
+    if module_depth:
+        module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
+    sets = [_SETS[v] for v in dict.fromkeys(["phase", "process", *views])]
+    grouping = ", ".join("(kind, " + ", ".join(s) + ")" for s in sets)
+    keys = [k for k in _KEYS if any(k in s for s in sets)]
+    return keys, f"""
+WITH ev AS (
+    SELECT s.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
+           e.args.name AS aname, coalesce({module}, '(top level)') AS module,
+           coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
+           CASE WHEN e.ph = 'X' AND (e.args.node IS NOT NULL OR (e.cat = '{CAT_OP}' AND e.args.graph IS NULL)) THEN {OP}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
+                WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME} END AS kind
+    FROM ({source_sql}) e JOIN sources s ON e.filename = s.filename
+)
+SELECT kind, grouping({", ".join(keys)}) AS set_mask, {", ".join(keys)},
+       count(*), coalesce(sum(dur), 0), avg(dur),
+       quantile_cont(dur, [0.5, 0.99]) FILTER (WHERE kind = {OP}),
+       list([pid, tid, ts, dur]) FILTER (WHERE kind = {COMPILE}),
+       any_value(aname) FILTER (WHERE kind = {PROCESS_NAME})
+FROM ev WHERE kind IS NOT NULL
+GROUP BY GROUPING SETS ({grouping})
+"""
+
+
+def _mask(columns, keys):
+    """DuckDB's grouping() bits: 1 for each of ``columns`` *not* in ``keys``."""
+    return sum(1 << (len(columns) - 1 - i) for i, k in enumerate(columns) if k not in keys)
+
+
+def _outer_time(events):
+    """Total duration of compile events not enclosed by another one of their thread."""
+    total, ends = 0.0, {}
+    for pid, tid, ts, dur in sorted(events, key=lambda e: (e[0], e[1] or 0, e[2], -e[3])):
+        if ts + dur <= ends.get((pid, tid), float("-inf")):
+            continue
+        ends[(pid, tid)] = ts + dur
+        total += dur
+    return total
+
+
+def _run(con, sql, params, progress):
+    """Runs the query in a thread so the progress bar can follow it."""
+    result, error = [], []
+
+    def work():
+        try:
+            result.append(con.execute(sql, params).fetchall())
+        except duckdb.Error as e:
+            error.append(e)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    done = 0.0
+    while worker.is_alive():
+        worker.join(0.2)
+        pct = con.query_progress()
+        if progress and pct > done:
+            progress(pct - done)
+            done = pct
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _repair(con, sources, tmpdir):
+    """After a failed scan: finds the files DuckDB cannot read and replaces
+    their pieces by a plain decoded copy. Returns (sources, damage notes)."""
+    by_file, notes = {}, []
+    for s in sources:
+        by_file.setdefault(s[1], []).append(s)
+    fixed = []
+    for index, group in by_file.items():
+        sql, params = _source_sql(group)
+        try:
+            con.execute(f"SELECT count(ph) FROM ({sql})", params).fetchall()
+            fixed += group
+            continue
+        except duckdb.Error:
+            pass
+        original, layout = group[0][4], group[0][2]
+        damage, plain = Damage(original), os.path.join(tmpdir, f"plain-{index}.pfw")
+        with open(plain, "wb") as out:
+            for chunk in iter_chunks(original, damage):
+                out.write(chunk)
+        notes += damage.notes
+        fixed.append((plain, index, layout, "none", original))
+    return fixed, notes
 
 
 def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
     document): totals, ``views`` (view -> rows sorted by total time, at most
-    ``top`` each) and ``warnings`` (what could not be read)."""
-    layouts = [check_trace(p) for p in paths]
+    ``top`` each) and ``warnings`` (what could not be read). ``progress(n)``
+    is called with percent steps."""
+    views = list(dict.fromkeys(views))
     con = duckdb.connect()
-    con.execute("CREATE TABLE ev (file INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid BIGINT, "
-                "tid BIGINT, ts DOUBLE, dur DOUBLE, graph VARCHAR, node VARCHAR, module VARCHAR, phase VARCHAR, aname VARCHAR)")
-    warnings = []
+    if progress:  # query_progress() needs DuckDB's progress tracking, not its printing
+        con.execute("SET enable_progress_bar = true")
+        con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
-        for i, (path, layout) in enumerate(zip(paths, layouts)):
-            damage = Damage(path)
-            _load_file(con, i, path, layout, damage, tmpdir)
-            warnings += damage.notes
-            if progress:
-                progress(os.path.getsize(path))
-    _process_labels(con, paths)
+        sources = []  # (file DuckDB reads, input index, layout, compression, input path)
+        for index, path in enumerate(paths):
+            layout, kind = check_trace(path), compression_of(path)
+            pieces = _pieces(path, kind, tmpdir) if kind else [path]
+            sources += [(p, index, layout, kind or "none", path) for p in pieces]
+        con.execute("CREATE TABLE sources (filename VARCHAR, file INTEGER)")
+        warnings = []
+        for attempt in range(2):
+            con.execute("DELETE FROM sources")
+            con.executemany("INSERT INTO sources VALUES (?, ?)", [(s[0], s[1]) for s in sources])
+            source_sql, params = _source_sql(sources)
+            columns, sql = _query(views, module_depth, source_sql)
+            try:
+                rows = _run(con, sql, params, progress)
+                break
+            except (duckdb.IOException, duckdb.InvalidInputException) as e:
+                if attempt:
+                    raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
+                sources, warnings = _repair(con, sources, tmpdir)
+    con.close()
+    return _result(paths, views, top, columns, rows, warnings)
 
-    n_ops, op_time = con.execute(f"SELECT count(*), coalesce(sum(dur), 0) FROM ev WHERE ph = 'X' AND {_IS_OP}").fetchone()
-    n_graph, graph_time = con.execute(
-        f"SELECT count(*), coalesce(sum(dur), 0) FROM ev WHERE ph = 'X' AND cat = '{CAT_GRAPH}'").fetchone()
-    n_comp, comp_time = con.execute(_OUTER_COMPILE).fetchone()
+
+def _result(paths, views, top, columns, rows, warnings):
+    by_set = {}
+    for kind, mask, *rest in rows:
+        by_set.setdefault((kind, mask), []).append(rest)
+    n_keys = len(columns)
+
+    def group_rows(kind, view):
+        return by_set.get((kind, _mask(columns, _SETS[view])), [])
+
+    def total(kind):
+        phase_rows = group_rows(kind, "phase")
+        return sum(r[n_keys] for r in phase_rows), sum(r[n_keys + 1] for r in phase_rows), phase_rows
+
+    n_ops, op_time, _ = total(OP)
+    n_graph, graph_time, _ = total(GRAPH)
+    n_comp, _, comp_rows = total(COMPILE)
+    compile_events = [e for r in comp_rows for e in (r[n_keys + 4] or [])]
+    labels = _process_labels(paths, group_rows(OP, "process"), group_rows(PROCESS_NAME, "process"), columns)
     result = {
         "files": list(paths),
-        "processes": con.execute("SELECT count(*) FROM procs").fetchone()[0],
+        "processes": len(group_rows(OP, "process")),
         "op_events": n_ops,
         "op_time_us": op_time,
         "graph_calls": n_graph,
         "graph_time_us": graph_time,
         "compile_events": n_comp,
-        "compile_time_us": comp_time,
+        "compile_time_us": _outer_time(compile_events),
         "views": {},
         "warnings": warnings,
     }
     for view in views:
-        source = "ev JOIN procs USING (file, pid)" if view == "process" else "ev"
-        rows = con.execute(f"""
-            SELECT {_key(view, module_depth)} AS key, count(*), sum(dur), avg(dur),
-                   quantile_cont(dur, [0.5, 0.99])
-            FROM {source}
-            WHERE ph = 'X' AND {_IS_OP}
-            GROUP BY key ORDER BY sum(dur) DESC, key LIMIT ?""", [top]).fetchall()
-        result["views"][view] = [
-            {"key": key, "count": n, "total_us": total, "mean_us": mean, "p50_us": q[0],
-             "p99_us": q[1], "share": total / op_time if op_time else 0.0}
-            for key, n, total, mean, q in rows
-        ]
-    con.close()
+        keys = _SETS[view]
+        out = []
+        for r in group_rows(OP, view):
+            values = dict(zip(columns, r))
+            count, dur, mean, quant = r[n_keys:n_keys + 4]
+            if view == "process":
+                key = labels[(values["file"], values["pid"])]
+            else:
+                key = " ".join(str(values[k]) for k in keys)
+                key = f"graph {key}" if view == "graph" else key
+            out.append({"key": key, "count": count, "total_us": dur, "mean_us": mean, "p50_us": quant[0],
+                        "p99_us": quant[1], "share": dur / op_time if op_time else 0.0})
+        out.sort(key=lambda row: (-row["total_us"], row["key"]))
+        result["views"][view] = out[:top]
     return result
+
+
+def _process_labels(paths, op_rows, name_rows, columns):
+    """One display label per (input, pid): process name, rank, pid."""
+    f_i, p_i = columns.index("file"), columns.index("pid")
+    names = {(r[f_i], r[p_i]): r[-1] for r in name_rows}
+    labels = {}
+    for r in op_rows:
+        f, p = r[f_i], r[p_i]
+        label = names.get((f, p)) or os.path.basename(paths[f]).split(".")[0]
+        rank = rank_of(paths[f])
+        if rank is not None and f"rank{rank}" not in label.replace(" ", ""):
+            label = f"rank{rank} {label}"
+        labels[(f, p)] = f"{label} [pid {p}]"
+    seen = list(labels.values())
+    for (f, p), label in labels.items():
+        if seen.count(label) > 1:  # same name and pid in several files (several hosts)
+            labels[(f, p)] = f"{label} {os.path.basename(paths[f])}"
+    return labels
