@@ -158,7 +158,7 @@ void dft_ring_free(dft_ring *r);
 void dft_ring_discard(dft_ring *r); /* drop pending records (frees extras) */
 void dft_ring_retire(dft_ring *r); /* count a freed ring's records; under dft_list_mu */
 void dft_rings_reset(void);
-void dft_rings_counts(uint64_t *pushed, uint64_t *pending);
+uint64_t dft_rings_counts(uint64_t *pushed, uint64_t *pending);
 
 /* ---- clock ------------------------------------------------------------- */
 extern int64_t dft_epoch_off;

@@ -388,13 +388,12 @@ static PyObject *py_path(PyObject *m, PyObject *unused) {
 }
 
 static PyObject *py_stats(PyObject *m, PyObject *unused) {
-    uint64_t pushed, pending;
-    dft_rings_counts(&pushed, &pending);
-    return Py_BuildValue("{sKsKsKsK}", "recorded", (unsigned long long)(pushed - pushed_base),
+    uint64_t pushed, pending, rings = dft_rings_counts(&pushed, &pending);
+    return Py_BuildValue("{sKsKsKsKsK}", "recorded", (unsigned long long)(pushed - pushed_base),
                          "written",
                          (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
                          "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
-                         (unsigned long long)pending);
+                         (unsigned long long)pending, "rings", (unsigned long long)rings);
 }
 
 static PyMethodDef methods[] = {
@@ -412,7 +411,7 @@ static PyMethodDef methods[] = {
      "record(site, start_ns, end_ns, flags=0, tags=0)"},
     {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,
      "log(name, cat, start_ns, end_ns, args=None): one-off event."},
-    {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending."},
+    {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
     {NULL, NULL, 0, NULL},
 };
 

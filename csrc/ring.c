@@ -230,16 +230,19 @@ void dft_rings_reset(void) {
     pthread_mutex_unlock(&dft_list_mu);
 }
 
-/* Records pushed so far and still unwritten, over live and freed rings. */
-void dft_rings_counts(uint64_t *pushed, uint64_t *pending) {
+/* Records pushed so far and still unwritten, over live and freed rings;
+ * returns the number of live rings. */
+uint64_t dft_rings_counts(uint64_t *pushed, uint64_t *pending) {
     pthread_mutex_lock(&dft_list_mu);
-    uint64_t p = retired, q = 0;
+    uint64_t p = retired, q = 0, n = 0;
     for (dft_ring *r = atomic_load(&dft_rings); r; r = atomic_load(&r->next)) {
         uint64_t h = atomic_load(&r->head);
         p += h;
         q += h - atomic_load(&r->tail);
+        n++;
     }
     pthread_mutex_unlock(&dft_list_mu);
     *pushed = p;
     *pending = q;
+    return n;
 }

@@ -76,6 +76,7 @@ def test_full_ring_waits_instead_of_dropping(tmp_path):
 def test_short_lived_threads(tmp_path):
     site = _core.intern_site("op", "c")
     path = open_trace(tmp_path, 0, buffer_size=64 << 10)
+    rings = _core.stats()["rings"]
     for k in range(60):
         th = threading.Thread(target=lambda: [_core.record(site, 1000 * j, 1000 * j + 1) for j in range(10)])
         th.start()
@@ -84,7 +85,8 @@ def test_short_lived_threads(tmp_path):
             _core.flush()
     res = _core.close()
     assert res["num_events"] == 600
-    assert _core.stats()["pending"] == 0
+    st = _core.stats()
+    assert st["pending"] == 0 and st["rings"] == rings  # exited threads' rings are freed
     assert len(events(read_objects(path))) == 600
 
 
