@@ -1,0 +1,205 @@
+"""Per-op overhead of dftrace_dynamo against the same graph untraced, and of the tools users compare it to.
+
+Run (pinned to one core, one torch thread, as in benchmarks/results_overhead.rst)::
+
+    DFTRACER_ENABLE=1 DFTRACER_DISABLE_IO=1 taskset -c 1 python3 benchmarks/bench_overhead.py --rounds 30
+
+Every tool is measured against its untraced baseline on the same Dynamo graph, in one
+process: ``backend="eager"`` for torch-level tools (ours at ``level="torch"``,
+torch.profiler, VizTracer), ``backend="aot_eager"`` for ATen-level ones (ours at
+``level="aten"``, pydftracer's dynamo backend). Blocks of calls alternate A, B, A, B...
+after a warm-up; the reported overhead is the median of the paired differences divided
+by the ops executed per call, and the ratio the median of B/A. Times are CPU time of
+the process (``time.process_time_ns``: the trace writer thread is included, other
+processes on the machine are not); transformers get a third of the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+ELEM_LAYERS = 100
+
+
+def elem_fn(x):
+    for _ in range(ELEM_LAYERS):
+        x = torch.relu(x * 1.0001 + 0.5)
+    return x
+
+
+class DeepMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[m for _ in range(50) for m in (torch.nn.Linear(64, 64), torch.nn.GELU())])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def _transformer(kind):
+    import transformers as tf
+
+    if kind == "bert":
+        model = tf.BertModel(tf.BertConfig())  # bert-base, random weights
+    else:
+        model = tf.GPT2Model(tf.GPT2Config())  # gpt-2 small, random weights
+    return model.eval(), torch.randint(0, 1000, (1, 64))
+
+
+def workload(name):
+    """(callable to compile, its inputs, whether a call also runs backward, calls per block)."""
+    torch.manual_seed(0)
+    if name == "elem":
+        return elem_fn, (torch.randn(8, 8),), False, 20
+    if name in ("mlp", "mlp_train"):
+        return DeepMLP(), (torch.randn(8, 64),), name == "mlp_train", 10
+    model, ids = _transformer(name)
+    return model, (ids,), False, 1
+
+
+class Tool:
+    """Compiles with ``backend`` and times blocks of calls; subclasses wrap the block in a tracer."""
+
+    level = "torch"
+
+    def __init__(self, name, backend):
+        self.name, self.backend = name, backend
+
+    def block(self, call, n):
+        # CPU time of the whole process (the trace writer thread included): other jobs on a
+        # shared machine delay us but do not add to it
+        start = time.process_time_ns()
+        for _ in range(n):
+            call()
+        return time.process_time_ns() - start
+
+
+class ProfilerTool(Tool):
+    def block(self, call, n):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]):
+            elapsed = super().block(call, n)  # in-loop cost only: stop and export come on top
+        return elapsed
+
+
+class VizTool(Tool):
+    def __init__(self, name, backend):
+        super().__init__(name, backend)
+        from viztracer import VizTracer
+
+        self.tracer = VizTracer(verbose=0, tracer_entries=2_000_000)
+
+    def block(self, call, n):
+        self.tracer.start()
+        elapsed = super().block(call, n)
+        self.tracer.stop()
+        self.tracer.clear()
+        return elapsed
+
+
+def make_tools(names, trace_dir):
+    from dftrace_dynamo import create_backend, logger
+
+    logger.initialize_log(os.path.join(trace_dir, "bench"))
+    tools = {}
+    for name in names:
+        if name == "ours-torch":
+            tools[name] = Tool(name, create_backend(level="torch"))
+        elif name == "ours-aten":
+            tools[name] = Tool(name, create_backend(level="aten"))
+            tools[name].level = "aten"
+        elif name == "torch.profiler":
+            tools[name] = ProfilerTool(name, "eager")
+        elif name == "viztracer":
+            tools[name] = VizTool(name, "eager")
+        elif name == "pydftracer":
+            from dftracer.python import create_backend as pyd_backend
+            from dftracer.python import dftracer as pyd
+
+            pyd.initialize_log(os.path.join(trace_dir, "pydftracer.pfw"), None, -1)
+            tools[name] = Tool(name, pyd_backend())
+            tools[name].level = "aten"
+    return tools
+
+
+def ops_per_call(fn, inputs, level, train):
+    """Executed FX nodes per call at ``level`` (forward, plus backward when training at ATen level)."""
+    from dftrace_dynamo import create_backend
+
+    counts = {}
+
+    def on_graph(gm, example_inputs, info):
+        if info["level"] == level:
+            counts[(info["graph_id"], info["phase"])] = sum(
+                n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=create_backend(level=level, on_graph=on_graph))
+    run(compiled, inputs, train)
+    torch._dynamo.reset()
+    return sum(counts.values())
+
+
+def run(compiled, inputs, train):
+    if train:
+        compiled(*inputs).sum().backward()
+    else:
+        with torch.no_grad():
+            compiled(*inputs)
+
+
+def measure(fn, inputs, train, tool, rounds, block_calls):
+    baseline = torch.compile(fn, backend="eager" if tool.level == "torch" else "aot_eager")
+    traced = torch.compile(fn, backend=tool.backend)
+    call_a, call_b = (lambda: run(baseline, inputs, train)), (lambda: run(traced, inputs, train))
+    for _ in range(3):  # compile and warm up both
+        call_a()
+        tool.block(call_b, 1)
+    diffs, ratios = [], []
+    for _ in range(rounds):
+        a = Tool.block(tool, call_a, block_calls)
+        b = tool.block(call_b, block_calls)
+        diffs.append((b - a) / block_calls)
+        ratios.append(b / a)
+    return statistics.median(diffs), statistics.median(ratios), a / block_calls
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30, help="A,B block pairs per measurement")
+    parser.add_argument("--workloads", default="elem,mlp,mlp_train,bert,gpt2")
+    parser.add_argument("--tools", default="ours-torch,ours-aten,torch.profiler,viztracer,pydftracer")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    trace_dir = tempfile.mkdtemp(prefix="bench_overhead_")
+    tools = make_tools(args.tools.split(","), trace_dir)
+    print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}, "
+          f"traces in {trace_dir}", flush=True)
+    header = f"{'workload':<10} {'tool':<15} {'ops/call':>8} {'base us/call':>12} {'ns/op':>9} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for wname in args.workloads.split(","):
+        fn, inputs, train, block_calls = workload(wname)
+        ops = {level: ops_per_call(fn, inputs, level, train) for level in ("torch", "aten")}
+        for tool in tools.values():
+            if tool.name == "pydftracer" and train:
+                continue  # its ATen backend has no bw_compiler: backward runs untraced
+            torch._dynamo.reset()
+            rounds = args.rounds if wname in ("elem", "mlp", "mlp_train") else max(5, args.rounds // 3)
+            diff, ratio, base = measure(fn, inputs, train, tool, rounds, block_calls)
+            n = ops[tool.level]
+            print(f"{wname:<10} {tool.name:<15} {n:>8} {base / 1e3:>12.1f} {diff / n:>9.0f} {ratio:>7.3f}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
