@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, compile_events, config, instrument, logger, sites
+from . import _core, compile_events, config, cuda_events, instrument, logger, sites
 
 LEVELS = ("aten", "torch")
 DEFAULT_LEVEL = "aten"
@@ -114,7 +114,8 @@ class TracerBackend:
         if self.inner is not None:
             compiled = self._compile_inner(gm, example_inputs, graph_id, **kwargs)
         elif self.level == "torch":
-            compiled = self._graph_call(gm, graph_id, self._torch_phase(), "torch", torch.is_grad_enabled)
+            compiled = self._graph_call(gm, example_inputs, graph_id, self._torch_phase(), "torch",
+                                        torch.is_grad_enabled)
         else:
             compiled = self._compile_aot(gm, example_inputs, graph_id)
         compile_events.emit("backend", f"backend graph {graph_id}", start, _core.now_ns(), graph=graph_id,
@@ -141,19 +142,21 @@ class TracerBackend:
                 **{k: v for k, v in (compile_events.current() or {}).items() if k in ("compile_id", "frame", "location")},
             })
 
-    def _graph_call(self, gm, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False):
+    def _graph_call(self, gm, example_inputs, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False):
         """Instruments ``gm`` and wraps its forward in the graph event."""
         start = _core.now_ns()
         if boxed:
             from torch.fx.graph import _BoxedCodeGen
 
             gm.graph.set_codegen(_BoxedCodeGen())
-        nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata)
-        site = _core.intern_site(f"graph {graph_id} {phase}", sites.CAT_GRAPH,
-                                 {"graph": graph_id, "level": level, "nodes": nodes})
-        compile_events.emit("instrument", f"instrument graph {graph_id} {phase}", start, _core.now_ns(),
+        name = f"graph {graph_id} {phase}"
+        timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
+        nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer)
+        site = _core.intern_site(name, sites.CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
+        compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
-        call = _core.GraphCall(gm.forward, site, self.tags.cell, _PHASE[phase], grad_fn)
+        forward = gm.forward if timer is None else timer.graph(gm.forward)
+        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn)
         return _boxed(call) if boxed else call
 
     def _compile_aot(self, gm, example_inputs, graph_id: int):
@@ -165,7 +168,7 @@ class TracerBackend:
         def compiler(phase: str, grad_fn):
             def compile_graph(fx_g, inputs):
                 self._notify(fx_g, inputs, graph_id, "aten", phase, "aot", None)
-                return self._graph_call(fx_g, graph_id, phase, "aten", grad_fn, boxed=True)
+                return self._graph_call(fx_g, inputs, graph_id, phase, "aten", grad_fn, boxed=True)
 
             return compile_graph
 

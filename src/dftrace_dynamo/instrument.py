@@ -38,8 +38,11 @@ def _bind(node: torch.fx.Node, root: torch.nn.Module):
     return target, _core.CALL
 
 
-def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool) -> int:
-    """Rewrites ``gm`` in place and recompiles it; returns the number of instrumented nodes."""
+def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool, device_timer=None) -> int:
+    """Rewrites ``gm`` in place and recompiles it; returns the number of instrumented nodes.
+
+    ``device_timer`` (a ``cuda_events.DeviceTimer``) also brackets each op with CUDA events.
+    """
     grad = _core.GRAD_INHERIT
     saved = []  # grad override in force before each open inference_mode region
     count = 0
@@ -47,8 +50,11 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         name = sites.op_name(node)
-        site = _core.intern_site(name, sites.CAT_OP, sites.op_args(node, gm, graph_id, with_metadata))
+        args = sites.op_args(node, gm, graph_id, with_metadata)
+        site = _core.intern_site(name, sites.CAT_OP, args)
         target, mode = _bind(node, gm)
+        if device_timer is not None:
+            target, mode = device_timer.op(target, mode, name, args), _core.CALL
         pyname = "dft_" + _IDENT.sub("_", name.removeprefix("function.")).strip("_")
         interceptor = _core.Interceptor(target, site, cell, mode, grad, name=pyname)
         original = node.target

@@ -48,13 +48,16 @@ _SETS = {
 }
 
 
-def _pieces(path, kind, tmpdir):
-    """Cuts a large gzip/zstd file at member/frame starts into files of about
-    PIECE_BYTES, so DuckDB can decompress them in parallel. A start is used
-    only if decoding from it gives the beginning of a line."""
+def _pieces(path, kind, directory):
+    """Files for DuckDB to read ``path`` from, in ``directory``: a link to it,
+    or, for a large gzip/zstd file, copies of parts of about PIECE_BYTES cut at
+    member/frame starts, which DuckDB decompresses in parallel. A start is
+    used only if decoding from it gives the beginning of a line."""
     size = os.path.getsize(path)
-    if size < 2 * PIECE_BYTES:
-        return [path]
+    suffix = {"gzip": ".gz", "zstd": ".zst"}.get(kind, "")
+    if kind is None or size < 2 * PIECE_BYTES:
+        os.symlink(os.path.abspath(path), os.path.join(directory, "0" + suffix))
+        return [os.path.join(directory, "0" + suffix)]
     magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         cuts, pos = [0], PIECE_BYTES
@@ -68,11 +71,9 @@ def _pieces(path, kind, tmpdir):
             else:
                 pos += 1
         cuts.append(size)
-        suffix = ".gz" if kind == "gzip" else ".zst"
-        base = os.path.join(tmpdir, f"{len(os.listdir(tmpdir))}-")
         pieces = []
         for i, (start, end) in enumerate(zip(cuts, cuts[1:])):
-            pieces.append(f"{base}{i}{suffix}")
+            pieces.append(os.path.join(directory, f"{i}{suffix}"))
             with open(pieces[-1], "wb") as out:
                 out.write(data[start:end])
     return pieces
@@ -97,8 +98,9 @@ def _source_sql(sources):
     parts, params = [], []
     for (layout, comp), files in groups.items():
         fmt = "array" if layout == "array" else "newline_delimited"
+        # hive_partitioning: the input index comes from the directory name file=N, for free
         parts.append(f"SELECT * FROM read_json(?, format='{fmt}', compression='{comp}', "
-                     f"ignore_errors=true, filename=true, columns={_COLUMNS})")
+                     f"ignore_errors=true, hive_partitioning=true, columns={_COLUMNS})")
         params.append(files)
     return " UNION ALL ".join(parts), params
 
@@ -113,14 +115,14 @@ def _query(views, module_depth, source_sql):
     keys = [k for k in _KEYS if any(k in s for s in sets)]
     return keys, f"""
 WITH ev AS (
-    SELECT s.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
+    SELECT e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
            e.args.name AS aname, coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
            CASE WHEN e.ph = 'X' AND (e.args.node IS NOT NULL OR (e.cat = '{CAT_OP}' AND e.args.graph IS NULL)) THEN {OP}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
                 WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME} END AS kind
-    FROM ({source_sql}) e JOIN sources s ON e.filename = s.filename
+    FROM ({source_sql}) e
 )
 SELECT kind, grouping({", ".join(keys)}) AS set_mask, {", ".join(keys)},
        count(*), coalesce(sum(dur), 0), avg(dur),
@@ -188,7 +190,7 @@ def _repair(con, sources, tmpdir):
         except duckdb.Error:
             pass
         original, layout = group[0][4], group[0][2]
-        damage, plain = Damage(original), os.path.join(tmpdir, f"plain-{index}.pfw")
+        damage, plain = Damage(original), os.path.join(tmpdir, f"file={index}", "plain.pfw")
         with open(plain, "wb") as out:
             for chunk in iter_chunks(original, damage):
                 out.write(chunk)
@@ -212,13 +214,11 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
         sources = []  # (file DuckDB reads, input index, layout, compression, input path)
         for index, path in enumerate(paths):
             layout, kind = check_trace(path), compression_of(path)
-            pieces = _pieces(path, kind, tmpdir) if kind else [path]
-            sources += [(p, index, layout, kind or "none", path) for p in pieces]
-        con.execute("CREATE TABLE sources (filename VARCHAR, file INTEGER)")
+            directory = os.path.join(tmpdir, f"file={index}")
+            os.mkdir(directory)
+            sources += [(p, index, layout, kind or "none", path) for p in _pieces(path, kind, directory)]
         warnings = []
         for attempt in range(2):
-            con.execute("DELETE FROM sources")
-            con.executemany("INSERT INTO sources VALUES (?, ?)", [(s[0], s[1]) for s in sources])
             source_sql, params = _source_sql(sources)
             columns, sql = _query(views, module_depth, source_sql)
             try:
