@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import perfetto_tp
+from tracefile import read_events
 from backend_support import CNN, MLP, Recorder, compile_records, executed_nodes, graphs, ops, run_py
 from dftrace_dynamo import Dynamo, compile_events, config, create_backend
 
@@ -43,7 +44,7 @@ def test_torch_level_one_event_per_executed_node_nested_in_graph_event(rec):
     for _ in range(3):
         compiled(x)
     path = rec.path()
-    events = __import__("tracefile").read_events(path)
+    events = read_events(path)
     (gm, info), = seen
     assert info["stage"] == "dynamo" and info["phase"] == "forward" and info["frame"] == "forward"
     nodes = {n.name for n in executed_nodes(gm)}
@@ -225,7 +226,7 @@ def test_threads_each_get_complete_nested_events(rec):
         t.join()
     assert not errors
     path = rec.path()
-    events = __import__("tracefile").read_events(path)
+    events = read_events(path)
     per_call = len(executed_nodes(seen[0][0]))
     tids = {e["tid"] for e in graphs(events)}
     assert len(tids) == 4
