@@ -77,11 +77,28 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
         memcpy(p, lit, sizeof(lit) - 1);                                                    \
         p += sizeof(lit) - 1;                                                               \
     } while (0)
-#define PUTS(ptr, n)                                                                        \
-    do {                                                                                    \
-        memcpy(p, ptr, n);                                                                  \
-        p += n;                                                                             \
-    } while (0)
+#define PUTS(ptr, n) (p = put_str(p, ptr, n))
+
+/* Copies of short strings with fixed-size moves: gcc otherwise emits
+ * `rep movs`, whose start-up cost dominated formatting. */
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) static inline char *
+put_str(char *p, const char *s, size_t n) {
+    if (n >= 16) {
+        for (size_t i = 0; i + 16 < n; i += 16)
+            memcpy(p + i, s + i, 16);
+        memcpy(p + n - 16, s + n - 16, 16);
+    } else if (n >= 8) {
+        memcpy(p, s, 8);
+        memcpy(p + n - 8, s + n - 8, 8);
+    } else if (n >= 4) {
+        memcpy(p, s, 4);
+        memcpy(p + n - 4, s + n - 4, 4);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            p[i] = s[i];
+    }
+    return p + n;
+}
 
 /* {"id":N,"name":"thread_name","cat":"dftracer","pid":P,"tid":T,"ph":"M","args":{...}} */
 static int emit_thread_name(dft_ring *r) {
