@@ -283,6 +283,17 @@ def test_metadata_adds_static_shapes_flops_and_source(rec, monkeypatch):
     assert args["function.relu.default"]["flops"] == 0
 
 
+def test_metadata_flops_at_torch_level(rec, monkeypatch):
+    monkeypatch.setattr(config, "_config", dataclasses.replace(config.get(), inc_metadata=True))
+    lin = torch.nn.Linear(16, 32)
+    torch.compile(lambda x: torch.matmul(lin(x), lin.weight), backend=create_backend(level="torch"))(
+        torch.randn(8, 16))
+    args = {e["name"]: e["args"] for e in ops(rec.events())}
+    assert args["function.linear"]["flops"] == 2 * 8 * 16 * 32
+    assert args["function.matmul"]["flops"] == 2 * 8 * 32 * 16
+    assert args["function.linear"]["module_type"] == "Linear" and args["function.linear"]["module"] == "lin"
+
+
 def test_disabled_backend_and_decorator_leave_code_untouched(rec):
     gm = torch.fx.symbolic_trace(MLP())
     assert create_backend(enable=False)(gm, [torch.randn(2, 16)]) == gm.forward

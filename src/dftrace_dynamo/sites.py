@@ -95,20 +95,34 @@ def _tensors(values: Any) -> list:
 
 
 def _flops(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Optional[int]:
-    from torch.utils.flop_counter import flop_registry
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    formula = flop_registry.get(target.overloadpacket)
-    if formula is None:
-        return 0
     if any(_concrete_numel(t) is None for t in _tensors((args, kwargs, out))):
         return None
-    try:
-        return int(formula(*args, **kwargs, out_val=out))
-    except Exception:  # a formula that does not accept these arguments: no estimate
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        formula = flop_registry.get(target.overloadpacket)
+        try:
+            return 0 if formula is None else int(formula(*args, **kwargs, out_val=out))
+        except Exception:  # a formula that does not accept these arguments: no estimate
+            return None
+    # Torch-level op: run it once on its fake example values under the flop counter.
+    # Mutating ops are left out: they would change Dynamo's example values.
+    name = target if node.op == "call_method" else getattr(target, "__name__", "")
+    if node.op == "call_module" or not isinstance(out, torch.Tensor) or name.endswith("_") \
+            or getattr(target, "__module__", None) == "_operator" and name.startswith("i"):
         return None
+    # the mode the example values belong to (the backend may be handed a different one)
+    fake_mode = next((t.fake_mode for t in _tensors((args, kwargs)) if hasattr(t, "fake_mode")), None)
+    if fake_mode is None:
+        return None
+    call = (lambda *a, **k: getattr(a[0], name)(*a[1:], **k)) if node.op == "call_method" else target
+    try:
+        with fake_mode, FlopCounterMode(display=False) as counter:
+            call(*args, **kwargs)
+    except Exception:
+        return None
+    return int(counter.get_total_flops())
 
 
 def metadata(node: torch.fx.Node, root: Optional[torch.nn.Module]) -> dict:
