@@ -7,6 +7,7 @@ what can be decoded up to the cut, and a :class:`Damage` note says what was lost
 """
 
 import glob
+import io
 import os
 import re
 import zlib
@@ -78,9 +79,11 @@ class Damage:
         self.notes.append(f"{self.path}: {note}")
 
 
-def _members(f, size, damage, new_decoder, kind):
-    """Decodes concatenated independent gzip members / zstd frames."""
-    dec, member_start, pos = new_decoder(), 0, 0
+def _members(f, size, damage, kind, pos=0):
+    """Decodes concatenated independent gzip members / zstd frames read from
+    ``f``, which starts at byte ``pos`` of a file of ``size`` bytes."""
+    new_decoder = (lambda: zlib.decompressobj(31)) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj
+    dec, member_start = new_decoder(), pos
     while data := f.read(CHUNK):
         pos += len(data)
         while data:
@@ -104,17 +107,43 @@ def _members(f, size, damage, new_decoder, kind):
                    f"{pos - member_start} bytes; used what it decodes to, its end is lost")
 
 
+def starts_a_line(head, kind):
+    """Whether compressed bytes ``head`` begin a gzip member / zstd frame that
+    decodes to the beginning of a trace line (how the writers cut members)."""
+    try:
+        if kind == "gzip":
+            out = zlib.decompressobj(31).decompress(head, 64)
+        else:
+            out = zstandard.ZstdDecompressor().decompressobj().decompress(head)[:64]
+    except (zlib.error, zstandard.ZstdError):
+        return False
+    return out[:2] == b'{"' or out[:1] in (b"[", b"]")
+
+
+def tail_damage(path, kind, damage):
+    """Checks only the last member/frame of a compressed file (the part a
+    crash cuts) and adds a note to ``damage`` when it is incomplete."""
+    magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        window = min(size, 64 << 20)
+        f.seek(size - window)
+        data = f.read()
+    pos = len(data)
+    while (pos := data.rfind(magic, 0, pos)) > 0 and not starts_a_line(data[pos:pos + (1 << 18)], kind):
+        pass
+    start = max(pos, 0)
+    for _ in _members(io.BytesIO(data[start:]), size, damage, kind, size - window + start):
+        pass
+
+
 def iter_chunks(path, damage=None):
     """Decompressed content of one file as byte chunks."""
     damage = damage if damage is not None else Damage(path)
     kind = compression_of(path)
     with open(path, "rb") as f:
-        if kind == "gzip":
-            yield from _members(f, os.fstat(f.fileno()).st_size, damage,
-                                lambda: zlib.decompressobj(31), "gzip")
-        elif kind == "zstd":
-            dctx = zstandard.ZstdDecompressor()
-            yield from _members(f, os.fstat(f.fileno()).st_size, damage, dctx.decompressobj, "zstd")
+        if kind:
+            yield from _members(f, os.fstat(f.fileno()).st_size, damage, kind)
         else:
             while chunk := f.read(CHUNK):
                 yield chunk

@@ -22,12 +22,11 @@ import mmap
 import os
 import tempfile
 import threading
-import zlib
 
 import duckdb
-import zstandard
 
-from .reader import GZIP_MAGIC, ZSTD_MAGIC, Damage, TraceError, check_trace, compression_of, iter_chunks, rank_of
+from .reader import (GZIP_MAGIC, ZSTD_MAGIC, Damage, TraceError, check_trace, compression_of, iter_chunks,
+                     rank_of, starts_a_line, tail_damage)
 from .report import VIEWS
 
 # Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
@@ -65,7 +64,7 @@ def _pieces(path, kind, directory):
             pos = data.find(magic, pos)
             if pos < 0:
                 break
-            if _starts_a_line(data[pos:pos + (1 << 18)], kind):
+            if starts_a_line(data[pos:pos + (1 << 18)], kind):
                 cuts.append(pos)
                 pos += PIECE_BYTES
             else:
@@ -77,17 +76,6 @@ def _pieces(path, kind, directory):
             with open(pieces[-1], "wb") as out:
                 out.write(data[start:end])
     return pieces
-
-
-def _starts_a_line(head, kind):
-    try:
-        if kind == "gzip":
-            out = zlib.decompressobj(31).decompress(head, 64)
-        else:
-            out = zstandard.ZstdDecompressor().decompressobj().decompress(head)[:64]
-    except (zlib.error, zstandard.ZstdError):
-        return False
-    return out[:2] == b'{"' or out[:1] == b"]"
 
 
 def _source_sql(sources):
@@ -218,6 +206,11 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
             os.mkdir(directory)
             sources += [(p, index, layout, kind or "none", path) for p in _pieces(path, kind, directory)]
         warnings = []
+        for path in paths:
+            if compression_of(path) == "zstd":  # DuckDB reads a cut zstd frame without a word
+                damage = Damage(path)
+                tail_damage(path, "zstd", damage)
+                warnings += damage.notes
         for attempt in range(2):
             source_sql, params = _source_sql(sources)
             columns, sql = _query(views, module_depth, source_sql)
@@ -227,7 +220,8 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
             except (duckdb.IOException, duckdb.InvalidInputException) as e:
                 if attempt:
                     raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
-                sources, warnings = _repair(con, sources, tmpdir)
+                sources, notes = _repair(con, sources, tmpdir)
+                warnings += notes
     con.close()
     return _result(paths, views, top, columns, rows, warnings)
 
