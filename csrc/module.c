@@ -303,15 +303,13 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_w.hhash_json = hh.p;
     dft_w.hhash_len = (uint32_t)hh.len;
     hh.p = NULL;
-    /* '[' and the header make the first member: the file loads from now on */
     if (dft_buf_reserve(&dft_w.fmt, 2 + (size_t)header.len) < 0) {
-        close(fd);
-        dft_sink_free(sink);
         PyErr_NoMemory();
-        goto out;
+        goto undo;
     }
-    /* Perfetto needs an object within the first bytes ('[' alone is an
-     * unknown format), so without a header '[' waits for the first events. */
+    /* '[' and the header make the first member, so the file loads from now
+     * on. Perfetto needs an object within the first bytes ('[' alone is an
+     * unknown format): without a header, '[' waits for the first events. */
     dft_buf_put(&dft_w.fmt, "[\n", 2);
     dft_buf_put(&dft_w.fmt, header.buf, (size_t)header.len);
     dft_w.hold = 2;
@@ -324,15 +322,19 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     uint64_t pending;
     dft_rings_counts(&pushed_base, &pending);
     if (dft_writer_start() < 0) {
-        close(fd);
-        dft_sink_free(&dft_w.sink);
         PyErr_SetString(PyExc_RuntimeError, "cannot start the trace writer thread");
-        goto out;
+        goto undo;
     }
     Py_INCREF(path);
     Py_XSETREF(cur_path, path);
     atomic_store(&dft_open_flag, 1);
     ret = Py_NewRef(Py_None);
+    goto out;
+undo: /* the file is ours (O_EXCL): leave nothing half-made behind */
+    close(fd);
+    unlink(cpath);
+    dft_sink_free(sink);
+    dft_w.sink.fd = -1;
 out:
     dft_buf_free(&hh);
     PyBuffer_Release(&header);
