@@ -32,7 +32,9 @@ CUSTOM = textwrap.dedent("""
 
 
 def cli(*args, cwd=None, env=None):
-    full_env = dict(os.environ, **(env or {}))
+    # DFTRACER_* left by other tests (initialize_log exports them) would trace these runs
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
+    full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "dftrace_dynamo", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, env=full_env, timeout=300)
 
@@ -133,6 +135,15 @@ def test_bad_input_is_one_line_exit_2(args, fragment, capsys):
 def test_explore_range_outside_graph(bert_json, capsys):
     assert_one_line(*main_status(["explore", bert_json, "--seq-len", "8", "--start", "100000"], capsys),
                     "outside the graph")
+
+
+def test_profile_with_tracing_enabled_explains_missing_times(custom_module, tmp_path):
+    env = {"PYTHONPATH": str(custom_module), "DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")}
+    p = cli("profile", "gated_model:Gated", "--runs", "1", cwd=custom_module, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "op times not measured: a trace is already open" in p.stderr
+    assert "unset it" in p.stderr
+    assert "Model summary" in p.stdout
 
 
 def test_bad_input_through_the_command():

@@ -34,7 +34,7 @@ def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> dict[tu
     The median, not the mean: one descheduled execution on a busy machine
     would otherwise dominate a node's time.
     """
-    from .. import logger
+    from .. import config, logger
     from ..backend import create_backend, tracing_disabled
     from ..sites import CAT_OP
     from ..traces.reader import EventLines
@@ -44,7 +44,8 @@ def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> dict[tu
     if tracing_disabled():
         raise TimingError("tracing is off (DFTRACER_ENABLE=0 or a bad DFTRACER_* value)")
     if logger.enabled():
-        raise TimingError("a trace is already open in this process; its events would mix with ours")
+        hint = " (DFTRACER_ENABLE=1 opened it: unset it to measure)" if config.get().enable else ""
+        raise TimingError(f"a trace is already open in this process{hint}; its events would mix with ours")
 
     partition_of: dict[int, int] = {}
     current: list[int] = []
