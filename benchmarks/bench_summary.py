@@ -1,0 +1,82 @@
+"""Wall time of ``dftrace-dynamo summary`` on large traces, end to end (the
+command as a user runs it: interpreter start, DuckDB scan, all five views).
+
+    python benchmarks/bench_summary.py [--ops 10000000] [--repeat 3] [--dir DIR]
+
+Traces are synthetic (tests/scripts/tracegen.py: the documented layout, ~245
+bytes per op event, graph and compile events around them) and cached in DIR.
+Variants: one gzip file, the same events as 8 rank files, one zstd file.
+Prints an RST table (best and median wall time, CPU time, load average).
+"""
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "scripts"))
+import tracegen  # noqa: E402
+
+CLI = [shutil.which("dftrace-dynamo")] if shutil.which("dftrace-dynamo") else [sys.executable, "-m", "dftrace_dynamo"]
+
+
+def variants(ops, directory):
+    """name -> list of trace files, written once."""
+    os.makedirs(directory, exist_ok=True)
+    out = {}
+    for name, suffix, files in (("1 file, gzip", ".pfw.gz", 1), ("8 rank files, gzip", ".pfw.gz", 8),
+                                ("1 file, zstd", ".pfw.zst", 1)):
+        paths = [os.path.join(directory, f"trace-{ops}-rank{r}-of{files}{suffix}") for r in range(files)]
+        for rank, path in enumerate(paths):
+            if not os.path.exists(path):
+                print(f"writing {path}", file=sys.stderr)
+                tracegen.write(path + ".tmp", ops // files, pid=1000 + rank, rank=rank if files > 1 else None)
+                os.rename(path + ".tmp", path)
+        out[name] = paths
+    return out
+
+
+def run(paths):
+    """(wall seconds, CPU seconds of the child) of one summary."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    p = subprocess.run([*CLI, "summary", "--format", "json", *paths], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise SystemExit(p.stderr)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=10_000_000, help="op events per variant")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=os.path.join("/tmp", "dftrace-bench-summary"))
+    a = ap.parse_args()
+    rows = []
+    for name, paths in variants(a.ops, a.dir).items():
+        size = sum(os.path.getsize(p) for p in paths) / 2**20
+        load = os.getloadavg()[0]
+        runs = [run(paths) for _ in range(a.repeat)]
+        walls = [w for w, _ in runs]
+        rows.append((name, f"{size:,.0f} MiB", f"{min(walls):.2f}", f"{statistics.median(walls):.2f}",
+                     f"{min(c for _, c in runs):.2f}", f"{load:.1f}"))
+        print(rows[-1], file=sys.stderr)
+    head = ("trace", "size", "best wall s", "median wall s", "CPU s", "load avg")
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    line = " ".join("=" * w for w in widths)
+    print(f"{a.ops:,} op events, {os.cpu_count()} CPUs, {a.repeat} runs each\n")
+    print(line)
+    for r in [head, None, *rows]:
+        print(line if r is None else " ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
