@@ -106,10 +106,11 @@ class VizTool(Tool):
         return elapsed
 
 
-def make_tools(names, trace_dir):
+def make_tools(names, trace_dir, record=True):
     from dftrace_dynamo import create_backend, logger
 
-    logger.initialize_log(os.path.join(trace_dir, "bench"))
+    if record:  # otherwise interceptors run but record nothing: the cost of the call path alone
+        logger.initialize_log(os.path.join(trace_dir, "bench"))
     tools = {}
     for name in names:
         if name == "ours-torch":
@@ -179,12 +180,13 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=30, help="A,B block pairs per measurement")
     parser.add_argument("--workloads", default="elem,mlp,mlp_train,bert,gpt2")
     parser.add_argument("--tools", default="ours-torch,ours-aten,torch.profiler,viztracer,pydftracer")
+    parser.add_argument("--no-trace", action="store_true", help="do not open our trace (interceptor cost only)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     trace_dir = tempfile.mkdtemp(prefix="bench_overhead_")
-    tools = make_tools(args.tools.split(","), trace_dir)
+    tools = make_tools(args.tools.split(","), trace_dir, record=not args.no_trace)
     print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}, "
-          f"traces in {trace_dir}", flush=True)
+          f"traces in {trace_dir}{' (ours not recording)' if args.no_trace else ''}", flush=True)
     header = (f"{'workload':<10} {'tool':<15} {'ops/call':>8} {'base us/call':>12} {'ns/op':>9} "
               f"{'IQR ns/op':>15} {'ratio':>7}")
     print(header)
