@@ -21,7 +21,7 @@ import inspect
 import json
 import pathlib
 import sys
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
