@@ -16,6 +16,7 @@ static PyObject *tag_ids;  /* formatted tags bytes -> id */
 static PyObject *log_ids;  /* (name, cat) -> site id, for log() */
 static PyObject *cur_path; /* str while a file is open */
 static uint64_t pushed_base; /* pushes before the current file, for stats() */
+static int closing;          /* close() is waiting for the writer (GIL released) */
 
 /* Append one entry (under the GIL); returns its id or -1. */
 static int64_t tab_add(dft_table *t, const void *entry) {
@@ -250,8 +251,9 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
         return NULL;
     PyObject *ret = NULL;
     dft_buf hh = {0};
-    if (atomic_load(&dft_open_flag)) {
-        PyErr_SetString(PyExc_RuntimeError, "a trace file is already open");
+    if (atomic_load(&dft_open_flag) || closing) {
+        PyErr_SetString(PyExc_RuntimeError, closing ? "the trace file is being closed"
+                                                    : "a trace file is already open");
         goto out;
     }
     if (comp < 0 || comp > 2) {
@@ -348,9 +350,11 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     atomic_store(&dft_open_flag, 0);
     dft_w.end_tid = (uint32_t)syscall(SYS_gettid);
     dft_w.end_ts = dft_now();
+    closing = 1; /* other threads run meanwhile; open() must wait for the writer */
     Py_BEGIN_ALLOW_THREADS
     dft_writer_stop();
     Py_END_ALLOW_THREADS
+    closing = 0;
     int err = dft_w.sink.err;
     close(dft_w.sink.fd);
     dft_sink_free(&dft_w.sink);

@@ -305,6 +305,10 @@ static void *writer_main(void *arg) {
         if (stop) {
             emit_end();
             end_member();
+            pthread_mutex_lock(&dft_w.mu); /* a flush() racing with close() returns */
+            dft_w.flush_done = dft_w.flush_req;
+            pthread_cond_broadcast(&dft_w.cv_done);
+            pthread_mutex_unlock(&dft_w.mu);
             break;
         }
         if (req != dft_w.flush_done ||

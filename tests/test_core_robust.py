@@ -196,3 +196,29 @@ def test_write_error_is_a_warning_and_counts_dropped(tmp_path):
     assert int(written) + int(dropped) == 50_000 and int(dropped) > 0
     assert (warns, category) == ("1", "RuntimeWarning")
     assert os.path.getsize(path) == 200_000
+
+
+def test_flush_and_close_race_from_threads(tmp_path):
+    site = _core.intern_site("op", "c")
+    stop = threading.Event()
+
+    def flusher():
+        while not stop.is_set():
+            t = _core.now_ns()
+            _core.record(site, t, t + 1)
+            _core.flush()
+
+    for k in range(20):
+        open_trace(tmp_path, k % 3, name=f"r{k}")
+        ths = [threading.Thread(target=flusher) for _ in range(2)]
+        for th in ths:
+            th.start()
+        time.sleep(0.005)
+        res = _core.close()
+        stop.set()
+        for th in ths:
+            th.join(timeout=10)
+            assert not th.is_alive(), "flush() hung across close()"
+        stop.clear()
+        assert res["dropped"] == 0
+        assert len(events(read_objects(res["path"]))) == res["num_events"]
