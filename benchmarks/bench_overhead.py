@@ -177,6 +177,16 @@ def measure(fn, inputs, train, tool, rounds, block_calls):
     return median, (q1, q3), statistics.fmean(diffs), statistics.median(ratios), a / block_calls
 
 
+def clock_call_ns(n=200_000):
+    """Cost of one time.perf_counter_ns() call from Python: this machine's speed right now
+    (shared/loaded machines vary several-fold; REFERENCE.md measured 45 ns)."""
+    clock = time.perf_counter_ns
+    start = clock()
+    for _ in range(n):
+        clock()
+    return (clock() - start) / n
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="A,B block pairs per measurement")
@@ -187,6 +197,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     trace_dir = tempfile.mkdtemp(prefix="bench_overhead_")
     tools = make_tools(args.tools.split(","), trace_dir, record=not args.no_trace)
+    print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
     print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}, "
           f"traces in {trace_dir}{' (ours not recording)' if args.no_trace else ''}", flush=True)
     header = (f"{'workload':<10} {'tool':<15} {'ops/call':>8} {'base us/call':>12} {'ns/op':>9} "
