@@ -34,8 +34,9 @@ def variants(ops, directory):
         for rank, path in enumerate(paths):
             if not os.path.exists(path):
                 print(f"writing {path}", file=sys.stderr)
-                tracegen.write(path + ".tmp", ops // files, pid=1000 + rank, rank=rank if files > 1 else None)
-                os.rename(path + ".tmp", path)
+                partial = os.path.join(directory, "partial-" + os.path.basename(path))  # same suffix
+                tracegen.write(partial, ops // files, pid=1000 + rank, rank=rank if files > 1 else None)
+                os.rename(partial, path)
         out[name] = paths
     return out
 

@@ -281,3 +281,16 @@ def test_large_files_are_read_in_pieces_with_the_same_result(tmp_path, monkeypat
     damaged = summary_mod.summarize([str(cut)])
     assert 15_000 < damaged["op_events"] < 20_000
     assert len(damaged["warnings"]) == 1 and "truncated" in damaged["warnings"][0]
+
+
+def test_corrupt_member_in_the_middle(tmp_path):
+    full = tracegen.write(tmp_path / "full.pfw.gz", 100_000)
+    data = bytearray(full.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(64)
+    bad = tmp_path / "bad.pfw.gz"
+    bad.write_bytes(bytes(data))
+    result, stderr = summary_json(bad)
+    assert 90_000 < result["op_events"] < 100_000  # only the lines around the damage are lost
+    (warning,) = stderr.splitlines()
+    assert "lines that are not JSON events were skipped" in warning

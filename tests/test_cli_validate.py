@@ -164,3 +164,19 @@ def test_gzip_and_json_array_forms(tmp_path):
 
 def test_bad_input(tmp_path):
     assert_bad_input(cli("validate", tmp_path / "nope.pfw"), "no such file")
+
+
+def test_corrupt_gzip_member_fails_in_perfetto_and_convert_repairs_it(tmp_path):
+    full = tracegen.write(tmp_path / "full.pfw.gz", 100_000)
+    data = bytearray(full.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+    bad = tmp_path / "bad.pfw.gz"
+    bad.write_bytes(bytes(data))
+    p = cli("validate", bad)
+    assert p.returncode == 1 and "corrupt gzip data in the member at byte" in problems(p)["file"]
+    with pytest.raises(perfetto_tp.TraceLoadError):
+        perfetto_tp.query(bad, "select count(*) from slice")
+    fixed = tmp_path / "fixed.pfw.gz"
+    assert cli("convert", bad, "-o", fixed).returncode == 0
+    assert cli("validate", fixed).returncode == 0
+    assert perfetto_tp.error_stats(fixed) == []

@@ -81,8 +81,10 @@ class Damage:
 
 def _members(f, size, damage, kind, pos=0):
     """Decodes concatenated independent gzip members / zstd frames read from
-    ``f``, which starts at byte ``pos`` of a file of ``size`` bytes."""
+    ``f``, which starts at byte ``pos`` of a file of ``size`` bytes. Corrupt
+    data is skipped up to the next member that starts a line."""
     new_decoder = (lambda: zlib.decompressobj(31)) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj
+    base = pos
     dec, member_start = new_decoder(), pos
     while data := f.read(CHUNK):
         pos += len(data)
@@ -90,10 +92,16 @@ def _members(f, size, damage, kind, pos=0):
             try:
                 out = dec.decompress(data)
             except (zlib.error, zstandard.ZstdError) as e:
-                lost = size - member_start
-                damage.add(f"corrupt {kind} data in the member at byte {member_start} ({e}); "
-                           f"skipped the last {lost} bytes ({100 * lost / size:.1f}% of the file)")
-                return
+                resume = _next_member(f, member_start + 1 - base, kind)
+                end = size if resume is None else resume + base
+                damage.add(f"corrupt {kind} data in the member at byte {member_start} ({e}); skipped "
+                           f"{end - member_start} bytes ({100 * (end - member_start) / size:.1f}% of the file)")
+                if resume is None:
+                    return
+                f.seek(resume)
+                pos = member_start = end
+                dec, data = new_decoder(), b""
+                continue
             if out:
                 yield out
             if dec.eof:
@@ -105,6 +113,23 @@ def _members(f, size, damage, kind, pos=0):
     if pos > member_start:
         damage.add(f"truncated: the {kind} member at byte {member_start} is cut after "
                    f"{pos - member_start} bytes; used what it decodes to, its end is lost")
+
+
+def _next_member(f, start, kind):
+    """Position in ``f`` of the next member/frame start at or after ``start``
+    that decodes to the beginning of a line, or None."""
+    magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
+    while True:
+        f.seek(start)
+        window = f.read(CHUNK + (1 << 18))
+        at = window.find(magic)
+        while at >= 0 and not starts_a_line(window[at:at + (1 << 18)], kind):
+            at = window.find(magic, at + 1)
+        if at >= 0:
+            return start + at
+        if len(window) <= CHUNK:
+            return None
+        start += CHUNK
 
 
 def starts_a_line(head, kind):
@@ -120,30 +145,33 @@ def starts_a_line(head, kind):
     return out[:2] == b'{"' or out[:1] in (b"[", b"]")
 
 
-def tail_damage(path, kind, damage):
+def tail_damage(path, kind, damage, window=16 << 20):
     """Checks only the last member/frame of a compressed file (the part a
     crash cuts) and adds a note to ``damage`` when it is incomplete."""
     magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        window = min(size, 64 << 20)
+        window = min(size, window)
         f.seek(size - window)
         data = f.read()
     pos = len(data)
     while (pos := data.rfind(magic, 0, pos)) > 0 and not starts_a_line(data[pos:pos + (1 << 18)], kind):
         pass
-    start = max(pos, 0)
-    for _ in _members(io.BytesIO(data[start:]), size, damage, kind, size - window + start):
+    if pos < 0 or (pos == 0 and window < size and not starts_a_line(data[:1 << 18], kind)):
+        return  # no member start in the window: nothing to check cheaply
+    for _ in _members(io.BytesIO(data[pos:]), size, damage, kind, size - window + pos):
         pass
 
 
-def iter_chunks(path, damage=None):
-    """Decompressed content of one file as byte chunks."""
+def iter_chunks(path, damage=None, offset=0, size=None):
+    """Decompressed content of one file as byte chunks. When ``path`` is a
+    part of a larger file, ``offset`` (where it starts) and ``size`` (of the
+    whole file) make the damage notes refer to the whole file."""
     damage = damage if damage is not None else Damage(path)
     kind = compression_of(path)
     with open(path, "rb") as f:
         if kind:
-            yield from _members(f, os.fstat(f.fileno()).st_size, damage, kind)
+            yield from _members(f, size or os.fstat(f.fileno()).st_size, damage, kind, offset)
         else:
             while chunk := f.read(CHUNK):
                 yield chunk

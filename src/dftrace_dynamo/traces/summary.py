@@ -31,7 +31,7 @@ from .report import VIEWS
 
 # Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
 CAT_OP, CAT_GRAPH, CAT_COMPILE = "dynamo", "dynamo_graph", "dynamo_compile"
-OP, GRAPH, COMPILE, PROCESS_NAME = 1, 2, 3, 4
+UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME = 0, 1, 2, 3, 4
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
@@ -48,15 +48,16 @@ _SETS = {
 
 
 def _pieces(path, kind, directory):
-    """Files for DuckDB to read ``path`` from, in ``directory``: a link to it,
-    or, for a large gzip/zstd file, copies of parts of about PIECE_BYTES cut at
-    member/frame starts, which DuckDB decompresses in parallel. A start is
-    used only if decoding from it gives the beginning of a line."""
+    """Files for DuckDB to read ``path`` from, in ``directory``, with their
+    offsets in it: a link to it, or, for a large gzip/zstd file, copies of
+    parts of about PIECE_BYTES cut at member/frame starts, which DuckDB
+    decompresses in parallel. A start is used only if decoding from it gives
+    the beginning of a line."""
     size = os.path.getsize(path)
     suffix = {"gzip": ".gz", "zstd": ".zst"}.get(kind, "")
     if kind is None or size < 2 * PIECE_BYTES:
         os.symlink(os.path.abspath(path), os.path.join(directory, "0" + suffix))
-        return [os.path.join(directory, "0" + suffix)]
+        return [(os.path.join(directory, "0" + suffix), 0)]
     magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         cuts, pos = [0], PIECE_BYTES
@@ -72,8 +73,8 @@ def _pieces(path, kind, directory):
         cuts.append(size)
         pieces = []
         for i, (start, end) in enumerate(zip(cuts, cuts[1:])):
-            pieces.append(os.path.join(directory, f"{i}{suffix}"))
-            with open(pieces[-1], "wb") as out:
+            pieces.append((os.path.join(directory, f"{i}{suffix}"), start))
+            with open(pieces[-1][0], "wb") as out:
                 out.write(data[start:end])
     return pieces
 
@@ -109,7 +110,8 @@ WITH ev AS (
            CASE WHEN e.ph = 'X' AND (e.args.node IS NOT NULL OR (e.cat = '{CAT_OP}' AND e.args.graph IS NULL)) THEN {OP}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
-                WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME} END AS kind
+                WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
+                WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind
     FROM ({source_sql}) e
 )
 SELECT kind, grouping({", ".join(keys)}) AS set_mask, {", ".join(keys)},
@@ -162,9 +164,19 @@ def _run(con, sql, params, progress):
     return result[0]
 
 
-def _repair(con, sources, tmpdir):
-    """After a failed scan: finds the files DuckDB cannot read and replaces
-    their pieces by a plain decoded copy. Returns (sources, damage notes)."""
+def _decode(path, plain, damage, offset=0, size=None):
+    """Decodes what is readable of a compressed file (or part) into the plain
+    file ``plain`` for DuckDB; returns ``plain``."""
+    with open(plain, "wb") as out:
+        for chunk in iter_chunks(path, damage, offset, size):
+            out.write(chunk)
+    return plain
+
+
+def _repair(con, sources):
+    """After a failed scan (corrupt data inside a file): finds the inputs
+    DuckDB cannot read and replaces their pieces by a plain decoded copy.
+    Returns (sources, damage notes)."""
     by_file, notes = {}, []
     for s in sources:
         by_file.setdefault(s[1], []).append(s)
@@ -178,12 +190,10 @@ def _repair(con, sources, tmpdir):
         except duckdb.Error:
             pass
         original, layout = group[0][4], group[0][2]
-        damage, plain = Damage(original), os.path.join(tmpdir, f"file={index}", "plain.pfw")
-        with open(plain, "wb") as out:
-            for chunk in iter_chunks(original, damage):
-                out.write(chunk)
+        damage = Damage(original)
+        plain = os.path.join(os.path.dirname(group[0][0]), "whole.pfw")
+        fixed.append((_decode(original, plain, damage), index, layout, "none", original))
         notes += damage.notes
-        fixed.append((plain, index, layout, "none", original))
     return fixed, notes
 
 
@@ -199,18 +209,22 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
         con.execute("SET enable_progress_bar = true")
         con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
-        sources = []  # (file DuckDB reads, input index, layout, compression, input path)
+        sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
         for index, path in enumerate(paths):
             layout, kind = check_trace(path), compression_of(path)
             directory = os.path.join(tmpdir, f"file={index}")
             os.mkdir(directory)
-            sources += [(p, index, layout, kind or "none", path) for p in _pieces(path, kind, directory)]
-        warnings = []
-        for path in paths:
-            if compression_of(path) == "zstd":  # DuckDB reads a cut zstd frame without a word
-                damage = Damage(path)
-                tail_damage(path, "zstd", damage)
-                warnings += damage.notes
+            pieces = _pieces(path, kind, directory)
+            sources += [(p, index, layout, kind or "none", path) for p, _ in pieces]
+            if kind is None:
+                continue
+            damage = Damage(path)
+            tail_damage(path, kind, damage)
+            if damage.notes and kind == "gzip":  # DuckDB fails on a cut gzip member: decode the last piece here
+                damage, (last, offset) = Damage(path), pieces[-1]
+                plain = _decode(last, os.path.join(directory, "last.pfw"), damage, offset, os.path.getsize(path))
+                sources[-1] = (plain, index, layout, "none", path)
+            warnings += damage.notes  # DuckDB reads a cut zstd frame without a word
         for attempt in range(2):
             source_sql, params = _source_sql(sources)
             columns, sql = _query(views, module_depth, source_sql)
@@ -220,7 +234,7 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
             except (duckdb.IOException, duckdb.InvalidInputException) as e:
                 if attempt:
                     raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
-                sources, notes = _repair(con, sources, tmpdir)
+                sources, notes = _repair(con, sources)
                 warnings += notes
     con.close()
     return _result(paths, views, top, columns, rows, warnings)
@@ -243,6 +257,11 @@ def _result(paths, views, top, columns, rows, warnings):
     n_graph, graph_time, _ = total(GRAPH)
     n_comp, _, comp_rows = total(COMPILE)
     compile_events = [e for r in comp_rows for e in (r[n_keys + 4] or [])]
+    # DuckDB skips lines it cannot parse; '[', ']' and a cut last line are expected
+    unparsed = total(UNPARSED)[0] - 2 * len(paths)
+    if unparsed > 0:
+        warnings.append(f"{unparsed:,} lines that are not JSON events were skipped "
+                        "(corrupt data? dftrace-dynamo validate lists them)")
     labels = _process_labels(paths, group_rows(OP, "process"), group_rows(PROCESS_NAME, "process"), columns)
     result = {
         "files": list(paths),

@@ -11,7 +11,8 @@ Problems (Perfetto loses data or refuses the file):
 * an ``X`` event needs a numeric ``ts`` and ``dur`` (without ``dur`` it is dropped);
 * ``X`` events of one (pid, tid) must nest: a partial overlap drops the later
   one; nesting deeper than 512 is cut;
-* a cut gzip member / zstd frame (Perfetto v52 then does not finish the load).
+* a cut or corrupt gzip member / zstd frame (Perfetto v52 then fails to load
+  the file).
 
 Notes (reported, not failures): a cut last line (a crash; Perfetto drops it
 silently), a missing closing ``]``.
@@ -117,7 +118,8 @@ def validate(path):
     if not lines.closed:
         report.notes.append("no closing ']' (fine for Perfetto; the writer did not finish)")
     for note in lines.damage.notes:
-        report.problem(None, note.split(": ", 1)[1] + " (Perfetto v52 does not finish loading it)")
+        report.problem(None, note.split(": ", 1)[1] + " (Perfetto v52 fails to load such a file; "
+                             "dftrace-dynamo convert writes a repaired copy)")
     _check_nesting(report, threads)
     report.problems.sort(key=lambda p: (p[0] is not None, p[0] or 0))
     return report
