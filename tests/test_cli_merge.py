@@ -59,8 +59,9 @@ def test_other_threads_keep_apart(tmp_path):
 
 def test_zstd_output_and_real_traces(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "scripts", "compile_eager.py")
-    for _ in range(2):
-        assert cli("run", "--out", tmp_path / "runs", "--compile-all", script, "0").returncode == 0
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank))
+        assert cli("run", "--out", tmp_path / "runs", "--compile-all", script, "0", env=env).returncode == 0
     out = tmp_path / "m.pfw.zst"
     p = cli("merge", tmp_path / "runs", "-o", out)
     assert p.returncode == 0, p.stderr
@@ -72,6 +73,8 @@ def test_zstd_output_and_real_traces(tmp_path):
     assert cli("convert", out, "-o", gz).returncode == 0  # Perfetto v52 cannot read zstd itself
     assert perfetto_tp.error_stats(gz) == []
     assert cli("validate", gz).returncode == 0
+    names = [r["name"] for r in perfetto_tp.rows(gz, "select name from process where pid != 0 order by name")]
+    assert [n.split(" (")[0] for n in names] == ["rank 0", "rank 1"]
 
 
 def test_truncated_input_still_gives_a_loadable_file(tmp_path):
