@@ -88,10 +88,13 @@ typedef struct {
     char *extra; /* owned ,"k":v fragment of one-off args (log), or NULL */
 } dft_rec;
 
-#define DFT_PLACE_CAP 64
+/* Placement stack entry: a completed subtree (measured start, display
+ * start/end) or, once the stack is at DFT_PLACE_MAX, a run of adjacent old
+ * ones merged (ms_lo/ms_hi: measured starts of its first and last). */
+#define DFT_PLACE_MAX (1u << 16)
 typedef struct {
-    uint64_t ms, me; /* measured start/end */
-    uint64_t ds, de; /* display start/end */
+    uint64_t ms_lo, ms_hi;
+    uint64_t ds, de;
 } dft_place_ent;
 
 typedef struct dft_ring {
@@ -109,8 +112,8 @@ typedef struct dft_ring {
     uint32_t name_len;
     uint64_t named_gen; /* file generation whose thread_name is written */
     uint64_t place_gen;
-    dft_place_ent place[DFT_PLACE_CAP];
-    uint32_t place_top, place_n;
+    dft_place_ent *place; /* circular, grows by doubling up to DFT_PLACE_MAX */
+    uint32_t place_cap, place_top, place_n;
     size_t bytes;
     struct dft_ring *_Atomic next;
 } dft_ring;

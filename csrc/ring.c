@@ -143,6 +143,7 @@ void dft_ring_free(dft_ring *r) {
     pthread_mutex_unlock(&dft_list_mu);
     free(r->buf);
     free(r->name_json);
+    free(r->place);
     free(r);
 }
 
@@ -222,6 +223,7 @@ void dft_rings_reset(void) {
             budget_used -= r->bytes;
             free(r->buf);
             free(r->name_json);
+            free(r->place);
             free(r);
         } else {
             link = &r->next;

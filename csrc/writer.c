@@ -28,18 +28,48 @@ void dft_writer_kick(void) {
     }
 }
 
+/* Pushes a placement entry; at DFT_PLACE_MAX (or out of memory) the two
+ * oldest entries are merged instead of growing. */
+static void place_push(dft_ring *r, uint64_t s, uint64_t ds, uint64_t de) {
+    if (r->place_n == r->place_cap) {
+        uint32_t cap = r->place_cap ? r->place_cap * 2 : 64;
+        dft_place_ent *p = cap <= DFT_PLACE_MAX ? malloc(cap * sizeof *p) : NULL;
+        if (p) {
+            for (uint32_t i = 0; i < r->place_n; i++)
+                p[i] = r->place[(r->place_top - r->place_n + i) & (r->place_cap - 1)];
+            free(r->place);
+            r->place = p;
+            r->place_cap = cap;
+            r->place_top = r->place_n;
+        } else {
+            const uint32_t m = r->place_cap - 1, b = r->place_top - r->place_n;
+            dft_place_ent *lo = &r->place[b & m], *hi = &r->place[(b + 1) & m];
+            hi->ms_lo = lo->ms_lo;
+            hi->ds = lo->ds;
+            r->place_n--;
+        }
+    }
+    dft_place_ent *n = &r->place[r->place_top++ & (r->place_cap - 1)];
+    n->ms_lo = n->ms_hi = s;
+    n->ds = ds;
+    n->de = de;
+    r->place_n++;
+}
+
 /* Display interval of one event (see design.rst "Timestamps"): events arrive
- * children first; entries on the stack with a measured start >= s are its
+ * children first; entries on the stack that started at or after s are its
  * descendants and are replaced by it; the entry below is the latest earlier
- * disjoint event. A parent that would coincide with its first child is made
- * 1 ns longer: Perfetto orders equal-ts slices by duration, so equal intervals
- * could swap parent and child. */
+ * disjoint event. A merged run that s falls inside counts as earlier as a
+ * whole: its later members then show as siblings before the event instead
+ * of inside it (never a partial overlap). A parent that would coincide with
+ * its first child is made 1 ns longer: Perfetto orders equal-ts slices by
+ * duration, so equal intervals could swap parent and child. */
 static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E) {
-    const uint32_t m = DFT_PLACE_CAP - 1;
+    const uint32_t m = r->place_cap - 1;
     uint64_t desc_de = 0, desc_ds = UINT64_MAX;
     while (r->place_n) {
         dft_place_ent *t = &r->place[(r->place_top - 1) & m];
-        if (t->ms < s)
+        if (t->ms_lo < s)
             break;
         if (t->de > desc_de)
             desc_de = t->de;
@@ -60,14 +90,7 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
         en = desc_de;
     if (desc_ds == st && en == desc_de)
         en++;
-    if (r->place_n == DFT_PLACE_CAP) /* cap: forget the oldest */
-        r->place_n--;
-    dft_place_ent *n = &r->place[r->place_top++ & m];
-    n->ms = s;
-    n->me = e;
-    n->ds = st;
-    n->de = en;
-    r->place_n++;
+    place_push(r, s, st, en);
     *S = st;
     *E = en;
 }
@@ -251,12 +274,10 @@ static void drain_all(void) {
 
 /* The end event sits on the closing thread, placed after its last event. */
 static void emit_end(void) {
-    dft_ring scratch_ring = {.tid = dft_w.end_tid}, *r = &scratch_ring;
+    uint64_t S = dft_w.end_ts - dft_w.end_ts % 1000, E;
     for (dft_ring *q = atomic_load(&dft_rings); q; q = atomic_load(&q->next))
         if (q->tid == dft_w.end_tid && q->place_gen == dft_w.gen)
-            r = q;
-    uint64_t S, E;
-    place(r, dft_w.end_ts, dft_w.end_ts, &S, &E);
+            place(q, dft_w.end_ts, dft_w.end_ts, &S, &E);
     dft_buf *b = &dft_w.fmt;
     if (dft_buf_reserve(b, 512 + dft_w.hhash_len) < 0)
         return;

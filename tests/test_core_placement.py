@@ -110,9 +110,28 @@ def test_starts_move_less_than_a_microsecond_when_spread_out(tmp_path):
         assert -1000 < disp[i][0] - s < 1000
 
 
+def add_burst(nodes, n):
+    """A parent holding n back-to-back 3 ns ops: all start within a few µs."""
+    start = nodes[-1][1] + 500
+    first = len(nodes)
+    for k in range(n):
+        nodes.append([start + 5 + 4 * k, start + 8 + 4 * k, 1, first + n])
+    nodes.append([start, start + 4 * n + 10, 0, None])
+
+
+def test_burst_of_tiny_ops(tmp_path):
+    nodes = make_tree(random.Random(7), 2, 2, sub_us=True)
+    add_burst(nodes, 300)
+    path = record_tree(tmp_path, nodes)
+    disp = check_placement(nodes, events(read_objects(path)))
+    parent = len(nodes) - 1
+    assert disp[parent][1] - disp[parent][0] > 299 * 1000  # one µs slot per op
+
+
 def test_perfetto_loads_every_event_at_its_depth(tmp_path):
     nodes = make_tree(random.Random(1234), 40, 4, sub_us=True)
-    assert len(nodes) > 800
+    add_burst(nodes, 200)
+    assert len(nodes) > 1000
     path = record_tree(tmp_path, nodes, comp=1)
     check_placement(nodes, events(read_objects(path)))
     res = perfetto_tp.query(
@@ -161,3 +180,32 @@ def test_dftracer_utils_accept_gzip(tmp_path):
                         "--log-level", "off"], capture_output=True, text=True, timeout=120)
     assert c.returncode == 0, c.stderr
     assert int(c.stdout.split()[-1]) == non_meta
+
+
+def assert_properly_nested(evs):
+    """No two display intervals overlap partially (Perfetto would drop one)."""
+    iv = sorted(((e["ts"] * 1000, e["ts"] * 1000 + round(e["dur"] * 1000)) for e in evs),
+                key=lambda x: (x[0], -x[1]))
+    open_ends = []
+    for s, e in iv:
+        while open_ends and open_ends[-1] <= s:
+            open_ends.pop()
+        assert not open_ends or e <= open_ends[-1], (s, e, open_ends[-1])
+        open_ends.append(e)
+
+
+def test_stack_overflow_degrades_without_overlaps(tmp_path):
+    """More than the placement stack holds (65536 open siblings) under a late
+    parent: events stay properly nested, none is lost, the newest children are
+    inside the parent."""
+    n = 70_000
+    nodes = [[BASE + 300 * k, BASE + 300 * k + 100, 1, n] for k in range(n)]  # one µs slot each
+    nodes.append([BASE + 300 * 10 - 1, nodes[-1][1] + 50, 0, None])
+    path = record_tree(tmp_path, nodes)
+    evs = events(read_objects(path))
+    assert len(evs) == n + 1
+    assert_properly_nested(evs)
+    parent = evs[-1]
+    p0, p1 = parent["ts"] * 1000, parent["ts"] * 1000 + round(parent["dur"] * 1000)
+    inside = [e for e in evs[:-1] if p0 <= e["ts"] * 1000 and e["ts"] * 1000 + round(e["dur"] * 1000) <= p1]
+    assert len(inside) >= 60_000
