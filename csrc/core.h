@@ -46,7 +46,6 @@ void dft_buf_free(dft_buf *b);
 /* ---- JSON (json.c) ------------------------------------------------------- */
 /* Python -> JSON text; need the GIL. Return 0, or -1 with a Python error. */
 int dft_json_str(dft_buf *b, PyObject *s);      /* "escaped" */
-int dft_json_value(dft_buf *b, PyObject *v);    /* any supported value */
 int dft_json_fields(dft_buf *b, PyObject *d);   /* ,"k":v for each item */
 /* Plain C, no GIL. */
 char *dft_fmt_u64(char *p, uint64_t v);         /* decimal, returns end */
@@ -158,7 +157,6 @@ extern dft_ring *_Atomic dft_rings;
 void dft_ring_init_once(void);
 void dft_ring_set_budget(size_t bytes);
 void dft_ring_free(dft_ring *r);
-void dft_ring_discard(dft_ring *r); /* drop pending records (frees extras) */
 void dft_ring_retire(dft_ring *r); /* count a freed ring's records; under dft_list_mu */
 void dft_rings_reset(void);
 uint64_t dft_rings_counts(uint64_t *pushed, uint64_t *pending);
@@ -217,7 +215,6 @@ typedef struct {
 } dft_writer_t;
 extern dft_writer_t dft_w;
 
-void dft_writer_init_once(void);
 int dft_writer_start(void);
 void dft_writer_stop(void);  /* drains, writes end and ']', closes; GIL released */
 void dft_writer_flush(void); /* GIL released */

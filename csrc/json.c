@@ -145,7 +145,7 @@ static int put_key(dft_buf *b, PyObject *k) {
 static int json_value(dft_buf *b, PyObject *v);
 
 /* Guarded against self-containing lists/dicts. */
-int dft_json_value(dft_buf *b, PyObject *v) {
+static int json_value_checked(dft_buf *b, PyObject *v) {
     if (Py_EnterRecursiveCall(" while formatting trace args"))
         return -1;
     int rc = json_value(b, v);
@@ -163,7 +163,7 @@ static int json_seq(dft_buf *b, PyObject *v) {
         if (i)
             rc = put(b, ",", 1);
         if (rc == 0)
-            rc = dft_json_value(b, PySequence_Fast_GET_ITEM(seq, i));
+            rc = json_value_checked(b, PySequence_Fast_GET_ITEM(seq, i));
     }
     if (rc == 0)
         rc = put(b, "]", 1);
@@ -181,7 +181,7 @@ static int json_dict(dft_buf *b, PyObject *d) {
         if (!first && put(b, ",", 1) < 0)
             return -1;
         first = 0;
-        if (put_key(b, k) < 0 || put(b, ":", 1) < 0 || dft_json_value(b, v) < 0)
+        if (put_key(b, k) < 0 || put(b, ":", 1) < 0 || json_value_checked(b, v) < 0)
             return -1;
     }
     return put(b, "}", 1);
@@ -251,7 +251,7 @@ int dft_json_fields(dft_buf *b, PyObject *d) {
     Py_ssize_t pos = 0;
     while (PyDict_Next(d, &pos, &k, &v)) {
         if (put(b, ",", 1) < 0 || put_key(b, k) < 0 || put(b, ":", 1) < 0 ||
-            dft_json_value(b, v) < 0)
+            json_value_checked(b, v) < 0)
             return -1;
     }
     return 0;

@@ -149,7 +149,8 @@ void dft_ring_free(dft_ring *r) {
 
 void dft_ring_retire(dft_ring *r) { retired += atomic_load(&r->head); }
 
-void dft_ring_discard(dft_ring *r) {
+/* Drops pending records (freeing their one-off args). */
+static void ring_discard(dft_ring *r) {
     uint64_t h = atomic_load_explicit(&r->head, memory_order_acquire);
     for (uint64_t t = atomic_load(&r->tail); t < h; t++)
         free(r->buf[t & r->mask].extra);
@@ -216,7 +217,7 @@ void dft_rings_reset(void) {
     dft_ring *_Atomic *link = &dft_rings;
     dft_ring *r;
     while ((r = atomic_load(link))) {
-        dft_ring_discard(r);
+        ring_discard(r);
         if (atomic_load(&r->dead)) {
             atomic_store(link, atomic_load(&r->next));
             retired += atomic_load(&r->head);
