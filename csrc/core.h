@@ -195,7 +195,9 @@ typedef struct {
     int stop;
     uint64_t flush_req, flush_done;
     int running;
+    int closing; /* close() waits for the writer with the GIL released */
     pthread_t thread;
+    uint64_t pushed_base; /* records pushed before the current file (stats) */
 
     dft_sink sink;
     dft_buf fmt;

@@ -15,8 +15,6 @@ static PyObject *site_ids; /* formatted site bytes -> id (dedup) */
 static PyObject *tag_ids;  /* formatted tags bytes -> id */
 static PyObject *log_ids;  /* (name, cat) -> site id, for log() */
 static PyObject *cur_path; /* str while a file is open */
-static uint64_t pushed_base; /* pushes before the current file, for stats() */
-static int closing;          /* close() is waiting for the writer (GIL released) */
 
 /* Append one entry (under the GIL); returns its id or -1. */
 static int64_t tab_add(dft_table *t, const void *entry) {
@@ -251,8 +249,8 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
         return NULL;
     PyObject *ret = NULL;
     dft_buf hh = {0};
-    if (atomic_load(&dft_open_flag) || closing) {
-        PyErr_SetString(PyExc_RuntimeError, closing ? "the trace file is being closed"
+    if (atomic_load(&dft_open_flag) || dft_w.closing) {
+        PyErr_SetString(PyExc_RuntimeError, dft_w.closing ? "the trace file is being closed"
                                                     : "a trace file is already open");
         goto out;
     }
@@ -322,7 +320,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     }
     dft_ring_set_budget((size_t)bufsize);
     uint64_t pending;
-    dft_rings_counts(&pushed_base, &pending);
+    dft_rings_counts(&dft_w.pushed_base, &pending);
     if (dft_writer_start() < 0) {
         PyErr_SetString(PyExc_RuntimeError, "cannot start the trace writer thread");
         goto undo;
@@ -350,11 +348,11 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     atomic_store(&dft_open_flag, 0);
     dft_w.end_tid = (uint32_t)syscall(SYS_gettid);
     dft_w.end_ts = dft_now();
-    closing = 1; /* other threads run meanwhile; open() must wait for the writer */
+    dft_w.closing = 1; /* other threads run meanwhile; open() must wait for the writer */
     Py_BEGIN_ALLOW_THREADS
     dft_writer_stop();
     Py_END_ALLOW_THREADS
-    closing = 0;
+    dft_w.closing = 0;
     int err = dft_w.sink.err;
     close(dft_w.sink.fd);
     dft_sink_free(&dft_w.sink);
@@ -395,7 +393,7 @@ static PyObject *py_path(PyObject *m, PyObject *unused) {
 
 static PyObject *py_stats(PyObject *m, PyObject *unused) {
     uint64_t pushed, pending, rings = dft_rings_counts(&pushed, &pending);
-    return Py_BuildValue("{sKsKsKsKsK}", "recorded", (unsigned long long)(pushed - pushed_base),
+    return Py_BuildValue("{sKsKsKsKsK}", "recorded", (unsigned long long)(pushed - dft_w.pushed_base),
                          "written",
                          (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
                          "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
