@@ -75,6 +75,8 @@ def test_aten_level_labels_forward_and_backward_with_modules(rec):
     events = rec.events()
     by_phase = {info["phase"]: gm for gm, info in seen if info["stage"] == "aot"}
     assert set(by_phase) == {"forward", "backward"}
+    times = {(info["stage"], info["phase"]): info["compile_time_s"] for _, info in seen}
+    assert times[("dynamo", "forward")] > 0 and times[("aot", "forward")] > 0 and times[("aot", "backward")] is None
     for phase, gm in by_phase.items():
         evs = [e for e in ops(events) if e["args"]["phase"] == phase]
         assert len(evs) == len(executed_nodes(gm))

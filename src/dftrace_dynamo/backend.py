@@ -117,7 +117,7 @@ class TracerBackend:
             compiled = self._graph_call(gm, example_inputs, graph_id, self._torch_phase(), "torch",
                                         torch.is_grad_enabled)
         else:
-            compiled = self._compile_aot(gm, example_inputs, graph_id)
+            compiled = self._compile_aot(gm, example_inputs, graph_id, start)
         compile_events.emit("backend", f"backend graph {graph_id}", start, _core.now_ns(), graph=graph_id,
                             level="torch" if self.inner is not None else self.level,
                             inner=self._inner_name(), frame=frame.get("frame"), location=frame.get("location"),
@@ -159,7 +159,7 @@ class TracerBackend:
         call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn)
         return _boxed(call) if boxed else call
 
-    def _compile_aot(self, gm, example_inputs, graph_id: int):
+    def _compile_aot(self, gm, example_inputs, graph_id: int, start: int):
         from functorch.compile import min_cut_rematerialization_partition
         from torch._dynamo.backends.common import aot_autograd
 
@@ -167,7 +167,9 @@ class TracerBackend:
 
         def compiler(phase: str, grad_fn):
             def compile_graph(fx_g, inputs):
-                self._notify(fx_g, inputs, graph_id, "aten", phase, "aot", None)
+                # AOTAutograd's time so far; a backward compiled at the first backward has none
+                elapsed = None if phase == "backward" else _core.now_ns() - start
+                self._notify(fx_g, inputs, graph_id, "aten", phase, "aot", elapsed)
                 return self._graph_call(fx_g, inputs, graph_id, phase, "aten", grad_fn, boxed=True)
 
             return compile_graph
