@@ -50,8 +50,6 @@ def tracing_disabled() -> bool:
 class Tags:
     """Dynamic tags (name, epoch, step, ...) written in every event's args; shared by backends."""
 
-    FIELDS = ("name", "epoch", "step", "image_idx", "image_size")
-
     def __init__(self, **values):
         self.cell = _core.TagCell()
         self.values: dict = {}
@@ -69,17 +67,14 @@ def _constant(value: bool) -> Callable[[], bool]:
     return (lambda: True) if value else (lambda: False)
 
 
-def _boxed(fn):
-    # AOTAutograd calls compiled graphs with one list when they carry _boxed_call.
-    try:
-        fn._boxed_call = True
-        return fn
-    except AttributeError:
-        def run(args):
-            return fn(args)
+def _boxed(call):
+    # AOTAutograd passes its argument list as is to callables marked _boxed_call;
+    # GraphCall takes no attributes, hence this one frame per graph call.
+    def run(args):
+        return call(args)
 
-        run._boxed_call = True
-        return run
+    run._boxed_call = True
+    return run
 
 
 class TracerBackend:
