@@ -98,3 +98,10 @@ def test_script_exception_passes_through(tmp_path):
 ])
 def test_bad_input(tmp_path, args, fragment):
     assert_bad_input(cli("run", "--out", tmp_path, *args), fragment)
+
+
+def test_script_options_are_the_scripts_even_when_they_look_like_runs(tmp_path):
+    script = tmp_path / "argv.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\n")
+    p = cli("run", "--out", tmp_path / "t", script, "-m", "foo", "--out", "bar", "--help")
+    assert p.returncode == 0 and p.stdout == "['-m', 'foo', '--out', 'bar', '--help']\n"

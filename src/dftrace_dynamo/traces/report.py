@@ -4,6 +4,8 @@ import csv
 import io
 import json
 
+from .reader import TraceError
+
 VIEWS = ("op", "module", "phase", "graph", "process")
 TITLES = {
     "op": "Top ops by total time",
@@ -71,7 +73,10 @@ def to_json(result):
 
 def plot(result, view, path):
     """Horizontal bar chart of total time per key of ``view`` into ``path``."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise TraceError("--plot needs matplotlib: pip install 'dftrace-dynamo[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
