@@ -276,7 +276,8 @@ def test_metadata_adds_static_shapes_flops_and_source(rec, monkeypatch):
     monkeypatch.setattr(config, "_config", dataclasses.replace(config.get(), inc_metadata=True))
     lin = torch.nn.Linear(16, 32)
     torch.compile(lambda x: lin(x).relu(), backend=create_backend(level="aten"))(torch.randn(8, 16))
-    args = {e["name"]: e["args"] for e in ops(rec.events())}
+    path = rec.path()
+    args = {e["name"]: e["args"] for e in ops(read_events(path))}
     addmm = args["function.addmm.default"]
     assert addmm["input_shapes"] == [[32], [8, 16], [16, 32]] and addmm["output_shapes"] == [[8, 32]]
     assert addmm["input_dtypes"] == ["float32"] * 3 and addmm["op_type"] == "call_function"
@@ -284,6 +285,9 @@ def test_metadata_adds_static_shapes_flops_and_source(rec, monkeypatch):
     assert addmm["bytes"] == 4 * (32 + 8 * 16 + 16 * 32 + 8 * 32)
     assert addmm["source"].startswith(__file__ + ":")
     assert args["function.relu.default"]["flops"] == 0
+    assert perfetto_tp.error_stats(path) == []  # list args load (Perfetto flattens them)
+    assert perfetto_tp.rows(path, "select display_value v from args where key = 'args.input_shapes[1][0]'") == [
+        {"v": "8"}]
 
 
 def test_metadata_flops_at_torch_level(rec, monkeypatch):
