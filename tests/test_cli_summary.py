@@ -294,3 +294,21 @@ def test_corrupt_member_in_the_middle(tmp_path):
     assert 90_000 < result["op_events"] < 100_000  # only the lines around the damage are lost
     (warning,) = stderr.splitlines()
     assert "lines that are not JSON events were skipped" in warning
+
+
+def test_pydftracer_traces_count_their_dynamo_events(tmp_path):
+    # the layout of pydftracer's sample trace (seed 001): ops are cat "dynamo", no node/graph args
+    meta = '{"id":1,"name":"HH","cat":"dftracer","pid":3,"tid":3,"ph":"M","args":{"name":"host"}}'
+    start = '{"id":2,"name":"start","cat":"dftracer","pid":3,"tid":3,"ts":10,"dur":0,"ph":"X","args":{}}'
+    op = ('{"id":%d,"name":"%s","cat":"dynamo","pid":3,"tid":3,"ts":%d,"dur":%d,"ph":"X",'
+          '"args":{"hhash":"f9","p_idx":-1,"grad_enabled":0,"level":1}}')
+    ops = [op % (i + 3, name, 100 + 50 * i, dur)
+           for i, (name, dur) in enumerate([("function.convolution.default", 22746), ("function.relu.default", 289),
+                                            ("function.convolution.default", 20000)])]
+    end = '{"id":9,"name":"end","cat":"dftracer","pid":3,"tid":3,"ts":900,"dur":0,"ph":"X","args":{"num_events":5}}'
+    (tmp_path / "seed.pfw").write_text("[\n" + "\n".join([meta, start, *ops, end]) + "\n]\n")
+    result, _ = summary_json(tmp_path / "seed.pfw")
+    assert result["op_events"] == 3
+    assert [(r["key"], r["count"]) for r in result["views"]["op"]] == [
+        ("function.convolution.default", 2), ("function.relu.default", 1)]
+    assert result["views"]["phase"][0]["key"] == "(none)"
