@@ -218,8 +218,9 @@ def test_bad_input(tmp_path, setup, fragments):
     assert_bad_input(cli("summary", setup(tmp_path)), *fragments)
 
 
-def test_bad_top(trace):
+def test_bad_numbers(trace):
     assert_bad_input(cli("summary", trace, "--top", "0"), "--top")
+    assert_bad_input(cli("summary", trace, "--module-depth", "0"), "--module-depth")
 
 
 def test_real_trace_from_the_backend(tmp_path):

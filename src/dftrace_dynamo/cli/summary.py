@@ -35,6 +35,8 @@ def run(args):
 
     if args.top < 1:
         raise TraceError("--top must be at least 1")
+    if args.module_depth is not None and args.module_depth < 1:
+        raise TraceError("--module-depth must be at least 1")
     paths = find_traces(args.traces)
     views = list(dict.fromkeys(args.by or VIEWS))
     with progress_bar(100, "summary", unit="%") as bar:
