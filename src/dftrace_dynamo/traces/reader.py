@@ -19,6 +19,7 @@ CHUNK = 1 << 20
 SUFFIXES = (".pfw", ".pfw.gz", ".pfw.zst")
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MEMBER_START = {"gzip": GZIP_MAGIC + b"\x08", "zstd": ZSTD_MAGIC}  # gzip: + deflate method
 
 
 class TraceError(Exception):
@@ -118,7 +119,7 @@ def _members(f, size, damage, kind, pos=0):
 def _next_member(f, start, kind):
     """Position in ``f`` of the next member/frame start at or after ``start``
     that decodes to the beginning of a line, or None."""
-    magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
+    magic = MEMBER_START[kind]
     while True:
         f.seek(start)
         window = f.read(CHUNK + (1 << 18))
@@ -148,7 +149,7 @@ def starts_a_line(head, kind):
 def tail_damage(path, kind, damage, window=16 << 20):
     """Checks only the last member/frame of a compressed file (the part a
     crash cuts) and adds a note to ``damage`` when it is incomplete."""
-    magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
+    magic = MEMBER_START[kind]
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         window = min(size, window)

@@ -25,7 +25,7 @@ import threading
 
 import duckdb
 
-from .reader import (GZIP_MAGIC, ZSTD_MAGIC, Damage, TraceError, check_trace, compression_of, iter_chunks,
+from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
                      rank_of, starts_a_line, tail_damage)
 from .report import VIEWS
 
@@ -58,7 +58,7 @@ def _pieces(path, kind, directory):
     if kind is None or size < 2 * PIECE_BYTES:
         os.symlink(os.path.abspath(path), os.path.join(directory, "0" + suffix))
         return [(os.path.join(directory, "0" + suffix), 0)]
-    magic = GZIP_MAGIC + b"\x08" if kind == "gzip" else ZSTD_MAGIC
+    magic = MEMBER_START[kind]
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         cuts, pos = [0], PIECE_BYTES
         while pos < size - PIECE_BYTES // 2:
