@@ -37,6 +37,8 @@ def _number(v):
 
 
 class Report:
+    """Problems (line number or None, message), notes and the event count of one file."""
+
     def __init__(self, path):
         self.path = path
         self.problems = []  # (line or None, message)
