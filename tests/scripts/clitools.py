@@ -1,5 +1,6 @@
 """Running the ``dftrace-dynamo`` command in the CLI tests."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,9 @@ CLI = [shutil.which("dftrace-dynamo")] if shutil.which("dftrace-dynamo") else [s
 
 
 def cli(*args, cwd=None, env=None, timeout=300):
+    """Runs the command; DFTRACER_* variables of the calling shell are left
+    out so that they cannot change what the tests expect."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("DFTRACER_")}
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=timeout)
 
