@@ -193,6 +193,7 @@ def main(argv=None):
     parser.add_argument("--workloads", default="elem,mlp,mlp_train,bert,gpt2")
     parser.add_argument("--tools", default="ours-torch,ours-aten,torch.profiler,viztracer,pydftracer")
     parser.add_argument("--no-trace", action="store_true", help="do not open our trace (interceptor cost only)")
+    parser.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     trace_dir = tempfile.mkdtemp(prefix="bench_overhead_")
@@ -206,6 +207,7 @@ def main(argv=None):
     print("-" * len(header))
     for wname in args.workloads.split(","):
         fn, inputs, train, block_calls = workload(wname)
+        block_calls = args.block_calls or block_calls
         ops = {level: ops_per_call(fn, inputs, level, train) for level in ("torch", "aten")}
         for tool in tools.values():
             if tool.name == "pydftracer" and train:
