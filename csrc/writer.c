@@ -346,13 +346,16 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
+/* flush_req/flush_done keep counting across files: a flush() that raced
+ * with close() may still be waiting and is served by the next writer. */
 int dft_writer_start(void) {
     dft_w.stop = 0;
-    dft_w.flush_req = dft_w.flush_done = 0;
     dft_w.last_member_ns = dft_mono();
     if (pthread_create(&dft_w.thread, NULL, writer_main, NULL) != 0)
         return -1;
+    pthread_mutex_lock(&dft_w.mu);
     dft_w.running = 1;
+    pthread_mutex_unlock(&dft_w.mu);
     return 0;
 }
 
@@ -362,7 +365,10 @@ void dft_writer_stop(void) {
     pthread_cond_signal(&dft_w.cv_wake);
     pthread_mutex_unlock(&dft_w.mu);
     pthread_join(dft_w.thread, NULL);
+    pthread_mutex_lock(&dft_w.mu);
     dft_w.running = 0;
+    pthread_cond_broadcast(&dft_w.cv_done);
+    pthread_mutex_unlock(&dft_w.mu);
 }
 
 void dft_writer_flush(void) {
