@@ -137,7 +137,7 @@ def test_flush_writes_independent_members(tmp_path, comp):
         data = f.read()
     # header member + one per flush, each decodable alone
     parts = members(data, comp)
-    assert len(parts) == 4
+    assert len(parts) >= 4  # the 1 s timer may add one on a slow machine
     assert all(p.endswith(b"\n") for p in parts)
     # a copy cut right after the 2nd flush reads as a valid prefix
     lines = b"".join(members(data[: sizes[1]], comp)).decode().splitlines()
