@@ -4,8 +4,8 @@ Run (pinned to one core, one torch thread, as in benchmarks/results_overhead.rst
 
     DFTRACER_ENABLE=1 DFTRACER_DISABLE_IO=1 taskset -c 1 python3 benchmarks/bench_overhead.py --rounds 30
 
-Every tool is measured against its untraced baseline on the same Dynamo graph, in one
-process: ``backend="eager"`` for torch-level tools (ours at ``level="torch"``,
+Every tool is measured against its untraced baseline on the same Dynamo graph, each
+measurement in a fresh process: ``backend="eager"`` for torch-level tools (ours at ``level="torch"``,
 torch.profiler, VizTracer), ``backend="aot_eager"`` for ATen-level ones (ours at
 ``level="aten"``, pydftracer's dynamo backend). Blocks of calls alternate A, B, A, B...
 after a warm-up; the reported overhead is the median of the paired differences divided
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -187,6 +188,20 @@ def clock_call_ns(n=200_000):
     return (clock() - start) / n
 
 
+def measure_one(wname, tool_name, args):
+    """Measures one tool on one workload in this process and prints its row."""
+    trace_dir = tempfile.mkdtemp(prefix="bench_overhead_")
+    (tool,) = make_tools([tool_name], trace_dir, record=not args.no_trace).values()
+    fn, inputs, train, block_calls = workload(wname)
+    block_calls = args.block_calls or block_calls
+    n = ops_per_call(fn, inputs, tool.level, train)
+    rounds = args.rounds if wname in ("elem", "mlp", "mlp_train") else max(5, args.rounds // 3)
+    diff, (q1, q3), mean, ratio, base = measure(fn, inputs, train, tool, rounds, block_calls)
+    iqr = f"{q1 / n:.0f}..{q3 / n:.0f}"
+    print(f"{wname:<10} {tool.name:<15} {n:>8} {base / 1e3:>12.1f} {diff / n:>9.0f} {iqr:>15} "
+          f"{mean / n:>10.0f} {ratio:>7.3f}", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="A,B block pairs per measurement")
@@ -194,31 +209,32 @@ def main(argv=None):
     parser.add_argument("--tools", default="ours-torch,ours-aten,torch.profiler,viztracer,pydftracer")
     parser.add_argument("--no-trace", action="store_true", help="do not open our trace (interceptor cost only)")
     parser.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
+    parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "TOOL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    trace_dir = tempfile.mkdtemp(prefix="bench_overhead_")
-    tools = make_tools(args.tools.split(","), trace_dir, record=not args.no_trace)
+    if args.one:
+        measure_one(*args.one, args)
+        return 0
     print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
-    print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}, "
-          f"traces in {trace_dir}{' (ours not recording)' if args.no_trace else ''}", flush=True)
+    print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}"
+          f"{', ours not recording' if args.no_trace else ''}", flush=True)
     header = (f"{'workload':<10} {'tool':<15} {'ops/call':>8} {'base us/call':>12} {'ns/op':>9} "
               f"{'IQR ns/op':>15} {'mean ns/op':>10} {'ratio':>7}")
     print(header)
     print("-" * len(header))
+    # One process per measurement: tools leave state behind (profiler callbacks, tracer
+    # hooks, loaded libraries) that would slow whatever runs after them.
+    passed = [f"--rounds={args.rounds}"] + (["--no-trace"] if args.no_trace else []) + (
+        [f"--block-calls={args.block_calls}"] if args.block_calls else [])
     for wname in args.workloads.split(","):
-        fn, inputs, train, block_calls = workload(wname)
-        block_calls = args.block_calls or block_calls
-        ops = {level: ops_per_call(fn, inputs, level, train) for level in ("torch", "aten")}
-        for tool in tools.values():
-            if tool.name == "pydftracer" and train:
+        for tool_name in args.tools.split(","):
+            if tool_name == "pydftracer" and wname == "mlp_train":
                 continue  # its ATen backend has no bw_compiler: backward runs untraced
-            torch._dynamo.reset()
-            rounds = args.rounds if wname in ("elem", "mlp", "mlp_train") else max(5, args.rounds // 3)
-            diff, (q1, q3), mean, ratio, base = measure(fn, inputs, train, tool, rounds, block_calls)
-            n = ops[tool.level]
-            iqr = f"{q1 / n:.0f}..{q3 / n:.0f}"
-            print(f"{wname:<10} {tool.name:<15} {n:>8} {base / 1e3:>12.1f} {diff / n:>9.0f} {iqr:>15} "
-                  f"{mean / n:>10.0f} {ratio:>7.3f}", flush=True)
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", wname, tool_name, *passed],
+                                  capture_output=True, text=True)
+            rows = [line for line in proc.stdout.splitlines() if line.startswith(wname)]
+            print(rows[-1] if proc.returncode == 0 and rows else
+                  f"{wname:<10} {tool_name:<15} failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
     return 0
 
 
