@@ -89,11 +89,10 @@ typedef struct {
 
 /* Placement stack entry: a completed subtree (measured start, display
  * start/end) or, once the stack is at DFT_PLACE_MAX, a run of adjacent old
- * ones merged (ms_lo/ms_hi: measured starts of its first and last). */
+ * ones merged (ms: measured start of its first). */
 #define DFT_PLACE_MAX (1u << 16)
 typedef struct {
-    uint64_t ms_lo, ms_hi;
-    uint64_t ds, de;
+    uint64_t ms, ds, de;
 } dft_place_ent;
 
 typedef struct dft_ring {

@@ -41,16 +41,18 @@ static void place_push(dft_ring *r, uint64_t s, uint64_t ds, uint64_t de) {
             r->place = p;
             r->place_cap = cap;
             r->place_top = r->place_n;
-        } else {
+        } else if (r->place_cap) {
             const uint32_t m = r->place_cap - 1, b = r->place_top - r->place_n;
             dft_place_ent *lo = &r->place[b & m], *hi = &r->place[(b + 1) & m];
-            hi->ms_lo = lo->ms_lo;
+            hi->ms = lo->ms;
             hi->ds = lo->ds;
             r->place_n--;
+        } else { /* no memory for a first stack: events are placed alone */
+            return;
         }
     }
     dft_place_ent *n = &r->place[r->place_top++ & (r->place_cap - 1)];
-    n->ms_lo = n->ms_hi = s;
+    n->ms = s;
     n->ds = ds;
     n->de = de;
     r->place_n++;
@@ -69,7 +71,7 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
     uint64_t desc_de = 0, desc_ds = UINT64_MAX;
     while (r->place_n) {
         dft_place_ent *t = &r->place[(r->place_top - 1) & m];
-        if (t->ms_lo < s)
+        if (t->ms < s)
             break;
         if (t->de > desc_de)
             desc_de = t->de;
