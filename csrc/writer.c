@@ -105,9 +105,14 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
 #define PUTS(ptr, n) (p = put_str(p, ptr, n))
 
 /* Copies of short strings with fixed-size moves: gcc otherwise emits
- * `rep movs`, whose start-up cost dominated formatting. */
-__attribute__((optimize("no-tree-loop-distribute-patterns"))) static inline char *
-put_str(char *p, const char *s, size_t n) {
+ * `rep movs`, whose start-up cost dominated formatting (and must not turn
+ * the loop back into memcpy). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define DFT_NO_MEMCPY_IDIOM __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define DFT_NO_MEMCPY_IDIOM
+#endif
+DFT_NO_MEMCPY_IDIOM static inline char *put_str(char *p, const char *s, size_t n) {
     if (n >= 16) {
         for (size_t i = 0; i + 16 < n; i += 16)
             memcpy(p + i, s + i, 16);
