@@ -127,6 +127,20 @@ extern _Atomic int dft_open_flag;
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra);
 
+/* Writes record h of the ring and publishes it to the writer. */
+static inline int dft_ring_put(dft_ring *r, uint64_t h, uint32_t site, uint64_t s, uint64_t e,
+                               uint32_t flags, uint32_t tags, char *extra) {
+    dft_rec *x = &r->buf[h & r->mask];
+    x->start = s;
+    x->end = e;
+    x->site = site;
+    x->tags = tags;
+    x->flags = flags;
+    x->extra = extra;
+    atomic_store_explicit(&r->head, h + 1, memory_order_release);
+    return 0;
+}
+
 /* Append one event to the calling thread's ring. Needs the GIL (which also
  * serialises against close()). Returns 0 when recorded; otherwise the caller
  * still owns extra. */
@@ -140,15 +154,7 @@ static inline int dft_push(uint32_t site, uint64_t s, uint64_t e, uint32_t flags
     uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
     if (DFT_UNLIKELY(h - r->tail_cache >= r->half))
         return dft_push_slow(site, s, e, flags, tags, extra);
-    dft_rec *x = &r->buf[h & r->mask];
-    x->start = s;
-    x->end = e;
-    x->site = site;
-    x->tags = tags;
-    x->flags = flags;
-    x->extra = extra;
-    atomic_store_explicit(&r->head, h + 1, memory_order_release);
-    return 0;
+    return dft_ring_put(r, h, site, s, e, flags, tags, extra);
 }
 
 extern pthread_mutex_t dft_list_mu;

@@ -200,15 +200,7 @@ int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_
             }
         }
     }
-    dft_rec *x = &r->buf[h & r->mask];
-    x->start = s;
-    x->end = e;
-    x->site = site;
-    x->tags = tags;
-    x->flags = flags;
-    x->extra = extra;
-    atomic_store_explicit(&r->head, h + 1, memory_order_release);
-    return 0;
+    return dft_ring_put(r, h, site, s, e, flags, tags, extra);
 }
 
 /* Before a new file starts (writer not running): events left from a previous
