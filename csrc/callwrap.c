@@ -70,9 +70,48 @@ typedef struct {
     PyObject *cell;   /* TagCell or NULL */
     PyObject *name, *qualname, *module;
     PyObject *dict;
+    binaryfunc binop; /* operator.add & co. called as the C function they wrap */
     uint32_t site;
     int mode, grad;
 } Interceptor;
+
+/* operator functions FX graphs call for `a + b`, `x[i]`...: calling the C
+ * function behind them skips one Python-level call per op. */
+static const struct {
+    const char *name;
+    binaryfunc fn;
+} binops[] = {
+    {"add", PyNumber_Add}, {"sub", PyNumber_Subtract}, {"mul", PyNumber_Multiply},
+    {"truediv", PyNumber_TrueDivide}, {"floordiv", PyNumber_FloorDivide},
+    {"mod", PyNumber_Remainder}, {"matmul", PyNumber_MatrixMultiply}, {"and_", PyNumber_And},
+    {"or_", PyNumber_Or}, {"xor", PyNumber_Xor}, {"lshift", PyNumber_Lshift},
+    {"rshift", PyNumber_Rshift}, {"iadd", PyNumber_InPlaceAdd},
+    {"isub", PyNumber_InPlaceSubtract}, {"imul", PyNumber_InPlaceMultiply},
+    {"itruediv", PyNumber_InPlaceTrueDivide}, {"getitem", PyObject_GetItem},
+};
+#define N_BINOPS (sizeof(binops) / sizeof(binops[0]))
+
+/* The C function behind target if it is one of binops, else NULL. */
+static binaryfunc find_binop(PyObject *target) {
+    static PyObject *funcs[N_BINOPS];
+    if (!funcs[0]) {
+        PyObject *operator = PyImport_ImportModule("operator");
+        if (!operator) {
+            PyErr_Clear();
+            return NULL;
+        }
+        for (size_t i = 0; i < N_BINOPS; i++) {
+            funcs[i] = PyObject_GetAttrString(operator, binops[i].name);
+            if (!funcs[i])
+                PyErr_Clear();
+        }
+        Py_DECREF(operator);
+    }
+    for (size_t i = 0; i < N_BINOPS; i++)
+        if (funcs[i] == target)
+            return binops[i].fn;
+    return NULL;
+}
 
 static PyObject *icpt_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
@@ -80,7 +119,9 @@ static PyObject *icpt_vectorcall(PyObject *self_, PyObject *const *args, size_t 
     int on = atomic_load_explicit(&dft_open_flag, memory_order_relaxed);
     uint64_t t0 = on ? dft_now() : 0;
     PyObject *r;
-    if (self->mode == 0) {
+    if (self->binop && PyVectorcall_NARGS(nargsf) == 2 && !kwnames) {
+        r = self->binop(args[0], args[1]);
+    } else if (self->mode == 0) {
         r = PyObject_Vectorcall(self->target, args, nargsf, kwnames);
     } else if (PyVectorcall_NARGS(nargsf) == 0) {
         PyErr_SetString(PyExc_TypeError, "method interceptor needs the object as first argument");
@@ -136,6 +177,7 @@ static PyObject *icpt_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->site = (uint32_t)site;
     self->mode = mode;
     self->grad = grad;
+    self->binop = mode == 0 ? find_binop(target) : NULL;
     if (get_cell(cell, &self->cell) < 0)
         goto fail;
     if (name) {
@@ -248,6 +290,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *fn, *grad_fn, *cell;
+    PyObject *dict; /* AOTAutograd marks boxed graphs with a _boxed_call attribute */
     uint32_t site, phase;
 } GraphCall;
 
@@ -314,6 +357,7 @@ static int gc_traverse(GraphCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->fn);
     Py_VISIT(self->grad_fn);
     Py_VISIT(self->cell);
+    Py_VISIT(self->dict);
     return 0;
 }
 
@@ -321,6 +365,7 @@ static int gc_clear(GraphCall *self) {
     Py_CLEAR(self->fn);
     Py_CLEAR(self->grad_fn);
     Py_CLEAR(self->cell);
+    Py_CLEAR(self->dict);
     return 0;
 }
 
@@ -332,6 +377,11 @@ static void gc_dealloc(GraphCall *self) {
 
 static PyMemberDef gc_members[] = {
     {"fn", T_OBJECT, offsetof(GraphCall, fn), READONLY, "wrapped compiled graph"},
+    {NULL},
+};
+
+static PyGetSetDef gc_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL},
 };
 
@@ -347,5 +397,7 @@ PyTypeObject dft_GraphCallType = {
     .tp_clear = (inquiry)gc_clear,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(GraphCall, vectorcall),
+    .tp_dictoffset = offsetof(GraphCall, dict),
     .tp_members = gc_members,
+    .tp_getset = gc_getset,
 };

@@ -225,3 +225,30 @@ def test_cycles_are_collected(site):
     del h
     gc.collect()
     assert ref() is None
+
+
+def test_operator_targets_behave_like_the_operator(tmp_path, site):
+    import operator
+
+    add = _core.Interceptor(operator.add, site, None)
+    getitem = _core.Interceptor(operator.getitem, site, None)
+    iadd = _core.Interceptor(operator.iadd, site, None)
+
+    def run():
+        items = [1]
+        assert iadd(items, [2]) is items and items == [1, 2]  # in place, same object
+        with pytest.raises(TypeError, match="unsupported operand"):
+            add(1, "a")
+        with pytest.raises(TypeError):  # arity errors come from operator.add itself
+            add(1, 2, 3)
+        return add(2, 3), add("a", "b"), getitem((4, 5), 1), getitem({"k": 6}, "k")
+
+    out, ev = recorded(tmp_path, run)
+    assert out == (5, "ab", 5, 6)
+    assert [("failed" in e["args"]) for e in ev] == [False, True, True, False, False, False, False]
+
+
+def test_graphcall_takes_attributes(site):
+    call = _core.GraphCall(lambda args: args, site, None, _core.PHASE_FORWARD, lambda: True)
+    call._boxed_call = True
+    assert call._boxed_call is True and call.__dict__ == {"_boxed_call": True}

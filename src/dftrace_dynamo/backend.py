@@ -67,16 +67,6 @@ def _constant(value: bool) -> Callable[[], bool]:
     return (lambda: True) if value else (lambda: False)
 
 
-def _boxed(call):
-    # AOTAutograd passes its argument list as is to callables marked _boxed_call;
-    # GraphCall takes no attributes, hence this one frame per graph call.
-    def run(args):
-        return call(args)
-
-    run._boxed_call = True
-    return run
-
-
 class TracerBackend:
     """A configured tracing backend; pass it as ``torch.compile(..., backend=...)``."""
 
@@ -152,7 +142,9 @@ class TracerBackend:
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
         forward = gm.forward if timer is None else timer.graph(gm.forward)
         call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn)
-        return _boxed(call) if boxed else call
+        if boxed:  # AOTAutograd then passes its argument list as is
+            call._boxed_call = True
+        return call
 
     def _compile_aot(self, gm, example_inputs, graph_id: int, start: int):
         from functorch.compile import min_cut_rematerialization_partition
