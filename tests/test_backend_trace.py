@@ -3,6 +3,10 @@ names, args (graph, node, module, grad_enabled, phase, tags), compile-side event
 the cases that must keep working (no_grad, exceptions, threads, several models)."""
 
 import dataclasses
+import glob
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -265,11 +269,13 @@ def test_inner_backend_gets_graph_events_and_compile_time_only(rec):
     assert backend_event["args"]["inner"] == "aot_eager" and backend_event["dur"] > 0
 
 
-def test_backend_registered_by_name(rec):
-    import dftrace_dynamo.backend  # noqa: F401  (registers "dftrace")
-
-    torch.compile(lambda x: x.sin() + 1, backend="dftrace")(torch.randn(3))
-    assert {e["name"] for e in ops(rec.events())} == {"function.sin.default", "function.add.Tensor"}
+def test_backend_registered_by_name_without_importing_the_package(tmp_path):
+    code = "import torch; torch.compile(lambda x: x.sin() + 1, backend='dftrace')(torch.randn(3))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
+    env.update(DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=str(tmp_path / "t"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    (path,) = glob.glob(str(tmp_path / "t-*.pfw.gz"))
+    assert {e["name"] for e in ops(read_events(path))} == {"function.sin.default", "function.add.Tensor"}
 
 
 def test_metadata_adds_static_shapes_flops_and_source(rec, monkeypatch):

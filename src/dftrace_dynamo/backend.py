@@ -197,12 +197,5 @@ tracer_backend = create_backend()
 dftracer_dynamo_backend = tracer_backend
 
 
-def _register() -> None:
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
-
-    if BACKEND_NAME not in _COMPILER_FNS:
-        register_backend(compiler_fn=tracer_backend, name=BACKEND_NAME)
-
-
-_register()
+# backend="dftrace" comes from the torch_dynamo_backends entry point in pyproject.toml
 compile_events.install()  # before the first compile, so its start is seen
