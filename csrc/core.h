@@ -166,14 +166,44 @@ void dft_ring_retire(dft_ring *r); /* count a freed ring's records; under dft_li
 void dft_rings_reset(void);
 uint64_t dft_rings_counts(uint64_t *pushed, uint64_t *pending);
 
-/* ---- clock ------------------------------------------------------------- */
+/* ---- clock (clock.c) --------------------------------------------------- */
 extern int64_t dft_epoch_off;
+extern int dft_use_tsc;
 static inline uint64_t dft_mono(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
-static inline uint64_t dft_now(void) { return dft_mono() + (uint64_t)dft_epoch_off; }
+void dft_clock_init(void);
+/* exact: re-anchor on the monotonic clock (open()); else steer smoothly (writer). */
+void dft_clock_update(int exact);
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DFT_HAVE_TSC 1
+#include <x86intrin.h>
+/* ns = ns0 + (tick - tick0) * mult / 2^32; published segments are never modified. */
+typedef struct {
+    uint64_t tick0;
+    int64_t ns0, mult;
+} dft_tsc_seg;
+extern dft_tsc_seg *_Atomic dft_tsc_cur;
+static inline int64_t dft_tsc_to_ns(const dft_tsc_seg *g, uint64_t tick) {
+    /* signed: a tick read just before the segment's anchor gives a small negative delta */
+    return g->ns0 + (int64_t)(((__int128)(int64_t)(tick - g->tick0) * g->mult) >> 32);
+}
+#else
+#define DFT_HAVE_TSC 0
+#endif
+
+static inline uint64_t dft_now(void) {
+#if DFT_HAVE_TSC
+    if (DFT_LIKELY(dft_use_tsc)) {
+        const dft_tsc_seg *g = atomic_load_explicit(&dft_tsc_cur, memory_order_acquire);
+        return (uint64_t)dft_tsc_to_ns(g, __rdtsc());
+    }
+#endif
+    return dft_mono() + (uint64_t)dft_epoch_off;
+}
 
 /* ---- output sink (sink.c) ---------------------------------------------- */
 #include <zlib.h>

@@ -9,7 +9,6 @@
 
 dft_table dft_sites = {.esize = sizeof(dft_site)};
 dft_table dft_tags = {.esize = sizeof(dft_str)};
-int64_t dft_epoch_off;
 
 static PyObject *site_ids; /* formatted site bytes -> id (dedup) */
 static PyObject *tag_ids;  /* formatted tags bytes -> id */
@@ -319,6 +318,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
         dft_w.hold = 0;
     }
     dft_ring_set_budget((size_t)bufsize);
+    dft_clock_update(1);
     uint64_t pending;
     dft_rings_counts(&dft_w.pushed_base, &pending);
     if (dft_writer_start() < 0) {
@@ -393,11 +393,12 @@ static PyObject *py_path(PyObject *m, PyObject *unused) {
 
 static PyObject *py_stats(PyObject *m, PyObject *unused) {
     uint64_t pushed, pending, rings = dft_rings_counts(&pushed, &pending);
-    return Py_BuildValue("{sKsKsKsKsK}", "recorded", (unsigned long long)(pushed - dft_w.pushed_base),
+    return Py_BuildValue("{sKsKsKsKsKss}", "recorded", (unsigned long long)(pushed - dft_w.pushed_base),
                          "written",
                          (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
                          "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
-                         (unsigned long long)pending, "rings", (unsigned long long)rings);
+                         (unsigned long long)pending, "rings", (unsigned long long)rings, "clock",
+                         dft_use_tsc ? "tsc" : "monotonic");
 }
 
 static PyMethodDef methods[] = {
@@ -427,22 +428,6 @@ static struct PyModuleDef moddef = {
     .m_methods = methods,
 };
 
-/* Epoch offset of the monotonic clock, from the tightest of a few brackets. */
-static void calibrate_epoch(void) {
-    uint64_t best = UINT64_MAX;
-    for (int i = 0; i < 9; i++) {
-        struct timespec rt;
-        uint64_t a = dft_mono();
-        clock_gettime(CLOCK_REALTIME, &rt);
-        uint64_t b = dft_mono();
-        if (b - a < best) {
-            best = b - a;
-            int64_t real = (int64_t)rt.tv_sec * 1000000000 + rt.tv_nsec;
-            dft_epoch_off = real - (int64_t)(a + (b - a) / 2);
-        }
-    }
-}
-
 PyMODINIT_FUNC PyInit__core(void) {
     static const dft_site empty_site = {{"", 0}, {"", 0}};
     static const dft_str empty_tags = {"", 0};
@@ -453,7 +438,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!m)
         return NULL;
     if (!site_ids) { /* id 0 is never a valid site and means "no tags" */
-        calibrate_epoch();
+        dft_clock_init();
         dft_ring_init_once();
         site_ids = PyDict_New();
         tag_ids = PyDict_New();

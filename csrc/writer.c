@@ -329,6 +329,7 @@ static void *writer_main(void *arg) {
         pthread_mutex_unlock(&dft_w.mu);
         atomic_store(&dft_w.kick, 0);
 
+        dft_clock_update(0);
         drain_all();
         if (stop) {
             emit_end();

@@ -229,3 +229,21 @@ def test_flush_and_close_race_from_threads(tmp_path):
         stop.clear()
         assert res["dropped"] == 0
         assert len(events(read_objects(res["path"]))) == res["num_events"]
+
+
+def test_event_clock_stays_on_the_system_clock_and_never_goes_back(tmp_path):
+    """With the TSC clock, segments switch on every writer wake: time must stay
+    monotonic across the switches and on the epoch timeline."""
+    open_trace(tmp_path, 0, name="clock")
+    try:
+        assert _core.stats()["clock"] in ("tsc", "monotonic")
+        last, worst, end = 0, 0, time.monotonic() + 1.5  # crosses about six writer wakes
+        while time.monotonic() < end:
+            for _ in range(1000):
+                now = _core.now_ns()
+                assert now >= last
+                last = now
+            worst = max(worst, abs(_core.now_ns() - time.time_ns()))
+        assert worst < 1_000_000  # within a millisecond of the system's realtime clock
+    finally:
+        _core.close()
