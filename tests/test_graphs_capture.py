@@ -73,6 +73,16 @@ def test_graph_breaks_counted_with_reasons_and_locations():
     assert "graph breaks: 2" in result.summary()
 
 
+def test_capture_works_with_tracing_switched_off(monkeypatch):
+    import dataclasses
+
+    from dftrace_dynamo import config
+
+    monkeypatch.setattr(config, "_config", dataclasses.replace(config.get(), enable=False))
+    result = capture_graphs(Branchy(), (torch.randn(2, 4),))
+    assert result.graph_count == 3 and result.break_count == 2
+
+
 def test_partition_inputs_and_op_counts():
     result = capture_graphs(Branchy(), (torch.randn(2, 4),))
     first = result.partitions[0]

@@ -87,11 +87,13 @@ class TracerBackend:
         return self
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        graph_id = _next_graph_id()
         if not self.enable or tracing_disabled():
+            # graph tools still see the graph; the graph itself runs untouched
+            self._notify(gm, example_inputs, graph_id, "torch", self._torch_phase(), "dynamo", None)
             return gm.forward
         logger.ensure_open()
         compile_events.install()
-        graph_id = _next_graph_id()
         frame = compile_events.current() or {}
         start = _core.now_ns()
         self._notify(gm, example_inputs, graph_id, "torch", self._torch_phase(), "dynamo",

@@ -192,10 +192,6 @@ def _compile_and_run(model: Callable, args: tuple, kwargs: dict,
 
     from .. import backend as tracer, compile_events
 
-    if tracer.tracing_disabled():
-        raise RuntimeError("graph capture uses the tracing backend, which DFTRACER_ENABLE=0 "
-                           "(or a bad DFTRACER_* value) turns off")
-
     def keep(gm: torch.fx.GraphModule, example_inputs: list, info: dict) -> None:
         if info.get("stage") == "dynamo":
             on_graph(snapshot(gm), list(example_inputs))
