@@ -2,8 +2,6 @@
 validity of every line in every compression mode, ids, counts, the end record,
 escaping, timestamps and flags."""
 
-import gzip
-import io
 import json
 import os
 import subprocess
@@ -16,6 +14,7 @@ import zstandard
 from hypothesis import assume, given, settings, strategies as st
 
 from dftrace_dynamo import _core
+from tracefile import read_bytes
 
 HHASH = "0123456789abcdef"
 HEADER = (
@@ -56,16 +55,13 @@ def members(data, comp):
 
 
 def read_text(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    if path.endswith(".gz"):
-        text = gzip.decompress(data)
-        assert b"".join(members(data, 1)) == text
-    elif path.endswith(".zst"):
-        text = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
-        assert b"".join(members(data, 2)) == text
-    else:
-        text = data
+    """The decoded text (tracefile.read_bytes), checking that every gzip member
+    or zstd frame also decodes alone."""
+    text = read_bytes(path)
+    comp = 1 if path.endswith(".gz") else 2 if path.endswith(".zst") else 0
+    if comp:
+        with open(path, "rb") as f:
+            assert b"".join(members(f.read(), comp)) == text
     return text.decode("utf-8")
 
 
