@@ -26,6 +26,7 @@ from . import __version__, _core, config
 
 _lock = threading.RLock()
 _prefix: Optional[str] = None  # set while this process (or its fork parent) traces
+_source = ""  # where _prefix came from, for messages
 _p_idx = -1
 _finalized = False  # finalize() was called, or opening failed: no lazy reopen
 _signals_bound = False
@@ -78,9 +79,8 @@ def trace_path(prefix: str, compression: int, pid: int, hhash: str, env=os.envir
     return "-".join(parts) + config.COMPRESSION_SUFFIX[compression]
 
 
-def _header(pid: int, tid: int, hhash: str, p_idx: int) -> bytes:
+def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     """Metadata lines (ids 1..k) and the ``start`` event that open every file."""
-    host = socket.gethostname()
     cwd = os.getcwd()
     cmd = ";".join(sys.argv) if sys.argv else sys.executable
     exe = sys.executable or "python"
@@ -115,18 +115,20 @@ def _header(pid: int, tid: int, hhash: str, p_idx: int) -> bytes:
 
 def _open(prefix: str, source: str, p_idx: int) -> bool:
     """Opens this process's file under ``prefix``; on failure reports once and returns False."""
-    global _prefix, _p_idx, _finalized
+    global _prefix, _source, _p_idx, _finalized
     cfg = config.get()
     pid = os.getpid()
-    hhash = _hash16(socket.gethostname())
+    host = socket.gethostname()
+    hhash = _hash16(host)
+    suffix = config.COMPRESSION_SUFFIX[cfg.compression]
     try:
         directory = os.path.dirname(os.path.abspath(prefix))
         os.makedirs(directory, exist_ok=True)
         if not os.access(directory, os.W_OK):
             raise PermissionError(f"directory {directory} is not writable")
         path = trace_path(prefix, cfg.compression, pid, hhash)
-        header = _header(pid, threading.get_native_id(), hhash, p_idx)
-        base, suffix = path[: -len(config.COMPRESSION_SUFFIX[cfg.compression])], config.COMPRESSION_SUFFIX[cfg.compression]
+        header = _header(host, hhash, pid, threading.get_native_id(), p_idx)
+        base = path[: -len(suffix)]
         for attempt in range(100):  # a pid reused on this host must not clobber an old trace
             candidate = path if attempt == 0 else f"{base}.{attempt}{suffix}"
             try:
@@ -140,7 +142,7 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
         _finalized = True
         config.report_disabled(f"cannot write the trace under {source}={prefix!r}: {exc}")
         return False
-    _prefix, _p_idx = prefix, p_idx
+    _prefix, _source, _p_idx = prefix, source, p_idx
     _bind_signals(cfg)
     return True
 
@@ -162,13 +164,17 @@ def initialize_log(logfile: Optional[str] = None, data_dir: Optional[str] = None
         if logfile:
             prefix, source = _TRACE_SUFFIX.sub("", str(logfile)), "initialize_log(logfile)"
         else:
-            prefix = cfg.log_file
-            source = "DFTRACER_LOG_FILE" if cfg.log_file_from_env else "the default log file"
+            prefix, source = _configured_log(cfg)
         if _open(prefix, source, process_id):
             # spawned children (multiprocessing 'spawn', torchrun workers) trace too, to their own files
             os.environ.setdefault("DFTRACER_ENABLE", "1")
             os.environ.setdefault("DFTRACER_LOG_FILE", os.path.abspath(prefix))
     return Logger()
+
+
+def _configured_log(cfg: config.Config) -> tuple[str, str]:
+    """The log prefix from the configuration, and how to name it in messages."""
+    return cfg.log_file, "DFTRACER_LOG_FILE" if cfg.log_file_from_env else "the default log file"
 
 
 def ensure_open() -> bool:
@@ -181,8 +187,7 @@ def ensure_open() -> bool:
             return True
         if cfg.enable is not True or _finalized:
             return False
-        source = "DFTRACER_LOG_FILE" if cfg.log_file_from_env else "the default log file"
-        return _open(cfg.log_file, source, -1)
+        return _open(*_configured_log(cfg), -1)
 
 
 def enabled() -> bool:
@@ -239,7 +244,7 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()
     if _prefix is not None:
-        _open(_prefix, "DFTRACER_LOG_FILE", _p_idx)
+        _open(_prefix, _source, _p_idx)
 
 
 def _bind_signals(cfg: config.Config) -> None:
