@@ -63,6 +63,13 @@ class Tags:
         self.cell.id = _core.intern_tags(self.values) if self.values else 0
 
 
+def resolve_level(level: Optional[str], autograd: Optional[bool]) -> Optional[str]:
+    """pydftracer's ``autograd=True/False`` is ``level="aten"/"torch"``; it wins when given."""
+    if autograd is None:
+        return level
+    return "aten" if autograd else "torch"
+
+
 def _constant(value: bool) -> Callable[[], bool]:
     return (lambda: True) if value else (lambda: False)
 
@@ -189,8 +196,7 @@ def create_backend(name=None, epoch=None, step=None, image_idx=None, image_size=
                    level: str = DEFAULT_LEVEL, inner: Any = None, on_graph: Optional[Callable] = None,
                    autograd: Optional[bool] = None) -> TracerBackend:
     """A tracing backend with its own tags; ``autograd=`` is pydftracer's spelling of the level."""
-    if autograd is not None:
-        level = "aten" if autograd else "torch"
+    level = resolve_level(level, autograd)
     tags = Tags(name=name, epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
     return TracerBackend(level=level, enable=enable, inner=inner, on_graph=on_graph, tags=tags)
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .backend import DEFAULT_LEVEL, Tags, TracerBackend, tracing_disabled
+from .backend import DEFAULT_LEVEL, Tags, TracerBackend, resolve_level, tracing_disabled
 
 
 class Dynamo:
@@ -34,7 +34,7 @@ class Dynamo:
 
     def update(self, epoch=None, step=None, image_idx=None, image_size=None, args=None) -> "Dynamo":
         """Changes the tags of the events recorded from now on; ``None`` keeps a tag as it is."""
-        self.tags.update(args, epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
+        self.backend.update(epoch, step, image_idx, image_size, args)
         return self
 
     def compile(self, fn: Optional[Callable] = None, *, level: Optional[str] = None,
@@ -45,8 +45,7 @@ class Dynamo:
         tracer's level; other keywords go to ``torch.compile``. Disabled (``enable=False`` or
         ``DFTRACER_ENABLE=0``): ``fn`` is returned as it is, not compiled.
         """
-        if autograd is not None:
-            level = "aten" if autograd else "torch"
+        level = resolve_level(level, autograd)
         backend = self.backend
         if level is not None and level != backend.level:
             backend = TracerBackend(level=level, enable=self.enable, inner=backend.inner, tags=self.tags)
