@@ -125,7 +125,7 @@ def _flops(node: torch.fx.Node, args: tuple, kwargs: dict, out: Any) -> Optional
     return int(counter.get_total_flops())
 
 
-def metadata(node: torch.fx.Node, root: Optional[torch.nn.Module]) -> dict:
+def metadata(node: torch.fx.Node, module_type: Optional[str]) -> dict:
     """DFTRACER_INC_METADATA args: shapes, dtypes, module type, source, FLOPs and bytes (all static)."""
     args = tuple(_value(a) for a in node.args)
     kwargs = {k: _value(v) for k, v in node.kwargs.items()}
@@ -139,9 +139,8 @@ def metadata(node: torch.fx.Node, root: Optional[torch.nn.Module]) -> dict:
         "output_shapes": [[_dim(d) for d in t.shape] for t in outputs],
         "output_dtypes": [str(t.dtype).removeprefix("torch.") for t in outputs],
     }
-    _, mtype = module_of(node, root)
-    if mtype:
-        meta["module_type"] = mtype
+    if module_type:
+        meta["module_type"] = module_type
     source = source_of(node)
     if source:
         meta["source"] = source
@@ -158,9 +157,9 @@ def metadata(node: torch.fx.Node, root: Optional[torch.nn.Module]) -> dict:
 def op_args(node: torch.fx.Node, root: Optional[torch.nn.Module], graph_id: int, with_metadata: bool) -> dict:
     """Static args of a node's event: graph id, FX node name, module path (+ metadata)."""
     args: dict[str, Any] = {"graph": graph_id, "node": node.name}
-    module, _ = module_of(node, root)
+    module, module_type = module_of(node, root)
     if module:
         args["module"] = module
     if with_metadata:
-        args.update(metadata(node, root))
+        args.update(metadata(node, module_type))
     return args
