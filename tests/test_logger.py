@@ -11,15 +11,8 @@ import time
 import pytest
 
 import perfetto_tp
+from subproc import clean_env, run_py
 from tracefile import read_events, read_lines, traces
-
-
-def run_py(code, tmp_path, env=None, timeout=120):
-    """Runs `code` in a fresh interpreter inside tmp_path with only the given DFTRACER_* set."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_") and k != "RANK"}
-    base.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=base,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def op_events(events, cat="user"):
@@ -239,16 +232,13 @@ def test_spawned_processes_and_threads_trace_to_their_own_files(tmp_path):
     """
     script = tmp_path / "main.py"
     script.write_text(textwrap.dedent(code))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=base, capture_output=True,
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True,
                        text=True, timeout=180)
     assert p.returncode == 0, p.stderr
-    files = traces(tmp_path)
-    assert len(files) == 3
-    counts = sorted(len([e for e in read_events(f) if e["name"] == "spawned"]) for f in files)
-    assert counts == [25, 25, 2000]
-    main = [f for f in files if len([e for e in read_events(f) if e["name"] == "spawned"]) == 2000][0]
-    tids = {e["tid"] for e in read_events(main) if e["name"] == "spawned"}
+    spawned = [[e for e in read_events(f) if e["name"] == "spawned"] for f in traces(tmp_path)]
+    assert sorted(len(s) for s in spawned) == [25, 25, 2000]
+    (main,) = [s for s in spawned if len(s) == 2000]
+    tids = {e["tid"] for e in main}
     assert len(tids) == 4 and all(0 < t < 2**32 for t in tids)
 
 
@@ -263,9 +253,8 @@ def test_bind_signals_finalizes_on_sigterm_then_terminates(tmp_path):
         print("ready", flush=True)
         time.sleep(60)
     """
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    base["DFTRACER_BIND_SIGNALS"] = "1"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=base,
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
+                            env=clean_env({"DFTRACER_BIND_SIGNALS": "1"}),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,19 @@
+"""Fresh interpreters for tests: tracing configured only by what the test sets."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def clean_env(extra=None):
+    """This environment without DFTRACER_* (and RANK, which changes file names), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_") and k != "RANK"}
+    env.update(extra or {})
+    return env
+
+
+def run_py(code, cwd, env=None, timeout=300):
+    """Runs the (dedented) ``code`` with ``python -c`` in ``cwd``; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=clean_env(env),
+                          capture_output=True, text=True, timeout=timeout)
