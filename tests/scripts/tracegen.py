@@ -80,12 +80,11 @@ def events(ops, pid, tid=None, rank=None, start_us=1_760_934_170_000_000):
                  "args": {"hhash": HHASH, "num_events": done, "dropped": 0}})
 
 
-def write(path, ops, pid=4242, tid=None, rank=None, close=True):
-    """Writes a trace file; ``close=False`` leaves out ``]`` as after a crash."""
-    w = TraceWriter(path)
-    for line in events(ops, pid, tid, rank):
-        w.write(line)
-    w.close(ended=close)
+def write(path, ops, pid=4242, tid=None, rank=None):
+    """Writes a trace file."""
+    with TraceWriter(path) as w:
+        for line in events(ops, pid, tid, rank):
+            w.write(line)
     return path
 
 

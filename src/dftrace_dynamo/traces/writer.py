@@ -23,9 +23,9 @@ class TraceWriter:
     """``json_array=True`` writes a strict JSON array (commas between objects)
     for viewers that do not accept the comma-less DFTracer layout."""
 
-    def __init__(self, path, json_array=False, compression="auto"):
+    def __init__(self, path, json_array=False):
         self.path = str(path)
-        self.compression = compression_for(path) if compression == "auto" else compression
+        self.compression = compression_for(path)
         self._json_array = json_array
         self._file = open(self.path, "xb")
         self._buf = bytearray(b"[\n")
@@ -57,10 +57,8 @@ class TraceWriter:
             data = self._zstd.compress(data)
         self._file.write(data)
 
-    def close(self, ended=True):
-        """``ended=False`` leaves out the closing ``]``, as a crashed writer does."""
-        if ended:
-            self._buf += b"\n]\n" if self._json_array else b"]\n"
+    def close(self):
+        self._buf += b"\n]\n" if self._json_array else b"]\n"
         self._flush()
         self._file.close()
 
