@@ -161,8 +161,7 @@ extern pthread_mutex_t dft_list_mu;
 extern dft_ring *_Atomic dft_rings;
 void dft_ring_init_once(void);
 void dft_ring_set_budget(size_t bytes);
-void dft_ring_free(dft_ring *r);
-void dft_ring_retire(dft_ring *r); /* count a freed ring's records; under dft_list_mu */
+void dft_ring_retire(dft_ring *r); /* count an unlinked ring's records, free it; under dft_list_mu */
 void dft_rings_reset(void);
 uint64_t dft_rings_counts(uint64_t *pushed, uint64_t *pending);
 

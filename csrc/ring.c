@@ -111,6 +111,15 @@ static void ring_name(dft_ring *r) {
     r->name_len = (uint32_t)b.len;
 }
 
+/* r->bytes was taken from the budget even if buf could not be allocated. */
+static void ring_free_locked(dft_ring *r) {
+    budget_used -= r->bytes;
+    free(r->buf);
+    free(r->name_json);
+    free(r->place);
+    free(r);
+}
+
 static dft_ring *ring_new(void) {
     dft_ring *r = calloc(1, sizeof *r);
     if (!r)
@@ -124,7 +133,9 @@ static dft_ring *ring_new(void) {
     r->bytes = cap * sizeof(dft_rec);
     r->buf = malloc(r->bytes); /* untouched pages cost no RSS */
     if (!r->buf || !r->name_json) {
-        dft_ring_free(r);
+        pthread_mutex_lock(&dft_list_mu);
+        ring_free_locked(r);
+        pthread_mutex_unlock(&dft_list_mu);
         return NULL;
     }
     r->cap = cap;
@@ -138,17 +149,11 @@ static dft_ring *ring_new(void) {
     return r;
 }
 
-void dft_ring_free(dft_ring *r) {
-    pthread_mutex_lock(&dft_list_mu);
-    budget_used -= r->buf ? r->bytes : 0;
-    pthread_mutex_unlock(&dft_list_mu);
-    free(r->buf);
-    free(r->name_json);
-    free(r->place);
-    free(r);
+/* Counts the records of a ring unlinked from the list, then frees it. */
+void dft_ring_retire(dft_ring *r) {
+    retired += atomic_load(&r->head);
+    ring_free_locked(r);
 }
-
-void dft_ring_retire(dft_ring *r) { retired += atomic_load(&r->head); }
 
 /* Drops pending records (freeing their one-off args). */
 static void ring_discard(dft_ring *r) {
@@ -213,12 +218,7 @@ void dft_rings_reset(void) {
         ring_discard(r);
         if (atomic_load(&r->dead)) {
             atomic_store(link, atomic_load(&r->next));
-            retired += atomic_load(&r->head);
-            budget_used -= r->bytes;
-            free(r->buf);
-            free(r->name_json);
-            free(r->place);
-            free(r);
+            dft_ring_retire(r);
         } else {
             link = &r->next;
         }

@@ -271,7 +271,6 @@ static void drain_all(void) {
             }
             dft_ring_retire(r);
             pthread_mutex_unlock(&dft_list_mu);
-            dft_ring_free(r);
         } else {
             prev = r;
         }
