@@ -69,11 +69,16 @@ def executed_nodes(gm):
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
 
 
-def run_py(code, cwd, env=None, timeout=300):
-    """Runs ``code`` in a fresh interpreter in ``cwd`` with only the given DFTRACER_* variables."""
+def run_python(argv, cwd, env=None, timeout=300):
+    """Runs ``python *argv`` in ``cwd`` with only the given DFTRACER_* variables; it must succeed."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
     base.update(env or {})
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=base,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=base, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def run_py(code, cwd, env=None, timeout=300):
+    """Runs ``code`` in a fresh interpreter (see ``run_python``)."""
+    return run_python(["-c", textwrap.dedent(code)], cwd, env, timeout)

@@ -2,11 +2,10 @@
 loading in Perfetto with every rank's forward and backward events."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import perfetto_tp
+from backend_support import run_python
 from tracefile import read_events, traces
 
 SCRIPT = """
@@ -49,12 +48,9 @@ SCRIPT = """
 def test_torchrun_two_ranks_write_one_trace_each(tmp_path):
     script = tmp_path / "train_ddp.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    env.update(DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=str(tmp_path / "ddp"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           "--standalone", str(script)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_python(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)], tmp_path,
+               {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "ddp"), "OMP_NUM_THREADS": "1"},
+               timeout=600)
     files = traces(tmp_path, "ddp-*.pfw*")
     assert len(files) == 2
     for rank, path in enumerate(files):

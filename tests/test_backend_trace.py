@@ -3,17 +3,13 @@ names, args (graph, node, module, grad_enabled, phase, tags), compile-side event
 the cases that must keep working (no_grad, exceptions, threads, several models)."""
 
 import dataclasses
-import glob
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
 import torch
 
 import perfetto_tp
-from tracefile import read_events
+from tracefile import read_events, traces
 from backend_support import CNN, MLP, Recorder, compile_records, executed_nodes, graphs, ops, run_py
 from dftrace_dynamo import Dynamo, compile_events, config, create_backend
 
@@ -270,11 +266,9 @@ def test_inner_backend_gets_graph_events_and_compile_time_only(rec):
 
 
 def test_backend_registered_by_name_without_importing_the_package(tmp_path):
-    code = "import torch; torch.compile(lambda x: x.sin() + 1, backend='dftrace')(torch.randn(3))"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    env.update(DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=str(tmp_path / "t"))
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
-    (path,) = glob.glob(str(tmp_path / "t-*.pfw.gz"))
+    run_py("import torch; torch.compile(lambda x: x.sin() + 1, backend='dftrace')(torch.randn(3))", tmp_path,
+           {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")}, timeout=120)
+    (path,) = traces(tmp_path, "t-*.pfw.gz")
     assert {e["name"] for e in ops(read_events(path))} == {"function.sin.default", "function.add.Tensor"}
 
 

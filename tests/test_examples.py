@@ -2,23 +2,18 @@
 write the traces their users expect: ATen op names, forward and backward events."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 import perfetto_tp
+from backend_support import run_python
 from tracefile import read_events, traces
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
 def run_example(name, cwd):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    env["DFTRACER_ENABLE"] = "1"
-    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_python([os.path.join(EXAMPLES, name)], cwd, {"DFTRACER_ENABLE": "1"}, timeout=600)
 
 
 @pytest.mark.parametrize("script, prefix, expected", [
