@@ -243,7 +243,10 @@ def test_event_clock_stays_on_the_system_clock_and_never_goes_back(tmp_path):
                 now = _core.now_ns()
                 assert now >= last
                 last = now
-            worst = max(worst, abs(_core.now_ns() - time.time_ns()))
+            # bracketed by two realtime reads: a preemption between the reads
+            # widens the bracket instead of counting as clock error
+            before, now, after = time.time_ns(), _core.now_ns(), time.time_ns()
+            worst = max(worst, before - now, now - after)
         assert worst < 1_000_000  # within a millisecond of the system's realtime clock
     finally:
         _core.close()
