@@ -71,10 +71,8 @@ def workload(name):
 class Tool:
     """Compiles with ``backend`` and times blocks of calls; subclasses wrap the block in a tracer."""
 
-    level = "torch"
-
-    def __init__(self, name, backend):
-        self.name, self.backend = name, backend
+    def __init__(self, name, backend, level="torch"):
+        self.name, self.backend, self.level = name, backend, level
 
     def block(self, call, n):
         # CPU time of the whole process (the trace writer thread included): other jobs on a
@@ -90,8 +88,7 @@ class ProfilerTool(Tool):
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]):
-            elapsed = super().block(call, n)  # in-loop cost only: stop and export come on top
-        return elapsed
+            return super().block(call, n)  # in-loop cost only: stop and export come on top
 
 
 class VizTool(Tool):
@@ -119,8 +116,7 @@ def make_tools(names, trace_dir, record=True):
         if name == "ours-torch":
             tools[name] = Tool(name, create_backend(level="torch"))
         elif name == "ours-aten":
-            tools[name] = Tool(name, create_backend(level="aten"))
-            tools[name].level = "aten"
+            tools[name] = Tool(name, create_backend(level="aten"), "aten")
         elif name == "torch.profiler":
             tools[name] = ProfilerTool(name, "eager")
         elif name == "viztracer":
@@ -130,8 +126,7 @@ def make_tools(names, trace_dir, record=True):
             from dftracer.python import dftracer as pyd
 
             pyd.initialize_log(os.path.join(trace_dir, "pydftracer.pfw"), None, -1)
-            tools[name] = Tool(name, pyd_backend())
-            tools[name].level = "aten"
+            tools[name] = Tool(name, pyd_backend(), "aten")
     return tools
 
 
