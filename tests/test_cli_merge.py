@@ -60,8 +60,8 @@ def test_other_threads_keep_apart(tmp_path):
 def test_zstd_output_and_real_traces(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "scripts", "compile_eager.py")
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank))
-        assert cli("run", "--out", tmp_path / "runs", "--compile-all", script, "0", env=env).returncode == 0
+        assert cli("run", "--out", tmp_path / "runs", "--compile-all", script, "0",
+                   env={"RANK": str(rank)}).returncode == 0
     out = tmp_path / "m.pfw.zst"
     p = cli("merge", tmp_path / "runs", "-o", out)
     assert p.returncode == 0, p.stderr

@@ -1,4 +1,4 @@
-"""``profile``, ``explore`` and ``graph`` end to end through ``python -m dftrace_dynamo``."""
+"""``profile``, ``explore`` and ``graph`` end to end through the ``dftrace-dynamo`` command."""
 
 import json
 import os
@@ -7,6 +7,8 @@ import sys
 import textwrap
 
 import pytest
+
+from scripts.clitools import assert_bad_input, cli
 
 pytest.importorskip("transformers")
 
@@ -31,14 +33,6 @@ CUSTOM = textwrap.dedent("""
 """)
 
 
-def cli(*args, cwd=None, env=None):
-    # DFTRACER_* left by other tests (initialize_log exports them) would trace these runs
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "dftrace_dynamo", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env=full_env, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def bert_json(tmp_path_factory):
     path = tmp_path_factory.mktemp("cfg") / "tiny_bert.json"
@@ -53,21 +47,17 @@ def custom_module(tmp_path_factory):
     return directory
 
 
-def assert_one_line(status, stderr, fragment):
-    assert status == 2, stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and fragment in lines[0], stderr
-
-
 def main_status(args, capsys):
-    """Runs the CLI in this process (bad input fails before any tracing): (status, stderr)."""
+    """Runs the CLI in this process (bad input fails before any tracing), as
+    :func:`cli` would: returncode, stdout, stderr."""
     from dftrace_dynamo.cli import main
 
     try:
         status = main([str(a) for a in args])
     except SystemExit as exc:  # argparse errors
         status = exc.code
-    return status, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, out, err)
 
 
 def test_profile_json_with_measured_times(bert_json):
@@ -129,12 +119,12 @@ def test_graph_without_graphviz_and_code_export(bert_json, tmp_path):
     (["profile", "bert", "--input-shape", "0"], "must be at least 1"),
 ])
 def test_bad_input_is_one_line_exit_2(args, fragment, capsys):
-    assert_one_line(*main_status(args, capsys), fragment)
+    assert_bad_input(main_status(args, capsys), fragment)
 
 
 def test_explore_range_outside_graph(bert_json, capsys):
-    assert_one_line(*main_status(["explore", bert_json, "--seq-len", "8", "--start", "100000"], capsys),
-                    "outside the graph")
+    assert_bad_input(main_status(["explore", bert_json, "--seq-len", "8", "--start", "100000"], capsys),
+                     "outside the graph")
 
 
 def test_profile_with_tracing_enabled_explains_missing_times(custom_module, tmp_path):
@@ -148,4 +138,4 @@ def test_profile_with_tracing_enabled_explains_missing_times(custom_module, tmp_
 
 def test_bad_input_through_the_command():
     p = cli("profile", "no-such-model-xyz")
-    assert_one_line(p.returncode, p.stderr, "dftrace-dynamo profile: error: unknown model")
+    assert_bad_input(p, "dftrace-dynamo profile: error: unknown model")

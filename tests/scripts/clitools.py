@@ -10,10 +10,12 @@ CLI = [shutil.which("dftrace-dynamo")] if shutil.which("dftrace-dynamo") else [s
 
 
 def cli(*args, cwd=None, env=None, timeout=300):
-    """Runs the command; DFTRACER_* variables of the calling shell are left
-    out so that they cannot change what the tests expect."""
-    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("DFTRACER_")}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
+    """Runs the command with the variables ``env`` added to the environment;
+    DFTRACER_* variables of the calling shell (initialize_log exports them in
+    other tests) are left out so that they cannot change what the tests expect."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
+    full_env.update(env or {})
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=full_env,
                           timeout=timeout)
 
 
