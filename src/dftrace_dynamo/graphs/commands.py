@@ -93,12 +93,12 @@ def run_explore(args, out) -> int:
             return bad_input("explore", f"--{name} must be >= 1")
     loaded, inputs, kwargs, machine = _load("explore", args)
     traced = _trace("explore", loaded, inputs, kwargs, args.method)
-    profile = profile_traced(traced, loaded.model, inputs, kwargs, name=loaded.name, runs=0, **machine)
     total = sum(len(p.graph_module.graph.nodes) for p in traced.partitions)
     try:
         select(total, args.start, args.end, args.around, args.context, args.max_nodes)
     except ValueError as exc:
         return bad_input("explore", str(exc))
+    profile = profile_traced(traced, loaded.model, inputs, kwargs, name=loaded.name, runs=0, **machine)
     text = render_explorer(traced, profile, args.start, args.end, args.around, args.context, args.max_nodes)
     if args.output:
         pathlib.Path(args.output).write_text(text)
