@@ -130,18 +130,25 @@ DFT_NO_MEMCPY_IDIOM static inline char *put_str(char *p, const char *s, size_t n
     return p + n;
 }
 
-/* {"id":N,"name":"thread_name","cat":"dftracer","pid":P,"tid":T,"ph":"M","args":{...}} */
+/* {"id":N,"name":..,"cat":..,"pid":P,"tid":T: the start of every line we write */
+static inline char *put_head(char *p, const char *namecat, size_t len, uint32_t tid) {
+    PUT("{\"id\":");
+    p = dft_fmt_u64(p, dft_w.next_id++);
+    PUTS(namecat, len);
+    PUT(",\"pid\":");
+    PUTS(dft_w.pid_s, dft_w.pid_len);
+    PUT(",\"tid\":");
+    return dft_fmt_u64(p, tid);
+}
+
+/* ..,"ph":"M","args":{"hhash":..,"name":..}} */
 static int emit_thread_name(dft_ring *r) {
     dft_buf *b = &dft_w.fmt;
     if (dft_buf_reserve(b, 256 + r->name_len + dft_w.hhash_len) < 0)
         return -1;
     char *p = b->p + b->len;
-    PUT("{\"id\":");
-    p = dft_fmt_u64(p, dft_w.next_id++);
-    PUT(",\"name\":\"thread_name\",\"cat\":\"dftracer\",\"pid\":");
-    PUTS(dft_w.pid_s, dft_w.pid_len);
-    PUT(",\"tid\":");
-    p = dft_fmt_u64(p, r->tid);
+    static const char nc[] = ",\"name\":\"thread_name\",\"cat\":\"dftracer\"";
+    p = put_head(p, nc, sizeof nc - 1, r->tid);
     PUT(",\"ph\":\"M\",\"args\":{\"hhash\":");
     PUTS(dft_w.hhash_json, dft_w.hhash_len);
     PUT(",\"name\":");
@@ -168,13 +175,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     place(r, s, e, &S, &E);
 
     char *p = b->p + b->len;
-    PUT("{\"id\":");
-    p = dft_fmt_u64(p, dft_w.next_id++);
-    PUTS(site->namecat.p, site->namecat.len);
-    PUT(",\"pid\":");
-    PUTS(dft_w.pid_s, dft_w.pid_len);
-    PUT(",\"tid\":");
-    p = dft_fmt_u64(p, r->tid);
+    p = put_head(p, site->namecat.p, site->namecat.len, r->tid);
     PUT(",\"ts\":");
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":");
@@ -288,12 +289,8 @@ static void emit_end(void) {
     if (dft_buf_reserve(b, 512 + dft_w.hhash_len) < 0)
         return;
     char *p = b->p + b->len;
-    PUT("{\"id\":");
-    p = dft_fmt_u64(p, dft_w.next_id++);
-    PUT(",\"name\":\"end\",\"cat\":\"dftracer\",\"pid\":");
-    PUTS(dft_w.pid_s, dft_w.pid_len);
-    PUT(",\"tid\":");
-    p = dft_fmt_u64(p, dft_w.end_tid);
+    static const char nc[] = ",\"name\":\"end\",\"cat\":\"dftracer\"";
+    p = put_head(p, nc, sizeof nc - 1, dft_w.end_tid);
     PUT(",\"ts\":");
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":0,\"ph\":\"X\",\"args\":{\"hhash\":");
