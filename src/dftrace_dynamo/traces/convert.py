@@ -25,15 +25,17 @@ def prepare_output(out, inputs, force):
     return out
 
 
-def lost_lines_note(lines):
-    """One-line description of the lines an :class:`EventLines` dropped, or None."""
+def lost_notes(lines):
+    """Warnings for what an iterated :class:`EventLines` could not copy: its
+    damage notes, then one line on the lines it dropped."""
+    notes = list(lines.damage.notes)
     dropped = lines.broken + lines.not_events
-    if not dropped:
-        return None
     if lines.cut_last_line() and len(dropped) == 1:
-        return f"{lines.path}: dropped the cut last line {lines.last_line}"
-    shown = ", ".join(map(str, dropped[:5])) + (" ..." if len(dropped) > 5 else "")
-    return f"{lines.path}: dropped {len(dropped)} line(s) that are not JSON events (line {shown})"
+        notes.append(f"{lines.path}: dropped the cut last line {lines.last_line}")
+    elif dropped:
+        shown = ", ".join(map(str, dropped[:5])) + (" ..." if len(dropped) > 5 else "")
+        notes.append(f"{lines.path}: dropped {len(dropped)} line(s) that are not JSON events (line {shown})")
+    return notes
 
 
 def convert(src, out, json_array=False, force=False):
@@ -45,8 +47,4 @@ def convert(src, out, json_array=False, force=False):
     with TraceWriter(out, json_array=json_array) as w:
         for _, raw, _ in lines:
             w.write(raw)
-    warnings = list(lines.damage.notes)
-    note = lost_lines_note(lines)
-    if note:
-        warnings.append(note)
-    return w.events, warnings
+    return w.events, lost_notes(lines)

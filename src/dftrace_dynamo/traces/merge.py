@@ -11,7 +11,7 @@ import os
 
 import orjson
 
-from .convert import lost_lines_note, prepare_output
+from .convert import lost_notes, prepare_output
 from .reader import EventLines, check_trace, rank_of
 from .writer import TraceWriter
 
@@ -74,10 +74,7 @@ def merge(paths, out, force=False, progress=None):
                 for key, args in (("process_name", {"name": name}), ("process_sort_index", {"sort_index": sort})):
                     w.write(orjson.dumps({"name": key, "ph": "M", "pid": new, "args": args}))
                 processes.append((path, old, new, name))
-            warnings += lines.damage.notes
-            note = lost_lines_note(lines)
-            if note:
-                warnings.append(note)
+            warnings += lost_notes(lines)
             if progress:
                 progress(os.path.getsize(path))
     return w.events, processes, warnings
