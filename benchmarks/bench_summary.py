@@ -12,7 +12,6 @@ Prints an RST table (best and median wall time, CPU time, load average).
 import argparse
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -20,8 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "scripts"))
 import tracegen  # noqa: E402
-
-CLI = [shutil.which("dftrace-dynamo")] if shutil.which("dftrace-dynamo") else [sys.executable, "-m", "dftrace_dynamo"]
+from clitools import CLI  # noqa: E402
 
 
 def variants(ops, directory):
