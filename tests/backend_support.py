@@ -1,6 +1,5 @@
 """Shared pieces of the backend tests: small models, a trace recorder, event filters."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -8,6 +7,7 @@ import textwrap
 import torch
 import torch.nn as nn
 
+from subproc import clean_env
 from tracefile import read_events, traces
 
 
@@ -70,10 +70,8 @@ def executed_nodes(gm):
 
 
 def run_python(argv, cwd, env=None, timeout=300):
-    """Runs ``python *argv`` in ``cwd`` with only the given DFTRACER_* variables; it must succeed."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    base.update(env or {})
-    proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=base, capture_output=True, text=True,
+    """Runs ``python *argv`` in ``cwd`` in ``subproc.clean_env(env)``; it must succeed."""
+    proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=clean_env(env), capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
