@@ -255,6 +255,8 @@ int dft_writer_start(void);
 void dft_writer_stop(void);  /* drains, writes end and ']', closes; GIL released */
 void dft_writer_flush(void); /* GIL released */
 void dft_writer_kick(void);
+/* pthread_cond_timedwait on cv with mu held, for at most ns (< 1 s). */
+void dft_cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, long ns);
 
 /* ---- types (callwrap.c) ------------------------------------------------ */
 typedef struct {

@@ -187,16 +187,8 @@ int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_
             pthread_mutex_lock(&dft_w.mu);
             atomic_fetch_add(&dft_w.waiters, 1);
             while ((r->tail_cache = atomic_load(&r->tail), h - r->tail_cache >= r->cap) &&
-                   dft_w.running) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 50000000;
-                if (ts.tv_nsec >= 1000000000) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000;
-                }
-                pthread_cond_timedwait(&dft_w.cv_space, &dft_w.mu, &ts);
-            }
+                   dft_w.running)
+                dft_cond_wait_ns(&dft_w.cv_space, &dft_w.mu, 50000000);
             atomic_fetch_sub(&dft_w.waiters, 1);
             pthread_mutex_unlock(&dft_w.mu);
             if (h - r->tail_cache >= r->cap) { /* writer gone */

@@ -20,6 +20,17 @@ dft_writer_t dft_w = {
 #define MEMBER_BYTES (1u << 20)
 #define DRAIN_BATCH 1024u
 
+void dft_cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, long ns) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ns;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
 void dft_writer_kick(void) {
     if (!atomic_exchange(&dft_w.kick, 1)) {
         pthread_mutex_lock(&dft_w.mu);
@@ -310,16 +321,8 @@ static void *writer_main(void *arg) {
     prctl(PR_SET_NAME, "dftrace-writer");
     for (;;) {
         pthread_mutex_lock(&dft_w.mu);
-        if (!atomic_load(&dft_w.kick) && !dft_w.stop && dft_w.flush_req == dft_w.flush_done) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += (long)WAKE_NS;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&dft_w.cv_wake, &dft_w.mu, &ts);
-        }
+        if (!atomic_load(&dft_w.kick) && !dft_w.stop && dft_w.flush_req == dft_w.flush_done)
+            dft_cond_wait_ns(&dft_w.cv_wake, &dft_w.mu, (long)WAKE_NS);
         int stop = dft_w.stop;
         uint64_t req = dft_w.flush_req;
         pthread_mutex_unlock(&dft_w.mu);
