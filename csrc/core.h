@@ -49,6 +49,7 @@ int dft_json_str(dft_buf *b, PyObject *s);      /* "escaped" */
 int dft_json_fields(dft_buf *b, PyObject *d);   /* ,"k":v for each item */
 /* Plain C, no GIL. */
 char *dft_fmt_u64(char *p, uint64_t v);         /* decimal, returns end */
+char *dft_fmt_i64(char *p, int64_t v);
 char *dft_fmt_us(char *p, uint64_t ns);         /* ns as µs with <= 3 decimals */
 
 /* ---- interned strings (module.c) --------------------------------------- */

@@ -45,6 +45,13 @@ char *dft_fmt_u64(char *p, uint64_t v) {
     return p + (e - q);
 }
 
+char *dft_fmt_i64(char *p, int64_t v) {
+    if (v >= 0)
+        return dft_fmt_u64(p, (uint64_t)v);
+    *p++ = '-';
+    return dft_fmt_u64(p, 0ull - (uint64_t)v);
+}
+
 char *dft_fmt_us(char *p, uint64_t ns) {
     p = dft_fmt_u64(p, ns / 1000);
     unsigned f = (unsigned)(ns % 1000);
@@ -212,14 +219,7 @@ static int json_value(dft_buf *b, PyObject *v) {
         }
         if (x == -1 && PyErr_Occurred())
             return -1;
-        char *p = num;
-        if (x < 0) {
-            *p++ = '-';
-            p = dft_fmt_u64(p, 0ull - (unsigned long long)x);
-        } else {
-            p = dft_fmt_u64(p, (uint64_t)x);
-        }
-        return put(b, num, (size_t)(p - num));
+        return put(b, num, (size_t)(dft_fmt_i64(num, x) - num));
     }
     if (PyFloat_Check(v)) {
         double x = PyFloat_AS_DOUBLE(v);

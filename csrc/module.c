@@ -290,14 +290,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_w.next_id = lines + 1;
     dft_w.written = dft_w.member_events = 0;
     atomic_store(&dft_w.dropped, 0);
-    char *p = dft_w.pid_s;
-    if (pid < 0) {
-        *p++ = '-';
-        p = dft_fmt_u64(p, 0ull - (unsigned long long)pid);
-    } else {
-        p = dft_fmt_u64(p, (uint64_t)pid);
-    }
-    dft_w.pid_len = (uint32_t)(p - dft_w.pid_s);
+    dft_w.pid_len = (uint32_t)(dft_fmt_i64(dft_w.pid_s, pid) - dft_w.pid_s);
     free(dft_w.hhash_json);
     dft_w.hhash_json = hh.p;
     dft_w.hhash_len = (uint32_t)hh.len;
