@@ -8,14 +8,7 @@ import weakref
 import pytest
 
 from dftrace_dynamo import _core
-from test_core_format import HHASH, events, open_trace, read_objects
-
-
-@pytest.fixture(autouse=True)
-def closed_core():
-    _core.close()
-    yield
-    _core.close()
+from test_core_format import HHASH, closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
 
 
 @pytest.fixture

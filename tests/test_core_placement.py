@@ -14,16 +14,9 @@ from hypothesis import given, settings, strategies as st
 
 import perfetto_tp
 from dftrace_dynamo import _core
-from test_core_format import events, open_trace, read_objects
+from test_core_format import closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
 
 BASE = 1_763_000_000_000_000_123  # epoch-sized ns, not on a µs boundary
-
-
-@pytest.fixture(autouse=True)
-def closed_core():
-    _core.close()
-    yield
-    _core.close()
 
 
 def make_tree(rnd, n_top, max_depth, sub_us, min_gap=0):

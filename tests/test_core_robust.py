@@ -14,14 +14,7 @@ import pytest
 
 import perfetto_tp
 from dftrace_dynamo import _core
-from test_core_format import events, open_trace, read_objects
-
-
-@pytest.fixture(autouse=True)
-def closed_core():
-    _core.close()
-    yield
-    _core.close()
+from test_core_format import closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
 
 
 def test_four_threads_exact_counts(tmp_path):
