@@ -3,7 +3,7 @@
  * Layout: module.c (Python API, interning, file lifecycle), callwrap.c
  * (Interceptor, GraphCall), ring.c (per-thread rings, fork), writer.c (writer
  * thread, placement, event lines), json.c (escaping, number formatting),
- * sink.c (plain / gzip members / zstd frames).
+ * sink.c (plain / gzip members / zstd frames), clock.c (event clock).
  */
 #ifndef DFT_CORE_H
 #define DFT_CORE_H
@@ -217,7 +217,6 @@ typedef struct {
 } dft_sink;
 
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
-void dft_sink_set_fd(dft_sink *k, int fd);
 int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame */
 void dft_sink_free(dft_sink *k);
 

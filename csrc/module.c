@@ -280,7 +280,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
         dft_sink_free(sink);
         goto out;
     }
-    dft_sink_set_fd(sink, fd);
+    sink->fd = fd;
     dft_rings_reset();
     dft_w.fmt.len = 0;
     dft_w.gen++;

@@ -111,8 +111,6 @@ int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen) {
     return 0;
 }
 
-void dft_sink_set_fd(dft_sink *k, int fd) { k->fd = fd; }
-
 static void write_all(dft_sink *k, const char *p, size_t n) {
     while (n && !k->err) {
         ssize_t w = write(k->fd, p, n);
