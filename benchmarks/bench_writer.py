@@ -45,7 +45,6 @@ NAMES = [
     "function.clone.default",
 ]
 MODULES = ["layers.0.attn", "layers.0.mlp", "head", "layers.1.attn"]
-RESULT = {}
 
 
 def cpu_self():
