@@ -28,7 +28,8 @@ def register(subparsers):
 
 def run(args):
     from dftrace_dynamo.graphs import commands
+    from dftrace_dynamo.traces.reader import TraceError
 
     if args.runs < 0:
-        return commands.bad_input("profile", "--runs must be >= 0")
+        raise TraceError("--runs must be >= 0")
     return commands.run_profile(args, sys.stdout, warn)

@@ -1,34 +1,21 @@
-"""What the ``profile``, ``explore`` and ``graph`` subcommands do (the CLI modules only parse)."""
+"""What the ``profile``, ``explore`` and ``graph`` subcommands do (the CLI modules only parse).
+
+Bad input raises :class:`~dftrace_dynamo.traces.reader.TraceError`, which the
+command reports in one line with exit status 2."""
 
 from __future__ import annotations
 
-import functools
 import pathlib
 import re
 import sys
 
-__all__ = ["bad_input", "run_profile", "run_explore", "run_graph"]
+from ..traces.reader import TraceError
+
+__all__ = ["run_profile", "run_explore", "run_graph"]
 
 
-class _Stop(Exception):
-    """Ends a subcommand with an exit status after its one-line message."""
-
-    def __init__(self, status: int):
-        super().__init__(status)
-        self.status = status
-
-
-def _error(command: str, message: str) -> None:
-    print(f"dftrace-dynamo {command}: error: {message}", file=sys.stderr)
-
-
-def bad_input(command: str, message: str) -> int:
-    _error(command, message)
-    return 2
-
-
-def _load(command: str, args, machine: bool = True):
-    """(model, inputs, kwargs, machine options); bad input stops with status 2."""
+def _load(args, machine: bool = True):
+    """(model, inputs, kwargs, machine options); bad input raises TraceError."""
     from .models import ModelError
     from .options import load_from_args, machine_from_args
 
@@ -36,20 +23,21 @@ def _load(command: str, args, machine: bool = True):
         options = machine_from_args(args) if machine else {}
         loaded, inputs, kwargs = load_from_args(args)
     except (ModelError, ValueError) as exc:
-        _error(command, str(exc))
-        raise _Stop(2) from None
+        raise TraceError(str(exc)) from None
     return loaded, inputs, kwargs, options
 
 
 def _trace(command: str, loaded, inputs, kwargs, method: str):
+    """The traced model, or None after a one-line message when tracing fails (exit status 1)."""
     from .hybrid import trace_hybrid
 
     try:
         return trace_hybrid(loaded.model, inputs, kwargs, method=method)
     except Exception as exc:  # the model's own error or Dynamo's: one line, not a traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _error(command, f"could not trace {loaded.name}: {type(exc).__name__}: {first}")
-        raise _Stop(1) from None
+        print(f"dftrace-dynamo {command}: error: could not trace {loaded.name}: {type(exc).__name__}: {first}",
+              file=sys.stderr)
+        return None
 
 
 def _slug(name: str) -> str:
@@ -59,23 +47,14 @@ def _slug(name: str) -> str:
     return re.sub(r"\W+", "_", base).strip("_") or "model"
 
 
-def _stopping(fn):
-    @functools.wraps(fn)
-    def run(*a, **k):
-        try:
-            return fn(*a, **k)
-        except _Stop as stop:
-            return stop.status
-    return run
-
-
-@_stopping
 def run_profile(args, out, warn) -> int:
     from .profile import profile_traced
     from .report import render_profile
 
-    loaded, inputs, kwargs, machine = _load("profile", args)
+    loaded, inputs, kwargs, machine = _load(args)
     traced = _trace("profile", loaded, inputs, kwargs, args.method)
+    if traced is None:
+        return 1
     profile = profile_traced(traced, loaded.model, inputs, kwargs, name=loaded.name, runs=args.runs, **machine)
     if profile.timing_error:
         warn("profile", f"op times not measured: {profile.timing_error}")
@@ -83,21 +62,22 @@ def run_profile(args, out, warn) -> int:
     return 0
 
 
-@_stopping
 def run_explore(args, out) -> int:
     from .explore import render_explorer, select
     from .profile import profile_traced
 
     for name in ("start", "end", "around"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            return bad_input("explore", f"--{name} must be >= 1")
-    loaded, inputs, kwargs, machine = _load("explore", args)
+            raise TraceError(f"--{name} must be >= 1")
+    loaded, inputs, kwargs, machine = _load(args)
     traced = _trace("explore", loaded, inputs, kwargs, args.method)
+    if traced is None:
+        return 1
     total = sum(len(p.graph_module.graph.nodes) for p in traced.partitions)
     try:
         select(total, args.start, args.end, args.around, args.context, args.max_nodes)
     except ValueError as exc:
-        return bad_input("explore", str(exc))
+        raise TraceError(str(exc)) from None
     profile = profile_traced(traced, loaded.model, inputs, kwargs, name=loaded.name, runs=0, **machine)
     text = render_explorer(traced, profile, args.start, args.end, args.around, args.context, args.max_nodes)
     if args.output:
@@ -108,17 +88,18 @@ def run_explore(args, out) -> int:
     return 0
 
 
-@_stopping
 def run_graph(args) -> int:
     from .draw import FORMATS, write_graph
     from .export import export_partition
 
     if not args.output and not args.code:
-        return bad_input("graph", "give -o FILE.{dot,svg,png,pdf} and/or --code DIR")
+        raise TraceError("give -o FILE.{dot,svg,png,pdf} and/or --code DIR")
     if args.output and pathlib.Path(args.output).suffix.lstrip(".").lower() not in FORMATS:
-        return bad_input("graph", f"{args.output}: unknown picture format (use .dot, .svg, .png or .pdf)")
-    loaded, inputs, kwargs, _ = _load("graph", args, machine=False)
+        raise TraceError(f"{args.output}: unknown picture format (use .dot, .svg, .png or .pdf)")
+    loaded, inputs, kwargs, _ = _load(args, machine=False)
     traced = _trace("graph", loaded, inputs, kwargs, args.method)
+    if traced is None:
+        return 1
     print(f"{loaded.name}: {len(traced.partitions)} graph(s) via {traced.method}"
           + (f" (symbolic_trace failed: {traced.fx_error})" if traced.fx_error else ""), file=sys.stderr)
     for brk in traced.graph_breaks:
