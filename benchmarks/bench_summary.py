@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "scripts"))
-import tracegen  # noqa: E402
-from clitools import CLI  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from scripts import tracegen  # noqa: E402
+from scripts.clitools import CLI  # noqa: E402
 
 
 def variants(ops, directory):

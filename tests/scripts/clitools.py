@@ -1,9 +1,10 @@
 """Running the ``dftrace-dynamo`` command in the CLI tests."""
 
-import os
 import shutil
 import subprocess
 import sys
+
+from subproc import clean_env
 
 # The console script when installed on PATH, else the module (same entry point).
 CLI = [shutil.which("dftrace-dynamo")] if shutil.which("dftrace-dynamo") else [sys.executable, "-m", "dftrace_dynamo"]
@@ -13,9 +14,7 @@ def cli(*args, cwd=None, env=None, timeout=300):
     """Runs the command with the variables ``env`` added to the environment;
     DFTRACER_* variables of the calling shell (initialize_log exports them in
     other tests) are left out so that they cannot change what the tests expect."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
-    full_env.update(env or {})
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=full_env,
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=clean_env(env),
                           timeout=timeout)
 
 
