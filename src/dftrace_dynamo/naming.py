@@ -11,14 +11,14 @@ where the name comes from; all map to the dotted path that FX
   ``L['self'].layer1[0].conv1``, ``L['self']._modules['layer1']._modules['0']``
 * mangled, torch >= 2.3 (placeholder / node names):
   ``l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_``
-* mangled, older torch and seed 004's examples:
+* mangled, older torch:
   ``L__self___layer1_0_conv1``, ``getattr_getattr_L__m___model_23_cv3_0___0_____0___conv``
 
-Rules (seed 004): strip the ``getattr_`` / ``L__<root>__`` / ``g__<root>__``
+Rules: strip the ``getattr_`` / ``L__<root>__`` / ``g__<root>__``
 prefixes, ``_<digits>_`` becomes ``.<digits>.``, a number right after a
-``___`` separator is a subscript ``[N]``, a repeated component collapses
-(``model.model.0`` → ``model.0``), and names longer than ``max_len`` are cut
-in the middle (``start...end``).
+``___`` separator is a subscript ``[N]``, and names longer than ``max_len``
+are cut in the middle (``start...end``). Only the mangling is undone: a real
+path with a repeated component (``embedder.embedder.convolution``) is kept.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ def abbreviate(name: str, max_len: int | None = DEFAULT_MAX_LEN) -> str:
         text = _from_source(text)
     else:
         text = _from_mangled(text)
-    text = _collapse_repeats(text)
     return truncate(text, max_len)
 
 
@@ -129,15 +128,3 @@ def _join_tokens(tokens: list[str]) -> str:
         text += ("." if token.isdigit() or prev.isdigit() else "_") + token
     return text
 
-
-def _collapse_repeats(text: str) -> str:
-    """``model.model.0`` → ``model.0``; numeric parts (``seq.0.0``) are kept."""
-    parts = text.split(".")
-    if len(parts) < 2:
-        return text
-    kept = [parts[0]]
-    for part in parts[1:]:
-        if part == kept[-1] and not part.isdigit() and part:
-            continue
-        kept.append(part)
-    return ".".join(kept)

@@ -1,4 +1,4 @@
-"""``dftrace-dynamo explore``: text view of a model's graphs (seed 002's graph explorer)."""
+"""``dftrace-dynamo explore``: text view of a model's graphs (the graph explorer)."""
 
 import sys
 
@@ -9,8 +9,9 @@ def register(subparsers):
     p = subparsers.add_parser(
         "explore", help="text view of the traced graph: nodes, arguments, modules, shapes, FLOPs, bottlenecks",
         description="Trace MODEL (FX symbolic_trace, Dynamo when it fails) and print its nodes, numbered from 1 "
-                    "across graph partitions, with arguments, module, output shape, FLOPs, bytes, arithmetic "
-                    "intensity and bottleneck; graph breaks are listed with their reasons.")
+                    "across graph partitions (the numbers 'profile' shows), with arguments, module, output shape, "
+                    "FLOPs, bytes, arithmetic intensity and bottleneck; graph breaks are listed with their "
+                    "reasons. Parameter and buffer inputs are folded into the ops that use them.")
     add_model_arguments(p)
     add_machine_arguments(p)
     view = p.add_argument_group("which nodes")
@@ -19,6 +20,8 @@ def register(subparsers):
     view.add_argument("--around", type=int, metavar="N", help="show node N with --context nodes on each side")
     view.add_argument("--context", type=int, default=5, metavar="K", help="nodes each side of --around (default 5)")
     view.add_argument("--max-nodes", type=int, metavar="M", help="show at most M nodes")
+    view.add_argument("--show-params", action="store_true",
+                      help="also list the parameter and buffer inputs (folded into their ops by default)")
     p.add_argument("--output", "-o", metavar="FILE", help="write the view to FILE instead of stdout")
     p.set_defaults(func=run)
 

@@ -14,7 +14,7 @@ _EXPORTS = {
     "trace_hybrid": "hybrid", "TracedModel": "hybrid",
     "load_model": "models", "make_inputs": "models", "ModelError": "models",
     "profile_model": "profile", "profile_traced": "profile", "profile_partitions": "profile",
-    "machine_balance": "profile", "ModelProfile": "profile", "NodeProfile": "profile",
+    "machine_balance": "balance", "ModelProfile": "profile", "NodeProfile": "profile",
     "measure_op_times": "timing",
     "render_profile": "report",
     "render_explorer": "explore",

@@ -1,4 +1,4 @@
-"""Graph capture: every FX graph Dynamo makes for one model call (seed 000).
+"""Graph capture: every FX graph Dynamo makes for one model call.
 
 ``capture_graphs`` compiles the model on example inputs, runs it once and
 returns each graph partition with its example inputs and op counts, plus the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -128,6 +129,8 @@ def target_name(node: torch.fx.Node) -> str:
         return target
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+    if "<locals>" in name:  # made by a factory (F.max_pool2d is boolean_dispatch.<locals>.fn)
+        name = _public_name(target, module) or name
     if module.startswith("torch._C._nn"):
         module = "torch.nn.functional"
     elif module.startswith("torch._C") or not module or name.startswith("_VariableFunctionsClass."):
@@ -136,6 +139,15 @@ def target_name(node: torch.fx.Node) -> str:
     elif module == "_operator":
         module = "operator"
     return f"{module}.{name}" if module else name
+
+
+def _public_name(target, module: str) -> str | None:
+    """The name under which ``module`` exports ``target``, the one users called."""
+    owner = sys.modules.get(module)
+    for name, value in (vars(owner).items() if owner is not None else ()):
+        if value is target and not name.startswith("_"):
+            return name
+    return None
 
 
 def _input_meta(node: torch.fx.Node, value: Any) -> InputMeta:

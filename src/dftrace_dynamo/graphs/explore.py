@@ -1,9 +1,11 @@
-"""Text view of traced graphs (seed 002's graph explorer).
+"""Text view of traced graphs (the graph explorer).
 
-Every node of every partition gets a number (1-based, continuing across
-partitions); a range of them is printed with its FX opcode, readable name,
-arguments, module, output shape and the profile's cost figures. Partition
-boundaries show why Dynamo ended the graph.
+Every node of every partition has a number (1-based, continuing across
+partitions, :func:`~.names.number_nodes`: the numbers of the profile); a
+range of them is printed with its FX opcode, readable name, arguments,
+module, output shape and the profile's cost figures. Parameter and buffer
+inputs are folded away by default (the ops that use them name them).
+Partition boundaries show why Dynamo ended the graph.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from typing import Optional
 
 import torch.fx
 
-from ..naming import abbreviate
+from ..naming import truncate
 from .hybrid import TracedModel
-from .profile import ModelProfile, module_path
+from .names import module_path, node_label, number_nodes, weight_nodes
+from .options import check_range
+from .profile import ModelProfile
 from .report import human, human_bytes
 
 __all__ = ["Selection", "select", "render_explorer"]
@@ -35,13 +39,11 @@ class Selection:
 
 def select(total: int, start: Optional[int] = None, end: Optional[int] = None, around: Optional[int] = None,
            context: int = 5, max_nodes: Optional[int] = None) -> Selection:
-    """The node range asked for; ``ValueError`` with a one-line reason when it is not valid."""
-    if around is not None and (start is not None or end is not None):
-        raise ValueError("--around cannot be combined with --start/--end")
-    if context < 0:
-        raise ValueError("--context must be >= 0")
-    if max_nodes is not None and max_nodes < 1:
-        raise ValueError("--max-nodes must be >= 1")
+    """The node range asked for; ``ValueError`` with a one-line reason when it is not valid.
+
+    ``max_nodes`` is applied by the caller, which knows which nodes are shown.
+    """
+    check_range(start, end, around, context, max_nodes)
     if around is not None:
         if not 1 <= around <= total:
             raise ValueError(f"--around {around} is outside the graph (nodes 1..{total})")
@@ -49,24 +51,20 @@ def select(total: int, start: Optional[int] = None, end: Optional[int] = None, a
     else:
         first = 1 if start is None else start
         last = total if end is None else min(end, total)
-        if first < 1 or first > total:
+        if first > total:
             raise ValueError(f"--start {first} is outside the graph (nodes 1..{total})")
-        if last < first:
-            raise ValueError(f"--end {end} is before --start {first}")
-    if max_nodes is not None:
-        last = min(last, first + max_nodes - 1)
     return Selection(first, last)
 
 
 def _arg_text(arg) -> str:
     if isinstance(arg, torch.fx.Node):
-        return abbreviate(arg.name, ARG_WIDTH)
+        return node_label(arg, ARG_WIDTH)
     if isinstance(arg, (list, tuple)):
         inner = ", ".join(_arg_text(a) for a in arg)
         return f"[{inner}]" if isinstance(arg, list) else f"({inner}{',' if len(arg) == 1 else ''})"
     if isinstance(arg, dict):
         return "{" + ", ".join(f"{k}: {_arg_text(v)}" for k, v in arg.items()) + "}"
-    return abbreviate(repr(arg), ARG_WIDTH)
+    return truncate(repr(arg), ARG_WIDTH)
 
 
 def _call_text(node: torch.fx.Node, target: str) -> str:
@@ -97,20 +95,32 @@ def _header(traced: TracedModel, profile: ModelProfile, total: int) -> list[str]
 
 def render_explorer(traced: TracedModel, profile: ModelProfile, start: Optional[int] = None,
                     end: Optional[int] = None, around: Optional[int] = None, context: int = 5,
-                    max_nodes: Optional[int] = None) -> str:
-    """The explorer text for the chosen node range (all nodes by default)."""
+                    max_nodes: Optional[int] = None, show_params: bool = False) -> str:
+    """The explorer text for the chosen node range (all nodes by default).
+
+    Parameter and buffer inputs are left out unless ``show_params``;
+    ``max_nodes`` counts the nodes shown.
+    """
     metrics = {(n.graph, n.name): n for n in profile.nodes}
     inputs = {(part.index, meta.name): meta for part in traced.partitions for meta in part.inputs}
-    numbered = [(part, node) for part in traced.partitions for node in part.graph_module.graph.nodes]
+    numbers = number_nodes(traced.partitions)
+    numbered = [(numbers[(part.index, node.name)], part, node)
+                for part in traced.partitions for node in part.graph_module.graph.nodes]
     if not numbered:
         return "\n".join(_header(traced, profile, 0) + ["", "(no graph nodes)"]) + "\n"
     sel = select(len(numbered), start, end, around, context, max_nodes)
+    weights = set() if show_params else {(p.index, name) for p in traced.partitions for name in weight_nodes(p)}
+    shown = [(number, part, node) for number, part, node in numbered
+             if sel.start <= number <= sel.end and (part.index, node.name) not in weights]
+    if max_nodes is not None:
+        shown = shown[:max_nodes]
     lines = _header(traced, profile, len(numbered))
-    lines += ["", f"Nodes {sel.start}..{sel.end} of {len(numbered)}"]
+    folded = f"; {len(weights)} parameter/buffer inputs folded into their ops (--show-params shows them)" \
+        if weights else ""
+    last = shown[-1][0] if shown else sel.end
+    lines += ["", f"Nodes {sel.start}..{last} of {len(numbered)}{folded}"]
     current = None
-    for number, (part, node) in enumerate(numbered, 1):
-        if not sel.start <= number <= sel.end:
-            continue
+    for number, part, node in shown:
         if part.index != current:
             current = part.index
             reason = (part.compile_reason or "").strip().splitlines()
@@ -118,13 +128,16 @@ def render_explorer(traced: TracedModel, profile: ModelProfile, start: Optional[
             lines += ["", f"=== graph {part.index}: {part.num_ops} ops{ended} ==="]
         marker = ">>" if around == number else "  "
         stats = metrics.get((part.index, node.name))
-        head = f"{marker}{number:5d}. [{node.op}] {abbreviate(node.name)}"
+        head = f"{marker}{number:5d}. [{node.op}] {node_label(node, 48)}"
         if node.op == "placeholder":
             meta = inputs.get((part.index, node.name))
             lines.append(f"{head}  {meta.type_text if meta else ''}")
             continue
         if node.op == "output":
             lines.append(f"{head}  returns {_arg_text(node.args[0])}")
+            continue
+        if node.op == "get_attr":
+            lines.append(f"{head}")
             continue
         target = stats.target if stats else str(node.target)
         lines.append(f"{head} = {_call_text(node, target)}")

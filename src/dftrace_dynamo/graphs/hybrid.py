@@ -1,4 +1,4 @@
-"""Hybrid tracing (seed 004): warm-up, FX ``symbolic_trace``, Dynamo fallback.
+"""Hybrid tracing: warm-up, FX ``symbolic_trace``, Dynamo fallback.
 
 The warm-up call runs first so lazily initialised models (buffers made on
 the first forward) are in their steady state. ``symbolic_trace`` is tried
@@ -20,9 +20,13 @@ from torch.utils._pytree import tree_leaves
 
 from .capture import GraphBreak, GraphPartition, capture_graphs, make_partition
 
-__all__ = ["METHODS", "TracedModel", "trace_hybrid"]
+__all__ = ["METHODS", "TracedModel", "WarmupError", "trace_hybrid"]
 
 METHODS = ("auto", "fx", "dynamo")
+
+
+class WarmupError(RuntimeError):
+    """The model fails on the example inputs before any tracing (wrong input shape, bad config)."""
 
 
 @dataclasses.dataclass
@@ -80,8 +84,12 @@ def trace_hybrid(model: Callable, args: tuple = (), kwargs: Optional[dict] = Non
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     args, kwargs = tuple(args), dict(kwargs or {})
     # Warm-up always: lazy initialisation must happen before any tracing.
-    with torch.no_grad():
-        output = model(*args, **kwargs)
+    try:
+        with torch.no_grad():
+            output = model(*args, **kwargs)
+    except Exception as exc:
+        text = str(exc).strip()
+        raise WarmupError(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}") from exc
     fx_error = None
     if method in ("auto", "fx"):
         if isinstance(model, torch.nn.Module):

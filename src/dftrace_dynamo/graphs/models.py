@@ -61,11 +61,60 @@ def _transformers():
     return transformers
 
 
+def _first_line(exc: BaseException) -> str:
+    exc = exc.__cause__ or exc  # transformers wraps the telling error (a TypeError) in its own
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+# Config integers that are sizes or counts: negative is never valid, and zero
+# heads or layers would only fail later inside the model code.
+_SIZE_SUFFIXES = ("_size", "_dim", "_layers", "_heads", "_positions", "_embeddings", "_channels")
+_SIZE_PREFIXES = ("num_", "n_", "d_")
+_NONZERO_SUFFIXES = ("_heads", "_layers", "hidden_size", "d_model", "n_embd", "n_head", "n_layer")
+_ACTIVATION_KEYS = ("hidden_act", "activation_function", "hidden_activation", "dense_act_fn")
+
+
+def _is_size(key: str) -> bool:
+    return key.endswith(_SIZE_SUFFIXES) or key.startswith(_SIZE_PREFIXES) or key in ("n_embd", "n_head", "n_layer")
+
+
+def _check_config(transformers, config, values: dict) -> None:
+    """Reject values the model code would fail on with a traceback (types, sizes, activations)."""
+    defaults = type(config)()
+    for key, value in values.items():
+        default = getattr(defaults, key, None)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ModelError(f"config value {key}={value!r}: expected true or false")
+        if isinstance(default, int) and not isinstance(default, bool) and (
+                isinstance(value, bool) or not isinstance(value, int)):
+            raise ModelError(f"config value {key}={value!r}: expected an integer")
+        if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ModelError(f"config value {key}={value!r}: expected a number")
+    for key, value in vars(config).items():
+        if isinstance(value, bool) or not isinstance(value, int) or not _is_size(key):
+            continue
+        nonzero = key.endswith(_NONZERO_SUFFIXES)
+        if value < 0 or (value == 0 and nonzero):
+            raise ModelError(f"config value {key}={value}: must be {'positive' if nonzero else 'at least 0'}")
+    from transformers.activations import ACT2FN
+
+    for key in _ACTIVATION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, str) and value not in ACT2FN:
+            raise ModelError(f"config value {key}={value!r}: unknown activation; known: {', '.join(sorted(ACT2FN))}")
+
+
 def _from_transformers_config(transformers, model_type: str, values: dict) -> torch.nn.Module:
     try:
-        return transformers.AutoModel.from_config(transformers.AutoConfig.for_model(model_type, **values))
-    except ValueError as exc:  # unknown model type, or a config type without a base model class
-        raise ModelError(f"transformers cannot build a {model_type!r} model: {exc}") from exc
+        config = transformers.AutoConfig.for_model(model_type, **values)
+    except Exception as exc:  # unknown model type or a value the config rejects (transformers checks types)
+        raise ModelError(f"transformers cannot build a {model_type!r} config: {_first_line(exc)}") from exc
+    _check_config(transformers, config, values)
+    try:
+        return transformers.AutoModel.from_config(config)
+    except Exception as exc:  # the model code rejects the config: one line, not its traceback
+        raise ModelError(f"transformers cannot build a {model_type!r} model: {_first_line(exc)}") from exc
 
 
 def _from_factory(spec: str, overrides: dict) -> torch.nn.Module:
@@ -74,29 +123,38 @@ def _from_factory(spec: str, overrides: dict) -> torch.nn.Module:
         obj = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ModelError(f"cannot import {spec}: {exc}") from exc
+    except Exception as exc:  # ImportError, AttributeError or the module's own import-time error
+        raise ModelError(f"cannot import {spec}: {_first_line(exc)}") from exc
     # A transformers class means transformers is imported already: no need to import it here.
     transformers = sys.modules.get("transformers")
-    if transformers and inspect.isclass(obj) and issubclass(obj, transformers.PreTrainedModel):
-        return obj(obj.config_class(**overrides))
-    if overrides:
+    is_transformers = transformers and inspect.isclass(obj) and issubclass(obj, transformers.PreTrainedModel)
+    if overrides and not is_transformers:
         raise ModelError("--config-set only applies to transformers models")
     try:
-        model = obj()
-    except TypeError as exc:  # a factory that needs arguments
-        raise ModelError(f"cannot call {spec}() without arguments: {exc}") from exc
+        if is_transformers:
+            config = obj.config_class(**overrides)
+            _check_config(transformers, config, overrides)
+            model = obj(config)
+        else:
+            model = obj()
+    except ModelError:
+        raise
+    except Exception as exc:  # a factory that needs arguments or fails: its error in one line
+        raise ModelError(f"{spec}() failed: {_first_line(exc)}") from exc
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
-def _torchvision_names() -> Optional[list]:
+def _torchvision():
+    """(torchvision or None, why it is unusable)."""
     try:
         import torchvision
     except ImportError:
-        return None
-    return list(torchvision.models.list_models())
+        return None, "torchvision is not installed"
+    except Exception as exc:  # e.g. a torchvision built for another torch: RuntimeError at import
+        return None, f"torchvision does not load with torch {torch.__version__} ({_first_line(exc)})"
+    return torchvision, ""
 
 
 def load_model(spec: str, overrides: Optional[dict] = None) -> LoadedModel:
@@ -112,7 +170,7 @@ def load_model(spec: str, overrides: Optional[dict] = None) -> LoadedModel:
             data = json.loads(pathlib.Path(spec).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelError(f"cannot read config {spec}: {exc}") from exc
-        if "model_type" not in data:
+        if not isinstance(data, dict) or "model_type" not in data:
             raise ModelError(f"{spec} has no \"model_type\" key")
         data.update(overrides)
         model, source = _from_transformers_config(transformers, data.pop("model_type"), data), "transformers"
@@ -127,17 +185,18 @@ def _by_name(spec: str, overrides: dict):
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
         if spec in CONFIG_MAPPING:
             return _from_transformers_config(transformers, spec, overrides), "transformers"
-    tv_names = _torchvision_names()
-    if tv_names is not None and spec in tv_names:
-        import torchvision
+    torchvision, why = _torchvision()
+    if torchvision is not None and spec in torchvision.models.list_models():
         if overrides:
             raise ModelError("--config-set only applies to transformers models")
         return torchvision.models.get_model(spec, weights=None), "torchvision"
     hints = ["package.module:Class", "a config .json"]
     hints.append("a transformers model type (bert, gpt2, vit...)" if transformers else
                  "transformers model types (transformers is not installed)")
-    hints.append("a torchvision model name" if tv_names is not None else
-                 "torchvision model names (torchvision is not installed: pip install torchvision)")
+    # Never suggest a plain "pip install torchvision": pip would replace the installed torch.
+    hints.append("a torchvision model name" if torchvision is not None else
+                 f"torchvision model names ({why}; it needs the torchvision release built for "
+                 f"torch {torch.__version__})")
     raise ModelError(f"unknown model {spec!r}; expected one of: " + ", ".join(hints))
 
 
@@ -157,39 +216,60 @@ def _first_layer(model: torch.nn.Module):
     return None
 
 
+def _shape_arg(input_shape: Sequence[int], what: str, rank: int, channels: Optional[int] = None) -> tuple:
+    """``input_shape`` checked against the rank (and channel count) the model takes."""
+    shape = tuple(input_shape)
+    if len(shape) != rank:
+        raise ModelError(f"--input-shape {' '.join(map(str, shape))}: {what} takes {rank} numbers")
+    if channels is not None and shape[1] != channels:
+        raise ModelError(f"--input-shape {' '.join(map(str, shape))}: the model takes {channels} channels, "
+                         f"not {shape[1]}")
+    return shape
+
+
 def make_inputs(model: torch.nn.Module, input_shape: Optional[Sequence[int]] = None,
                 seq_len: int = 128, batch_size: int = 1, image_size: int = 224) -> tuple[tuple, dict]:
     """Example ``(args, kwargs)`` for ``model.forward``, from its signature.
 
     ``input_shape`` (batch included) wins for the image / tensor input.
+    Encoder-decoder models (T5, BART...) also get ``decoder_input_ids`` of
+    the same shape as ``input_ids``.
     """
     params = [p for p in inspect.signature(model.forward).parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     names = [p.name for p in params]
     if "input_ids" in names:
         vocab = int(_config_get(model, "vocab_size", default=2))
-        shape = tuple(input_shape) if input_shape else (batch_size, seq_len)
+        shape = _shape_arg(input_shape, "input_ids (batch, tokens)", 2) if input_shape else (batch_size, seq_len)
+        limit = _config_get(model, "max_position_embeddings", "n_positions")
+        if isinstance(limit, int) and shape[1] > limit:
+            raise ModelError(f"{shape[1]} tokens per sequence: the model takes at most {limit}")
         kwargs = {"input_ids": torch.randint(0, vocab, shape)}
         if "attention_mask" in names:
             kwargs["attention_mask"] = torch.ones(shape, dtype=torch.long)
+        if "decoder_input_ids" in names and _config_get(model, "is_encoder_decoder", default=False):
+            kwargs["decoder_input_ids"] = torch.randint(0, vocab, shape)
         return (), kwargs
     if "pixel_values" in names:
+        channels = int(_config_get(model, "num_channels", default=3))
         if input_shape:
-            shape = tuple(input_shape)
+            shape = _shape_arg(input_shape, "pixel_values (batch, channels, height, width)", 4, channels)
         else:
             size = _config_get(model, "image_size", default=image_size)
             size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-            shape = (batch_size, int(_config_get(model, "num_channels", default=3)), *size)
+            shape = (batch_size, channels, *size)
         return (), {"pixel_values": torch.randn(shape)}
     required = [p for p in params if p.default is p.empty]
     if len(required) != 1:
         raise ModelError(f"cannot build inputs for forward({', '.join(names)}): "
                          "use a model with one tensor input, input_ids or pixel_values")
-    if input_shape:
-        return (torch.randn(tuple(input_shape)),), {}
     layer = _first_layer(model)
     if isinstance(layer, torch.nn.Embedding):
-        return (torch.randint(0, layer.num_embeddings, (batch_size, seq_len)),), {}
+        shape = tuple(input_shape) if input_shape else (batch_size, seq_len)
+        return (torch.randint(0, layer.num_embeddings, shape),), {}
+    if input_shape:
+        # Whether the shape fits is found by the warm-up call, which reports the model's own error.
+        return (torch.randn(tuple(input_shape)),), {}
     if isinstance(layer, torch.nn.Linear):
         return (torch.randn(batch_size, layer.in_features),), {}
     if isinstance(layer, torch.nn.Conv1d):

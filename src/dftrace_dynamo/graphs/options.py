@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["add_model_arguments", "add_machine_arguments", "parse_quantity", "load_from_args", "machine_from_args"]
+__all__ = ["add_model_arguments", "add_machine_arguments", "add_depth_argument", "parse_quantity", "check_range",
+           "load_from_args", "machine_from_args"]
 
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtTpP]?)\s*$")
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
@@ -57,12 +58,31 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mem-bw", type=parse_quantity, metavar="BYTES/S",
                        help="memory bandwidth in bytes/s, e.g. 3.35T (with --peak-flops)")
     group.add_argument("--balance", type=parse_quantity, metavar="FLOPS/BYTE",
-                       help="machine balance directly (default 10, seed 004's threshold)")
+                       help="machine balance directly (default 10 FLOPs/byte)")
+
+
+def add_depth_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--depth", type=_positive_int, metavar="N",
+                        help=f"{what}: one entry per module N levels deep (encoder.layer.0 is depth 3), "
+                             "the ops inside it collapsed")
+
+
+def check_range(start=None, end=None, around=None, context: int = 5, max_nodes=None) -> None:
+    """ValueError when explore's node options conflict; needs no model, so it runs first."""
+    for name, value in (("start", start), ("end", end), ("around", around), ("max-nodes", max_nodes)):
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1")
+    if context < 0:
+        raise ValueError("--context must be >= 0")
+    if around is not None and (start is not None or end is not None):
+        raise ValueError("--around cannot be combined with --start/--end")
+    if start is not None and end is not None and end < start:
+        raise ValueError(f"--end {end} is before --start {start}")
 
 
 def machine_from_args(args) -> dict:
     """``peak_flops``/``mem_bw``/``balance`` keyword arguments; ValueError when inconsistent."""
-    from .profile import machine_balance
+    from .balance import machine_balance
 
     machine_balance(args.peak_flops, args.mem_bw, args.balance)
     return {"peak_flops": args.peak_flops, "mem_bw": args.mem_bw, "balance": args.balance}

@@ -1,18 +1,20 @@
-"""Per-node cost model of traced graphs (seed 004) plus measured op times.
+"""Per-node cost model of traced graphs plus measured op times.
 
 Every call node of every partition is run once through an FX interpreter:
 FLOPs come from ``torch.utils.flop_counter`` (matmul-like ops only, so
-MACs = FLOPs / 2), bytes read are the node's tensor inputs (parameters
-included), bytes written its outputs. Outputs that alias an input (views)
-move no data. Arithmetic intensity (AI) = FLOPs / bytes; a node is
-compute-bound when its AI exceeds the machine balance (peak FLOP/s over
-memory bandwidth), memory-bound otherwise, and "none" when it moves nothing.
+MACs = FLOPs / 2); bytes read are the node's tensor inputs (parameters
+included), bytes written its new outputs plus the inputs it modifies in
+place (``x += y``, ``relu_``, ``ReLU(inplace=True)``: found by their
+version counters, the same way on FX and Dynamo graphs). Views move no data.
+Embedding lookups read the gathered rows and the indices, not the whole
+table. Arithmetic intensity (AI) = FLOPs / bytes; a node is compute-bound
+when its AI exceeds the machine balance (peak FLOP/s over memory
+bandwidth), memory-bound otherwise, and "none" when it moves nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Optional
 
 import torch
@@ -20,15 +22,19 @@ import torch.fx
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from ..naming import abbreviate
+from .balance import DEFAULT_BALANCE, machine_balance
 from .capture import CALL_OPS, GraphBreak, GraphPartition, target_name
+from .names import module_path, module_stack, node_label, number_nodes
 
 __all__ = ["DEFAULT_BALANCE", "NodeProfile", "ModelProfile", "machine_balance", "profile_partitions",
-           "profile_traced", "profile_model", "module_path", "module_stack"]
+           "profile_traced", "profile_model", "module_path", "module_stack", "tensors_in"]
 
-# Seed 004's threshold between memory- and compute-bound, in FLOPs/byte.
-DEFAULT_BALANCE = 10.0
-
+# Timing warnings: the runs of ops holding a quarter of the time differ by more
+# than SPREAD_WARN times their median; or the op medians add up to more than the
+# whole graph took (they run inside it), or to less than half of it beyond the
+# tracer's own cost per op (OP_OVERHEAD_NS).
+SPREAD_WARN = 1.0
+OP_OVERHEAD_NS = 20_000.0
 
 
 def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
@@ -37,28 +43,12 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int
 
 # flop_counter has formulas for the CUDA attention kernels but not the CPU one.
 _EXTRA_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
-
-_BARE_ROOT = re.compile(r"""^[LG]\[(['"])[^'"]+\1\]$""")
-
-
-def machine_balance(peak_flops: Optional[float] = None, mem_bw: Optional[float] = None,
-                    balance: Optional[float] = None) -> float:
-    """FLOPs/byte at which a kernel stops being memory-bound."""
-    if balance is not None and (peak_flops or mem_bw):
-        raise ValueError("give either the balance or --peak-flops with --mem-bw, not both")
-    if (peak_flops is None) != (mem_bw is None):
-        raise ValueError("--peak-flops and --mem-bw go together")
-    for name, value in (("balance", balance), ("peak FLOP/s", peak_flops), ("memory bandwidth", mem_bw)):
-        if value is not None and value <= 0:
-            raise ValueError(f"{name} must be positive")
-    if peak_flops is not None:
-        return peak_flops / mem_bw
-    return DEFAULT_BALANCE if balance is None else balance
+_EMBEDDING_FUNCTIONS = {torch.nn.functional.embedding, torch.embedding}
 
 
 @dataclasses.dataclass
 class NodeProfile:
-    index: int  # 1-based position over all partitions (explorer numbering)
+    index: int  # node number, shared with the explorer (see names.number_nodes)
     graph: int
     name: str  # FX node name
     op: str  # FX opcode
@@ -73,6 +63,7 @@ class NodeProfile:
     bottleneck: str = "none"
     time_ns: Optional[float] = None  # median measured time of one execution
     calls: int = 0  # measured executions
+    time_spread: Optional[float] = None  # (max - min) / median of the measured executions
 
     @property
     def macs(self) -> int:
@@ -88,9 +79,7 @@ class NodeProfile:
         """Arithmetic intensity, FLOPs per byte moved (0 when nothing moves)."""
         return self.flops / self.bytes if self.bytes else 0.0
 
-    @property
-    def label(self) -> str:
-        return abbreviate(self.name, max_len=None)
+    label: str = ""  # readable name (names.node_label)
 
     @property
     def achieved_flops(self) -> Optional[float]:
@@ -122,6 +111,8 @@ class ModelProfile:
     timing: Optional[str] = None  # how op times were measured, None when they were not
     timing_error: Optional[str] = None  # why they were not
     module_types: dict = dataclasses.field(default_factory=dict)  # module path -> class name
+    graph_time_ns: Optional[float] = None  # measured time of one run of all graphs (median)
+    timing_warnings: list = dataclasses.field(default_factory=list)
 
     @property
     def total_params(self) -> int:
@@ -179,33 +170,12 @@ class ModelProfile:
             "mem_bw": self.mem_bw,
             "timing": self.timing,
             "timing_error": self.timing_error,
+            "timing_warnings": list(self.timing_warnings),
             "time_ns": total_time,
+            "graph_time_ns": self.graph_time_ns,
             "achieved_flops": self.total_flops / (total_time * 1e-9) if total_time else None,
             "bottlenecks": self.bottlenecks(),
         }
-
-
-def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
-    """``[(readable module path, class name)]`` enclosing ``node``, outermost first.
-
-    The model itself is not listed: its nodes are at the top level.
-    """
-    stack = []
-    for path, mtype in (node.meta.get("nn_module_stack") or {}).values():
-        # Dynamo's outermost entry is the compiled model itself (L['self']).
-        if not _BARE_ROOT.match(str(path)):
-            stack.append((abbreviate(path, max_len=None), getattr(mtype, "__name__", str(mtype).rsplit(".", 1)[-1])))
-    if node.op == "call_module":
-        path = abbreviate(node.target, max_len=None)
-        if not stack or stack[-1][0] != path:
-            stack.append((path, type(node.graph.owning_module.get_submodule(node.target)).__name__))
-    return stack
-
-
-def module_path(node: torch.fx.Node) -> tuple[str, str]:
-    """(readable module path, class name) owning ``node``; ("", "") at top level."""
-    stack = module_stack(node)
-    return stack[-1] if stack else ("", "")
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -228,17 +198,45 @@ def _shape(value: Any) -> str:
     return type(value).__name__ if value is not None else ""
 
 
-def _in_place(node: torch.fx.Node) -> bool:
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")
+def tensors_in(value: Any, _depth: int = 0) -> list:
+    """Every tensor in ``value``, also inside objects such as transformers' KV caches."""
+    found = []
+    for leaf in tree_leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf)
+        elif _depth < 4 and hasattr(leaf, "__dict__") and not isinstance(leaf, (torch.nn.Module, type)):
+            found += tensors_in(list(vars(leaf).values()), _depth + 1)
+    return found
+
+
+def _unique(tensors) -> list:
+    return list({id(t): t for t in tensors}.values())
+
+
+def _versions(tensors) -> list:
+    out = []
+    for t in tensors:
+        try:
+            out.append(t._version)
+        except (RuntimeError, AttributeError):  # inference tensors have no version counter
+            out.append(None)
+    return out
+
+
+def _embedding_indices(n: torch.fx.Node, module: Optional[torch.nn.Module], args: tuple) -> Optional[torch.Tensor]:
+    """The index tensor of an embedding lookup, None for any other node."""
+    if isinstance(module, torch.nn.Embedding) or (n.op == "call_function" and n.target in _EMBEDDING_FUNCTIONS):
+        index = args[0] if n.target is not torch.embedding else args[1]
+        return index if isinstance(index, torch.Tensor) else None
+    return None
 
 
 class _Meter(torch.fx.Interpreter):
     """Runs a graph once and measures every call node."""
 
-    def __init__(self, gm: torch.fx.GraphModule, graph: int, start: int, seen: set):
-        super().__init__(gm)
-        self.graph_index, self.index, self.seen = graph, start, seen
+    def __init__(self, part: GraphPartition, numbers: dict, seen: set):
+        super().__init__(part.graph_module)
+        self.graph_index, self.numbers, self.seen = part.index, numbers, seen
         self.rows: list[NodeProfile] = []
         self.module_types: dict[str, str] = {}
 
@@ -247,9 +245,11 @@ class _Meter(torch.fx.Interpreter):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         inputs = [v for v in tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
-        if n.op == "call_module":
-            mod = self.module.get_submodule(n.target)
-            inputs += list(mod.parameters()) + list(mod.buffers())
+        module = self.module.get_submodule(n.target) if n.op == "call_module" else None
+        if module is not None:
+            inputs += list(module.parameters()) + list(module.buffers())
+        inputs = _unique(inputs)
+        before = _versions(inputs)
         with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOPS) as counter:
             out = super().run_node(n)
         flops = counter.get_total_flops()
@@ -258,22 +258,24 @@ class _Meter(torch.fx.Interpreter):
             if isinstance(t, torch.nn.Parameter) and id(t) not in self.seen:
                 self.seen.add(id(t))
                 params += t.numel()
-        unique = {id(t): t for t in inputs}.values()
-        in_storages = {_storage(t) for t in unique}
-        fresh = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and _storage(t) not in in_storages]
-        written = sum(_nbytes(t) for t in {id(t): t for t in fresh}.values())
-        # A pure view reads nothing either; in-place ops alias but do move data.
-        read = sum(_nbytes(t) for t in unique) if (fresh or flops or _in_place(n)) else 0
-        if _in_place(n) and not fresh:
-            written = sum(_nbytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        mutated = [t for t, v0, v1 in zip(inputs, before, _versions(inputs)) if v0 is not None and v1 != v0]
+        in_storages = {_storage(t) for t in inputs}
+        fresh = _unique(t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and _storage(t) not in in_storages)
+        written = sum(_nbytes(t) for t in fresh) + sum(_nbytes(t) for t in mutated)
+        indices = _embedding_indices(n, module, args)
+        if indices is not None:  # the rows gathered (= the output) and the indices
+            read = written + _nbytes(indices)
+        elif fresh or mutated or flops:
+            read = sum(_nbytes(t) for t in inputs)
+        else:  # a view: reads nothing either
+            read = 0
         stack = module_stack(n)
         self.module_types.update(stack)
-        module, mtype = stack[-1] if stack else ("", "")
-        self.index += 1
+        mpath, mtype = stack[-1] if stack else ("", "")
         self.rows.append(NodeProfile(
-            index=self.index, graph=self.graph_index, name=n.name, op=n.op, target=target_name(n),
-            module=module, module_type=mtype, params=params, shape=_shape(out), flops=int(flops),
-            bytes_read=read, bytes_written=written))
+            index=self.numbers[(self.graph_index, n.name)], graph=self.graph_index, name=n.name, op=n.op,
+            target=target_name(n), module=mpath, module_type=mtype, params=params, shape=_shape(out),
+            flops=int(flops), bytes_read=read, bytes_written=written, label=node_label(n)))
         return out
 
 
@@ -296,9 +298,10 @@ def profile_partitions(partitions: list[GraphPartition], *, model: str = "model"
     seen: set = set()
     nodes: list[NodeProfile] = []
     module_types: dict[str, str] = {}
+    numbers = number_nodes(partitions)
     with torch.no_grad():
         for part in partitions:
-            meter = _Meter(part.graph_module, part.index, len(nodes), seen)
+            meter = _Meter(part, numbers, seen)
             meter.run(*part.example_inputs)
             nodes.extend(meter.rows)
             module_types.update(meter.module_types)
@@ -306,8 +309,7 @@ def profile_partitions(partitions: list[GraphPartition], *, model: str = "model"
         node.bottleneck = _classify(node, balance)
 
     def tensor_bytes(value: Any) -> int:
-        unique = {id(t): t for t in tree_leaves(value) if isinstance(t, torch.Tensor)}
-        return sum(_nbytes(t) for t in unique.values())
+        return sum(_nbytes(t) for t in _unique(tensors_in(value)))
 
     return ModelProfile(
         model=model, method=method, fx_error=fx_error, nodes=nodes, graph_breaks=list(graph_breaks or []),
@@ -339,9 +341,31 @@ def profile_traced(traced, model: torch.nn.Module, args: tuple = (), kwargs: Opt
             profile.timing_error = str(exc)
         else:
             for node in profile.nodes:
-                node.time_ns, node.calls = times.get((node.graph, node.name), (None, 0))
+                measured = times.ops.get((node.graph, node.name))
+                if measured is not None:
+                    node.time_ns, node.calls, node.time_spread = measured.median_ns, measured.calls, measured.spread
             profile.timing = f"tracer, median of {runs} run(s)"
+            profile.graph_time_ns = times.graph_median_ns or None
+            profile.timing_warnings = _timing_warnings(profile)
     return profile
+
+
+def _timing_warnings(profile: ModelProfile) -> list[str]:
+    """Why the measured times may not be trusted: noisy runs, or ops that do not add up to the graph."""
+    warnings = []
+    timed = [n for n in profile.nodes if n.time_ns]
+    total = sum(n.time_ns for n in timed)
+    if total:
+        noisy = sum(n.time_ns for n in timed if n.time_spread is not None and n.time_spread > SPREAD_WARN)
+        if noisy > 0.25 * total:
+            warnings.append(f"op times are noisy: ops holding {100 * noisy / total:.0f}% of the time vary by more "
+                            f"than {SPREAD_WARN:.0%} of their median between runs (a busy machine?); "
+                            "use more --runs or a quiet machine")
+    graph = profile.graph_time_ns
+    if total and graph and (total > 1.1 * graph or graph - total > max(0.5 * graph, OP_OVERHEAD_NS * len(timed))):
+        warnings.append(f"the op times add up to {total / 1e6:.2f} ms but a whole run of the graph(s) took "
+                        f"{graph / 1e6:.2f} ms (median); per-op times are unreliable on this run")
+    return warnings
 
 
 def profile_model(model: torch.nn.Module, args: tuple = (), kwargs: Optional[dict] = None, *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from typing import Optional
@@ -15,8 +16,8 @@ __all__ = ["FORMATS", "render_profile", "human", "human_bytes"]
 FORMATS = ("table", "csv", "json")
 NAME_WIDTH = 44
 
-CSV_FIELDS = ["index", "graph", "name", "module", "module_type", "op", "target", "params", "shape", "macs", "flops",
-              "bytes_read", "bytes_written", "intensity", "bottleneck", "time_ns", "calls", "achieved_flops"]
+CSV_FIELDS = ["index", "graph", "name", "label", "module", "module_type", "op", "target", "params", "shape", "macs", "flops",
+              "bytes_read", "bytes_written", "intensity", "bottleneck", "time_ns", "time_spread", "calls", "achieved_flops"]
 
 
 def human(value: Optional[float], unit: str = "") -> str:
@@ -52,27 +53,56 @@ def _time(ns: Optional[float]) -> str:
     return f"{ns:.0f} ns"
 
 
-def _module_rows(nodes: list[NodeProfile]) -> dict[str, dict]:
-    """Totals per module path prefix (``encoder``, ``encoder.layer.0``...)."""
-    totals: dict[str, dict] = {}
+@dataclasses.dataclass
+class _Module:
+    """A module row of the table: its totals and what is listed under it, in call order."""
+
+    path: str
+    depth: int
+    items: list = dataclasses.field(default_factory=list)  # _Module children (first call) and NodeProfile ops
+    children: dict = dataclasses.field(default_factory=dict)
+    params: int = 0
+    flops: int = 0
+    read: int = 0
+    written: int = 0
+    time: Optional[float] = None
+
+    def add(self, node: NodeProfile) -> None:
+        self.params += node.params
+        self.flops += node.flops
+        self.read += node.bytes_read
+        self.written += node.bytes_written
+        if node.time_ns is not None:
+            self.time = (self.time or 0.0) + node.time_ns
+
+
+def _module_tree(nodes: list[NodeProfile]) -> _Module:
+    """Modules by path prefix (``encoder``, ``encoder.layer``, ``encoder.layer.0``...).
+
+    Every op goes under its own module, so the ops of a module called several
+    times all appear under that module's row.
+    """
+    root = _Module("", 0)
     for node in nodes:
+        current = root
+        current.add(node)
         parts = node.module.split(".") if node.module else []
         for depth in range(1, len(parts) + 1):
             key = ".".join(parts[:depth])
-            row = totals.setdefault(key, {"params": 0, "flops": 0, "read": 0, "written": 0, "time": None})
-            row["params"] += node.params
-            row["flops"] += node.flops
-            row["read"] += node.bytes_read
-            row["written"] += node.bytes_written
-            if node.time_ns is not None:
-                row["time"] = (row["time"] or 0.0) + node.time_ns
-    return totals
+            child = current.children.get(key)
+            if child is None:
+                child = current.children[key] = _Module(key, depth)
+                current.items.append(child)
+            child.add(node)
+            current = child
+        current.items.append(node)
+    return root
 
 
-def _cells(label: str, params: int, shape: str, flops: int, read: int, written: int, bound: str,
+def _cells(number: str, label: str, params: int, shape: str, flops: int, read: int, written: int, bound: str,
            time_ns: Optional[float], show_shapes: bool, timed: bool) -> list[str]:
     traffic = read + written
-    row = [label, human(params) if params else ""] + ([shape] if show_shapes else []) + [
+    row = [number, label, human(params) if params else ""] + ([shape] if show_shapes else []) + [
         human(flops // 2) if flops else "", human(flops) if flops else "", human_bytes(read), human_bytes(written),
         f"{flops / traffic:.2f}" if traffic else "-", bound]
     if timed:
@@ -80,39 +110,52 @@ def _cells(label: str, params: int, shape: str, flops: int, read: int, written: 
     return row
 
 
-def _table(profile: ModelProfile, show_shapes: bool) -> str:
-    timed = profile.timing is not None
-    header = ["Module / op", "#Params"] + (["Shape"] if show_shapes else []) + \
-             ["MACs", "FLOPs", "Read", "Written", "AI", "Bound"] + (["Time", "FLOP/s"] if timed else [])
+def _tree_rows(profile: ModelProfile, module: _Module, depth: Optional[int], show_shapes: bool,
+               timed: bool) -> list[list[str]]:
     rows: list[list[str]] = []
-    modules = _module_rows(profile.nodes)
-    shown: set = set()
-    for node in profile.nodes:
-        parts = node.module.split(".") if node.module else []
-        # A module's row (its totals) comes before its first op.
-        for depth in range(1, len(parts) + 1):
-            key = ".".join(parts[:depth])
-            if key in shown:
+    indent = "  " * module.depth
+    ops = [item for item in module.items if isinstance(item, NodeProfile)]
+    if depth is not None and ops and module.depth < depth:
+        # --depth: the ops of this module outside its submodules, in one row
+        other = _Module("", 0)
+        for node in ops:
+            other.add(node)
+        label = f"{indent}({len(ops)} op{'s' if len(ops) > 1 else ''}{' at top level' if not module.path else ''})"
+        rows.append(_cells("", label, other.params, "", other.flops, other.read, other.written, "", other.time,
+                           show_shapes, timed))
+    for item in module.items:
+        if isinstance(item, _Module):
+            if depth is not None and item.depth > depth:
                 continue
-            shown.add(key)
-            m = modules[key]
-            label = "  " * (depth - 1) + abbreviate(parts[depth - 1] if depth > 1 else key, NAME_WIDTH - 2 * depth)
-            if profile.module_types.get(key):
-                label += f" ({profile.module_types[key]})"
-            rows.append(_cells(label, m["params"], "", m["flops"], m["read"], m["written"], "", m["time"],
+            name = item.path if item.depth == 1 else item.path.rsplit(".", 1)[-1]
+            label = indent + abbreviate(name, max(NAME_WIDTH - len(indent), 12))
+            if profile.module_types.get(item.path):
+                label += f" ({profile.module_types[item.path]})"
+            rows.append(_cells("", label, item.params, "", item.flops, item.read, item.written, "", item.time,
                                show_shapes, timed))
-        indent = "  " * len(parts)
-        op = node.target.rsplit(".", 1)[-1]
-        label = indent + abbreviate(f"{node.label} [{op}]", max(NAME_WIDTH - len(indent), 12))
-        rows.append(_cells(label, node.params, node.shape, node.flops, node.bytes_read, node.bytes_written,
-                           node.bottleneck, node.time_ns, show_shapes, timed))
+            rows += _tree_rows(profile, item, depth, show_shapes, timed)
+        elif depth is None:
+            op = item.target.rsplit(".", 1)[-1]
+            label = indent + abbreviate(f"{item.label} [{op}]", max(NAME_WIDTH - len(indent), 12))
+            rows.append(_cells(str(item.index), label, item.params, item.shape, item.flops, item.bytes_read,
+                               item.bytes_written, item.bottleneck, item.time_ns, show_shapes, timed))
+    return rows
+
+
+def _table(profile: ModelProfile, show_shapes: bool, depth: Optional[int] = None) -> str:
+    timed = profile.timing is not None
+    header = ["Node", "Module / op", "#Params"] + (["Shape"] if show_shapes else []) + \
+             ["MACs", "FLOPs", "Read", "Written", "AI", "Bound"] + (["Time", "FLOP/s"] if timed else [])
+    rows = _tree_rows(profile, _module_tree(profile.nodes), depth, show_shapes, timed)
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    left = {1}  # the name column is left-aligned, numbers right-aligned
     out = io.StringIO()
-    out.write(f"Graph profile of {profile.model} ({profile.method}, {profile.graph_count} graph(s))\n\n")
-    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))
+    scope = f", modules to depth {depth}" if depth is not None else ""
+    out.write(f"Graph profile of {profile.model} ({profile.method}, {profile.graph_count} graph(s){scope})\n\n")
+    line = "  ".join(h.ljust(w) if i in left else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))
     out.write(line + "\n" + "-" * len(line) + "\n")
     for r in rows:
-        out.write("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) + "\n")
+        out.write("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) + "\n")
     out.write("\n" + _summary_text(profile))
     return out.getvalue()
 
@@ -138,6 +181,14 @@ def _summary_text(profile: ModelProfile) -> str:
     if s["timing"]:
         achieved = human(s["achieved_flops"], "FLOP/s") if s["achieved_flops"] else "-"
         lines.append(f"  measured op time:  {_time(s['time_ns'])} per run ({s['timing']}), achieved {achieved}")
+        spreads = sorted(n.time_spread for n in profile.nodes if n.time_spread is not None)
+        if spreads:
+            lines.append(f"  run-to-run spread: median {spreads[len(spreads) // 2]:.0%}, worst {spreads[-1]:.0%} "
+                         "of an op's median ((max - min) / median)")
+        if s["graph_time_ns"]:
+            lines.append(f"  whole graph(s):    {_time(s['graph_time_ns'])} per run (median; ops run inside it)")
+        for message in s["timing_warnings"]:
+            lines.append(f"  warning: {message}")
     lines += ["", "Bottleneck distribution"]
     total_nodes = max(s["nodes"], 1)
     total_time = s["time_ns"]
@@ -150,7 +201,9 @@ def _summary_text(profile: ModelProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_profile(profile: ModelProfile, fmt: str = "table", show_shapes: bool = False) -> str:
+def render_profile(profile: ModelProfile, fmt: str = "table", show_shapes: bool = False,
+                   depth: Optional[int] = None) -> str:
+    """The profile as ``table``, ``csv`` or ``json``; ``depth`` (table only) keeps modules to that depth."""
     if fmt == "json":
         return json.dumps({"summary": profile.summary(), "nodes": [n.as_dict() for n in profile.nodes]},
                           indent=2) + "\n"
@@ -162,5 +215,5 @@ def render_profile(profile: ModelProfile, fmt: str = "table", show_shapes: bool 
             writer.writerow(node.as_dict())
         return out.getvalue()
     if fmt == "table":
-        return _table(profile, show_shapes)
+        return _table(profile, show_shapes, depth)
     raise ValueError(f"format must be one of {FORMATS}")

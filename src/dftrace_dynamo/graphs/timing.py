@@ -5,12 +5,13 @@ the tracing backend at ``level="torch"``, so its nodes are the nodes the
 profile counted. The partitions run on their example inputs, once untraced
 (warm-up) and then ``runs`` times with a trace open in a temporary directory;
 the op events are read back and matched to nodes by their ``graph`` and
-``node`` args.
+``node`` args, the graph events give the measured time of each whole graph.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -19,7 +20,7 @@ import torch
 
 from .capture import GraphPartition, snapshot
 
-__all__ = ["TimingError", "measure_op_times"]
+__all__ = ["TimingError", "OpTime", "OpTimes", "measure_op_times"]
 
 _INHERITED = ("DFTRACER_ENABLE", "DFTRACER_LOG_FILE")
 
@@ -28,15 +29,45 @@ class TimingError(RuntimeError):
     """Op times cannot be measured in this process (tracing off or busy)."""
 
 
-def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> dict[tuple[int, str], tuple[float, int]]:
-    """``{(partition index, node name): (median ns per execution, executions measured)}``.
+@dataclasses.dataclass(frozen=True)
+class OpTime:
+    """Measured executions of one node (or one whole graph), in nanoseconds."""
+
+    median_ns: float
+    calls: int
+    min_ns: float
+    max_ns: float
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: 0 for identical runs; above 1 the runs disagree by more than the median."""
+        return (self.max_ns - self.min_ns) / self.median_ns if self.median_ns else 0.0
+
+    @classmethod
+    def of(cls, ns: list) -> "OpTime":
+        return cls(statistics.median(ns), len(ns), min(ns), max(ns))
+
+
+@dataclasses.dataclass
+class OpTimes:
+    ops: dict  # {(partition index, node name): OpTime}
+    graphs: dict  # {partition index: OpTime of the whole graph}
+
+    @property
+    def graph_median_ns(self) -> float:
+        """Median time of one run of all partitions (sum of their medians)."""
+        return sum(t.median_ns for t in self.graphs.values())
+
+
+def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> OpTimes:
+    """Times of every node and of every whole graph over ``runs`` traced runs.
 
     The median, not the mean: one descheduled execution on a busy machine
-    would otherwise dominate a node's time.
+    would otherwise dominate a node's time. Min and max give the spread.
     """
     from .. import config, logger
     from ..backend import create_backend, tracing_disabled
-    from ..sites import CAT_OP
+    from ..sites import CAT_GRAPH, CAT_OP
     from ..traces.reader import EventLines
 
     if runs < 1:
@@ -61,6 +92,7 @@ def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> dict[tu
             fn(*inputs)
 
     durations: dict = collections.defaultdict(list)
+    graph_durations: dict = collections.defaultdict(list)
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="dftrace-profile-") as tmp:
         run_all()  # warm-up: nothing is recorded while no trace is open
         # initialize_log exports DFTRACER_ENABLE/LOG_FILE for child processes; this
@@ -81,7 +113,12 @@ def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> dict[tu
                     os.environ[name] = value
         for _, _, event in EventLines(closed["path"]):
             args = event.get("args") or {}
-            if event.get("cat") != CAT_OP or args.get("graph") not in partition_of:
+            if args.get("graph") not in partition_of:
                 continue
-            durations[(partition_of[args["graph"]], args.get("node"))].append(float(event.get("dur", 0)) * 1000.0)
-    return {key: (statistics.median(ns), len(ns)) for key, ns in durations.items()}
+            ns = float(event.get("dur", 0)) * 1000.0
+            if event.get("cat") == CAT_OP:
+                durations[(partition_of[args["graph"]], args.get("node"))].append(ns)
+            elif event.get("cat") == CAT_GRAPH:
+                graph_durations[partition_of[args["graph"]]].append(ns)
+    return OpTimes({key: OpTime.of(ns) for key, ns in durations.items()},
+                   {key: OpTime.of(ns) for key, ns in graph_durations.items()})
