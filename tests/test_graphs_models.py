@@ -1,6 +1,8 @@
 """Model loading for the CLI and example inputs from the forward signature."""
 
 import json
+import re
+import sys
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ transformers = pytest.importorskip("transformers")
 
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
              "vocab_size": 100}
+TINY_T5 = {"num_layers": 1, "num_decoder_layers": 1, "d_model": 32, "d_ff": 64, "num_heads": 2, "d_kv": 16,
+           "vocab_size": 100}
 
 
 class TwoInputs(nn.Module):
@@ -51,30 +55,91 @@ def test_factory_and_transformers_class():
     assert type(head).__name__ == "BertForMaskedLM"
     with pytest.raises(ModelError, match="cannot import"):
         load_model("no_such_module_xyz:Thing")
-    with pytest.raises(ModelError, match="without arguments"):
+    with pytest.raises(ModelError, match=r"torch.nn:Linear\(\) failed: TypeError"):
         load_model("torch.nn:Linear")
     with pytest.raises(ModelError, match="not a torch.nn.Module"):
         load_model("collections:OrderedDict")
 
 
-def test_unknown_name_says_what_is_accepted():
+def torchvision_loads():
     try:
         import torchvision  # noqa: F401
-        tv = "a torchvision model name"
-    except ImportError:
-        tv = "torchvision is not installed"
+    except Exception:  # not installed, or built for another torch
+        return False
+    return True
+
+
+def test_unknown_name_says_what_is_accepted():
+    tv = "a torchvision model name" if torchvision_loads() else "torchvision is not installed|does not load"
     with pytest.raises(ModelError, match=tv):
         load_model("resnet-not-a-model")
 
 
 def test_torchvision_missing_is_reported_for_its_models():
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        with pytest.raises(ModelError, match="pip install torchvision"):
-            load_model("resnet18")
-    else:
+    if torchvision_loads():
         assert load_model("resnet18").source == "torchvision"
+        return
+    with pytest.raises(ModelError, match=f"release built for torch {re.escape(torch.__version__)}") as info:
+        load_model("resnet18")
+    # an unpinned install would replace the installed torch
+    assert "pip install torchvision" not in str(info.value)
+
+
+def test_a_torchvision_that_does_not_match_torch_counts_as_missing(tmp_path, monkeypatch):
+    (tmp_path / "torchvision").mkdir()
+    (tmp_path / "torchvision" / "__init__.py").write_text(
+        "raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+    with pytest.raises(ModelError) as info:
+        load_model("resnet18")
+    message = str(info.value)
+    assert "unknown model 'resnet18'" in message
+    assert "torchvision does not load with torch" in message and "torchvision::nms does not exist" in message
+    assert "pip install torchvision" not in message
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"hidden_size": "abc"}, "hidden_size"),
+    ({"hidden_size": -32}, "hidden_size=-32: must be positive"),
+    ({"num_hidden_layers": -1}, "num_hidden_layers=-1"),
+    ({"num_attention_heads": 0}, "num_attention_heads=0: must be positive"),
+    ({"hidden_act": "nope"}, "hidden_act='nope': unknown activation"),
+    ({"hidden_size": 30, "num_attention_heads": 4}, "cannot build a 'bert' model"),  # the model's own check
+])
+def test_bad_config_values_are_model_errors(overrides, message):
+    with pytest.raises(ModelError, match=re.escape(message)):
+        load_model("bert", {**TINY_BERT, **overrides})
+
+
+def test_factory_that_raises_is_a_model_error():
+    with pytest.raises(ModelError, match=r"failed: RuntimeError: no weights here"):
+        load_model(f"{__name__}:broken_factory")
+
+
+def broken_factory():
+    raise RuntimeError("no weights here")
+
+
+def test_encoder_decoder_models_get_decoder_inputs():
+    t5 = load_model("t5", TINY_T5).model
+    _, kwargs = make_inputs(t5, seq_len=6, batch_size=2)
+    assert kwargs.keys() == {"input_ids", "attention_mask", "decoder_input_ids"}
+    assert kwargs["decoder_input_ids"].shape == (2, 6) and kwargs["decoder_input_ids"].max() < 100
+
+
+def test_input_shapes_are_checked_against_the_model():
+    bert = load_model("bert", TINY_BERT).model
+    with pytest.raises(ModelError, match="input_ids .* takes 2 numbers"):
+        make_inputs(bert, input_shape=[1, 2, 3])
+    with pytest.raises(ModelError, match="at most 512"):
+        make_inputs(bert, seq_len=600)
+    vit = load_model("vit", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                             "intermediate_size": 64, "image_size": 32, "patch_size": 8}).model
+    with pytest.raises(ModelError, match="takes 4 numbers"):
+        make_inputs(vit, input_shape=[1, 3, 32])
+    with pytest.raises(ModelError, match="takes 3 channels, not 1"):
+        make_inputs(vit, input_shape=[1, 1, 32, 32])
 
 
 def test_inputs_for_text_models():

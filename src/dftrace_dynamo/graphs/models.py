@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..naming import truncate
+
 __all__ = ["ModelError", "LoadedModel", "load_model", "make_inputs", "parse_overrides"]
 
 
@@ -64,7 +66,7 @@ def _transformers():
 def _first_line(exc: BaseException) -> str:
     exc = exc.__cause__ or exc  # transformers wraps the telling error (a TypeError) in its own
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {truncate(text.splitlines()[0], 300)}" if text else type(exc).__name__
 
 
 # Config integers that are sizes or counts: negative is never valid, and zero
@@ -106,6 +108,10 @@ def _check_config(transformers, config, values: dict) -> None:
 
 
 def _from_transformers_config(transformers, model_type: str, values: dict) -> torch.nn.Module:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ModelError(f"transformers cannot build a {model_type!r} model: no such model type")
     try:
         config = transformers.AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # unknown model type or a value the config rejects (transformers checks types)
