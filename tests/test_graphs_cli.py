@@ -2,9 +2,12 @@
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -30,6 +33,17 @@ CUSTOM = textwrap.dedent("""
             if h.sum() > 0:  # data-dependent: symbolic_trace fails, Dynamo breaks the graph
                 h = h.relu()
             return self.out(h)
+
+    class Convs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    def broken():
+        raise RuntimeError("checkpoint missing")
 """)
 
 
@@ -106,6 +120,98 @@ def test_graph_without_graphviz_and_code_export(bert_json, tmp_path):
     run = subprocess.run([sys.executable, str(code)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "(1, 8, 32)" in run.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["explore", "bert", "--around", "3", "--start", "1"], "--around cannot be combined with --start/--end"),
+    (["explore", "bert", "--start", "50", "--end", "10"], "--end 10 is before --start 50"),
+    (["explore", "bert", "--max-nodes", "0"], "--max-nodes must be >= 1"),
+    (["profile", "bert", "--balance", "3", "--peak-flops", "1T", "--mem-bw", "1T"], "not both"),
+    (["graph", "bert", "-o", "x.gif"], "unknown picture format"),
+])
+def test_conflicting_options_fail_fast_without_building_the_model(args, fragment):
+    start = time.monotonic()
+    p = cli(*args)
+    elapsed = time.monotonic() - start
+    assert_bad_input(p, fragment)
+    assert elapsed < 2.0, elapsed  # checked before torch, transformers or the model load
+
+
+def bad_json(tmp_path, **values):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**TINY_BERT, **values}))
+    return path
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["profile", "gated_model:broken"], "gated_model:broken() failed: RuntimeError: checkpoint missing"),
+    (["profile", "bert", "--config-set", "hidden_size=abc"], "expected int, got str"),
+    (["profile", "bert", "--config-set", "num_attention_heads=0"], "num_attention_heads=0: must be positive"),
+    (["profile", "bert", "--config-set", "hidden_act=nope"], "hidden_act='nope': unknown activation"),
+    (["profile", "bert", "--input-shape", "1", "2", "3"], "input_ids (batch, tokens) takes 2 numbers"),
+    (["profile", "gated_model:Convs", "--input-shape", "1", "3", "8"], "does not run on the example inputs"),
+    (["profile", "gated_model:Convs", "--input-shape", "1", "5", "8", "8"], "expected input[1, 5, 8, 8] to have 3"),
+])
+def test_bad_models_and_inputs_are_one_line_exit_2(args, fragment, custom_module, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(custom_module))
+    assert_bad_input(main_status(args, capsys), fragment)
+
+
+def test_config_json_with_negative_sizes(tmp_path, capsys):
+    p = main_status(["profile", bad_json(tmp_path, hidden_size=-32)], capsys)
+    assert_bad_input(p, "config value hidden_size=-32: must be positive")
+
+
+def test_t5_profiles(capsys):
+    sizes = ["num_layers=1", "num_decoder_layers=1", "d_model=32", "d_ff=64", "num_heads=2", "d_kv=16",
+             "vocab_size=100"]
+    p = main_status(["profile", "t5", *[a for s in sizes for a in ("--config-set", s)], "--seq-len", "6",
+                     "--runs", "0", "--format", "json"], capsys)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    modules = {n["module"] for n in data["nodes"]}
+    assert "encoder.block.0.layer.0.SelfAttention.q" in modules
+    assert "decoder.block.0.layer.1.EncDecAttention.q" in modules  # the decoder ran on decoder_input_ids
+    assert data["summary"]["flops"] > 0
+
+
+def test_gpt2_explore_shows_ops_not_parameters(capsys):
+    p = main_status(["explore", "gpt2", "--config-set", "n_layer=1", "--config-set", "n_embd=32", "--config-set",
+                     "n_head=2", "--config-set", "vocab_size=100", "--seq-len", "8", "--max-nodes", "10"], capsys)
+    assert p.returncode == 0, p.stderr
+    kinds = re.findall(r"^\s+\d+\. \[(\w+)\]", p.stdout, re.M)
+    assert len(kinds) == 10 and kinds.count("call_function") + kinds.count("call_method") >= 7
+    assert "wte.weight" in p.stdout  # named where the embedding uses it
+    assert "parameter/buffer inputs folded" in p.stdout
+
+
+def test_profile_numbers_find_the_node_in_explore(bert_json):
+    p = cli("profile", bert_json, "--seq-len", "8", "--runs", "0", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    query = next(n for n in json.loads(p.stdout)["nodes"] if n["module"] == "encoder.layer.0.attention.self.query")
+    e = cli("explore", bert_json, "--seq-len", "8", "--around", query["index"], "--context", "0")
+    assert e.returncode == 0, e.stderr
+    assert re.search(rf"^>>\s+{query['index']}\. \[call_function\] {query['label']} = torch.nn.functional.linear",
+                     e.stdout, re.M), e.stdout
+    assert "module: encoder.layer.0.attention.self.query (Linear)" in e.stdout
+
+
+def test_profile_depth_table(bert_json):
+    p = cli("profile", bert_json, "--seq-len", "8", "--runs", "0", "--depth", "3")
+    assert p.returncode == 0, p.stderr
+    table = p.stdout.split("Model summary")[0]
+    assert re.search(r"^\s+1 \(BertLayer\)", table, re.M)  # encoder.layer.1, indented under encoder.layer
+    assert "[linear]" not in table and "attention" not in table
+    assert len(table.splitlines()) < 25
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz's dot")
+def test_graph_depth_png_with_real_graphviz(bert_json, tmp_path):
+    p = cli("graph", bert_json, "--seq-len", "8", "--depth", "3", "-o", tmp_path / "bert.png")
+    assert p.returncode == 0, p.stderr
+    assert "warning" not in p.stderr
+    size = re.search(r"wrote .*bert.png \((\d+)x(\d+) px\)", p.stderr)
+    assert size and int(size.group(1)) < 3000 and int(size.group(2)) < 3000, p.stderr
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -60,13 +60,13 @@ def _slug(name: str) -> str:
 
 
 def run_profile(args, out, warn) -> int:
-    from .profile import profile_traced
-    from .report import render_profile
-
     machine = _machine(args)
     loaded, inputs, kwargs, traced = _trace(args)
     if traced is None:
         return 1
+    from .profile import profile_traced
+    from .report import render_profile
+
     profile = profile_traced(traced, loaded.model, inputs, kwargs, name=loaded.name, runs=args.runs, **machine)
     if profile.timing_error:
         warn("profile", f"op times not measured: {profile.timing_error}")
@@ -107,7 +107,7 @@ def run_explore(args, out) -> int:
 
 
 def run_graph(args, warn) -> int:
-    from .draw import FORMATS
+    from .options import PICTURE_FORMATS as FORMATS
 
     if not args.output and not args.code:
         raise TraceError("give -o FILE.{dot,svg,png,pdf} and/or --code DIR")

@@ -31,10 +31,11 @@ from torch.utils._pytree import tree_leaves
 from ..naming import truncate
 from .capture import GraphPartition, snapshot, target_name
 from .names import module_stack, node_label, weight_nodes
+from .options import PICTURE_FORMATS
 
 __all__ = ["FORMATS", "DrawResult", "dot_source", "write_graph"]
 
-FORMATS = ("dot", "svg", "png", "pdf")
+FORMATS = PICTURE_FORMATS
 GRAPHVIZ_HINT = "install Graphviz (apt-get install graphviz, brew install graphviz, conda install graphviz)"
 LABEL_WIDTH = 32  # characters per label line
 MAX_WEIGHTS = 3  # folded parameter shapes listed per op

@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["add_model_arguments", "add_machine_arguments", "add_depth_argument", "parse_quantity", "check_range",
+__all__ = ["PICTURE_FORMATS", "add_model_arguments", "add_machine_arguments", "add_depth_argument", "parse_quantity", "check_range",
            "load_from_args", "machine_from_args"]
 
+PICTURE_FORMATS = ("dot", "svg", "png", "pdf")  # what ``graph -o`` writes, by file suffix
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtTpP]?)\s*$")
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 

@@ -115,7 +115,7 @@ def _tree_rows(profile: ModelProfile, module: _Module, depth: Optional[int], sho
     rows: list[list[str]] = []
     indent = "  " * module.depth
     ops = [item for item in module.items if isinstance(item, NodeProfile)]
-    if depth is not None and ops and module.depth < depth:
+    if depth is not None and ops and module.depth < depth and (module.children or not module.path):
         # --depth: the ops of this module outside its submodules, in one row
         other = _Module("", 0)
         for node in ops:
