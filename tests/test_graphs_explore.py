@@ -31,8 +31,7 @@ class Breaks(nn.Module):
     ({"around": 10, "context": 2}, Selection(8, 12)),
     ({"around": 1, "context": 3}, Selection(1, 4)),
     ({"around": 20, "context": 3}, Selection(17, 20)),
-    ({"max_nodes": 3}, Selection(1, 3)),
-    ({"start": 4, "max_nodes": 2}, Selection(4, 5)),
+    ({"max_nodes": 3}, Selection(1, 20)),  # applied to the nodes shown, by render_explorer
 ])
 def test_select(kwargs, expected):
     assert select(20, **kwargs) == expected
@@ -40,7 +39,7 @@ def test_select(kwargs, expected):
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"start": 21}, "outside"),
-    ({"start": 0}, "outside"),
+    ({"start": 0}, "--start must be >= 1"),
     ({"start": 5, "end": 4}, "before"),
     ({"around": 21}, "outside"),
     ({"around": 3, "start": 1}, "cannot be combined"),
@@ -55,7 +54,7 @@ def test_select_rejects(kwargs, message):
 def explored(**kwargs):
     traced = trace_hybrid(Breaks(), (torch.randn(2, 4),), method="dynamo")
     profile = profile_partitions(traced.partitions, method=traced.method, graph_breaks=traced.graph_breaks)
-    return traced, render_explorer(traced, profile, **kwargs)
+    return traced, render_explorer(traced, profile, **{"show_params": True, **kwargs})
 
 
 def numbers(text):
@@ -77,5 +76,14 @@ def test_all_nodes_numbered_across_partitions_with_breaks():
 def test_around_marks_the_node():
     _, text = explored(around=3, context=1)
     assert numbers(text) == [2, 3, 4]
+    _, folded = explored(around=3, context=1, show_params=False)
+    assert numbers(folded) == [3, 4]  # node 2 is a.bias: folded, its number kept
     assert re.search(r"^>>\s+3\. ", text, re.M)
     assert "Nodes 2..4 of" in text
+
+
+def test_max_nodes_counts_the_nodes_shown():
+    _, text = explored(start=2, max_nodes=2, show_params=False)
+    assert numbers(text) == [3, 4]
+    _, text = explored(start=2, max_nodes=2)
+    assert numbers(text) == [2, 3]
