@@ -128,6 +128,7 @@ def test_graph_without_graphviz_and_code_export(bert_json, tmp_path):
     (["explore", "bert", "--max-nodes", "0"], "--max-nodes must be >= 1"),
     (["profile", "bert", "--balance", "3", "--peak-flops", "1T", "--mem-bw", "1T"], "not both"),
     (["graph", "bert", "-o", "x.gif"], "unknown picture format"),
+    (["profile", "bert", "--depth", "2", "--format", "csv"], "--depth applies to the table format"),
 ])
 def test_conflicting_options_fail_fast_without_building_the_model(args, fragment):
     start = time.monotonic()

@@ -1,4 +1,4 @@
-"""Hybrid tracing: warm-up, FX symbolic_trace first, Dynamo when it fails (seed 004)."""
+"""Hybrid tracing: warm-up, FX symbolic_trace first, Dynamo when it fails."""
 
 import pytest
 import torch

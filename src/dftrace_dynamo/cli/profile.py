@@ -34,4 +34,6 @@ def run(args):
 
     if args.runs < 0:
         raise TraceError("--runs must be >= 0")
+    if args.depth is not None and args.format != "table":
+        raise TraceError("--depth applies to the table format (csv and json list every op with its module)")
     return commands.run_profile(args, sys.stdout, warn)

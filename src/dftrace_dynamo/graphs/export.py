@@ -1,4 +1,4 @@
-"""Export a graph partition as standalone, importable Python code (seed 000).
+"""Export a graph partition as standalone, importable Python code.
 
 The file holds one ``torch.nn.Module`` subclass whose ``forward`` is the code
 FX generated for the graph, the imports that code needs, and
