@@ -78,6 +78,8 @@ def test_around_marks_the_node():
     assert numbers(text) == [2, 3, 4]
     _, folded = explored(around=3, context=1, show_params=False)
     assert numbers(folded) == [3, 4]  # node 2 is a.bias: folded, its number kept
+    _, asked = explored(around=2, context=1, show_params=False)
+    assert numbers(asked) == [2, 3]  # unless it is the node asked for
     assert re.search(r"^>>\s+3\. ", text, re.M)
     assert "Nodes 2..4 of" in text
 

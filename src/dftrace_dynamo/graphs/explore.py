@@ -111,7 +111,7 @@ def render_explorer(traced: TracedModel, profile: ModelProfile, start: Optional[
     sel = select(len(numbered), start, end, around, context, max_nodes)
     weights = set() if show_params else {(p.index, name) for p in traced.partitions for name in weight_nodes(p)}
     shown = [(number, part, node) for number, part, node in numbered
-             if sel.start <= number <= sel.end and (part.index, node.name) not in weights]
+             if sel.start <= number <= sel.end and (number == around or (part.index, node.name) not in weights)]
     if max_nodes is not None:
         shown = shown[:max_nodes]
     lines = _header(traced, profile, len(numbered))

@@ -24,10 +24,10 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from .balance import DEFAULT_BALANCE, machine_balance
 from .capture import CALL_OPS, GraphBreak, GraphPartition, target_name
-from .names import module_path, module_stack, node_label, number_nodes
+from .names import module_stack, node_label, number_nodes
 
 __all__ = ["DEFAULT_BALANCE", "NodeProfile", "ModelProfile", "machine_balance", "profile_partitions",
-           "profile_traced", "profile_model", "module_path", "module_stack", "tensors_in"]
+           "profile_traced", "profile_model", "tensors_in"]
 
 # Timing warnings: the runs of ops holding a quarter of the time differ by more
 # than SPREAD_WARN times their median; or the op medians add up to more than the
