@@ -148,7 +148,7 @@ def _partition_body(partition: GraphPartition, prefix: str, depth: Optional[int]
 
 def dot_source(partitions: list[GraphPartition], name: str = "model", depth: Optional[int] = None) -> str:
     """DOT text for ``partitions``; ``depth`` draws one box per module at that depth."""
-    lines = [f"digraph {_quote(name)} {{", "  rankdir=TB;",
+    lines = [f"digraph {_quote(name)} {{", "  rankdir=TB;", '  graph [fontname="Helvetica"];',
              '  node [fontname="Helvetica", fontsize=14, style=rounded];']
     if len(partitions) == 1:
         lines += _partition_body(partitions[0], "", depth, "  ")
