@@ -41,9 +41,8 @@ def _trace(args):
     try:
         return loaded, inputs, kwargs, trace_hybrid(loaded.model, inputs, kwargs, method=args.method)
     except WarmupError as exc:
-        shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in
-                           [(f"input {i}", v) for i, v in enumerate(inputs)] + list(kwargs.items())
-                           if hasattr(value, "shape"))
+        named = [(f"input {i}", value) for i, value in enumerate(inputs)] + list(kwargs.items())
+        shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in named if hasattr(value, "shape"))
         raise TraceError(f"{loaded.name} does not run on the example inputs ({shapes}): {exc}") from None
     except Exception as exc:  # Dynamo's or FX's error on a model that runs: one line, not a traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

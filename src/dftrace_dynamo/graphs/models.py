@@ -78,10 +78,10 @@ _ACTIVATION_KEYS = ("hidden_act", "activation_function", "hidden_activation", "d
 
 
 def _is_size(key: str) -> bool:
-    return key.endswith(_SIZE_SUFFIXES) or key.startswith(_SIZE_PREFIXES) or key in ("n_embd", "n_head", "n_layer")
+    return key.endswith(_SIZE_SUFFIXES) or key.startswith(_SIZE_PREFIXES)
 
 
-def _check_config(transformers, config, values: dict) -> None:
+def _check_config(config, values: dict) -> None:
     """Reject values the model code would fail on with a traceback (types, sizes, activations)."""
     try:
         defaults = type(config)()
@@ -119,7 +119,7 @@ def _from_transformers_config(transformers, model_type: str, values: dict) -> to
         config = transformers.AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # unknown model type or a value the config rejects (transformers checks types)
         raise ModelError(f"transformers cannot build a {model_type!r} config: {_first_line(exc)}") from exc
-    _check_config(transformers, config, values)
+    _check_config(config, values)
     try:
         return transformers.AutoModel.from_config(config)
     except Exception as exc:  # the model code rejects the config: one line, not its traceback
@@ -142,7 +142,7 @@ def _from_factory(spec: str, overrides: dict) -> torch.nn.Module:
     try:
         if is_transformers:
             config = obj.config_class(**overrides)
-            _check_config(transformers, config, overrides)
+            _check_config(config, overrides)
             model = obj(config)
         else:
             model = obj()
