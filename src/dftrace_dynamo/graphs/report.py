@@ -114,15 +114,6 @@ def _tree_rows(profile: ModelProfile, module: _Module, depth: Optional[int], sho
                timed: bool) -> list[list[str]]:
     rows: list[list[str]] = []
     indent = "  " * module.depth
-    ops = [item for item in module.items if isinstance(item, NodeProfile)]
-    if depth is not None and ops and module.depth < depth and (module.children or not module.path):
-        # --depth: the ops of this module outside its submodules, in one row
-        other = _Module("", 0)
-        for node in ops:
-            other.add(node)
-        label = f"{indent}({len(ops)} op{'s' if len(ops) > 1 else ''}{' at top level' if not module.path else ''})"
-        rows.append(_cells("", label, other.params, "", other.flops, other.read, other.written, "", other.time,
-                           show_shapes, timed))
     for item in module.items:
         if isinstance(item, _Module):
             if depth is not None and item.depth > depth:
@@ -139,6 +130,15 @@ def _tree_rows(profile: ModelProfile, module: _Module, depth: Optional[int], sho
             label = indent + abbreviate(f"{item.label} [{op}]", max(NAME_WIDTH - len(indent), 12))
             rows.append(_cells(str(item.index), label, item.params, item.shape, item.flops, item.bytes_read,
                                item.bytes_written, item.bottleneck, item.time_ns, show_shapes, timed))
+    ops = [item for item in module.items if isinstance(item, NodeProfile)]
+    if depth is not None and ops and module.depth < depth and (module.children or not module.path):
+        # --depth: the ops of this module outside its submodules, in one row after them
+        other = _Module("", 0)
+        for node in ops:
+            other.add(node)
+        label = f"{indent}({len(ops)} op{'s' if len(ops) > 1 else ''}{' at top level' if not module.path else ''})"
+        rows.append(_cells("", label, other.params, "", other.flops, other.read, other.written, "", other.time,
+                           show_shapes, timed))
     return rows
 
 
@@ -147,8 +147,10 @@ def _table(profile: ModelProfile, show_shapes: bool, depth: Optional[int] = None
     header = ["Node", "Module / op", "#Params"] + (["Shape"] if show_shapes else []) + \
              ["MACs", "FLOPs", "Read", "Written", "AI", "Bound"] + (["Time", "FLOP/s"] if timed else [])
     rows = _tree_rows(profile, _module_tree(profile.nodes), depth, show_shapes, timed)
+    if depth is not None:  # module rows only: no node numbers
+        header, rows = header[1:], [r[1:] for r in rows]
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    left = {1}  # the name column is left-aligned, numbers right-aligned
+    left = {0 if depth is not None else 1}  # the name column is left-aligned, numbers right-aligned
     out = io.StringIO()
     scope = f", modules to depth {depth}" if depth is not None else ""
     out.write(f"Graph profile of {profile.model} ({profile.method}, {profile.graph_count} graph(s){scope})\n\n")
