@@ -97,3 +97,11 @@ def test_no_limit_on_files_per_prefix_and_process(tmp_path):
     files = traces(tmp_path)
     assert len(files) == 150
     assert sorted(e["args"]["i"] for f in files for e in read_events(f) if e["name"] == "r") == list(range(150))
+
+
+def test_compression_2_writes_zstd_as_documented(tmp_path):
+    p = run_py(PROGRAM, tmp_path, env={"DFTRACER_TRACE_COMPRESSION": "2"})
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    (path,) = traces(tmp_path)
+    assert path.endswith(".pfw.zst")
+    assert [e["args"]["i"] for e in read_events(path) if e["name"] == "r"] == [0, 1, 2]

@@ -183,7 +183,7 @@ def _resolve_prefix(value: str) -> str:
     default prefix in that directory; a trailing ``.pfw``/``.gz``/``.zst`` is dropped.
     """
     value = os.path.expanduser(value)
-    if value.endswith(("/", os.sep)) or os.path.isdir(value):
+    if value.endswith(os.sep) or os.path.isdir(value):
         value = os.path.join(value, os.path.basename(config.DEFAULT_LOG_FILE))
     directory, name = os.path.split(os.path.abspath(value))
     return os.path.join(directory, _TRACE_SUFFIX.sub("", name) or os.path.basename(config.DEFAULT_LOG_FILE))
@@ -299,10 +299,12 @@ def _after_fork_in_child() -> None:
     if _sigterm_watch is not None:  # the parent's watcher thread is not here: its pipe must not hear our signals
         write_fd, handler = _sigterm_watch
         _sigterm_watch = None
-        if signal.set_wakeup_fd(-1) != write_fd:
-            signal.set_wakeup_fd(write_fd)
-        if signal.getsignal(signal.SIGTERM) is handler:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with contextlib.suppress(ValueError):  # signal calls need the main thread
+            previous = signal.set_wakeup_fd(-1)
+            if previous != write_fd:
+                signal.set_wakeup_fd(previous)
+            if signal.getsignal(signal.SIGTERM) is handler:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _prefix is not None:
         _open(_prefix, _source, _p_idx)
 
