@@ -19,7 +19,7 @@ def test_defaults_match_dftracer():
 
 @pytest.mark.parametrize("raw, expected", [("1", config.COMPRESSION_GZIP), ("gzip", config.COMPRESSION_GZIP),
                                            ("GZIP", config.COMPRESSION_GZIP), ("0", config.COMPRESSION_NONE),
-                                           ("zstd", config.COMPRESSION_ZSTD)])
+                                           ("zstd", config.COMPRESSION_ZSTD), ("2", config.COMPRESSION_ZSTD)])
 def test_compression_values(raw, expected):
     assert config.load({"DFTRACER_TRACE_COMPRESSION": raw}).compression == expected
 
@@ -43,9 +43,16 @@ def test_enable_and_compat_variables():
     ("DFTRACER_ENABLE", "yes"), ("DFTRACER_ENABLE", "true"), ("DFTRACER_WRITE_BUFFER_SIZE", "-5"),
     ("DFTRACER_WRITE_BUFFER_SIZE", "12"), ("DFTRACER_WRITE_BUFFER_SIZE", "lots"),
     ("DFTRACER_TRACE_COMPRESSION", "lz4"), ("DFTRACER_INC_METADATA", "on"), ("DFTRACER_INIT", "EARLY"),
-    ("DFTRACER_LOG_LEVEL", "TRACE"), ("DFTRACER_CUDA_EVENTS", "y"),
+    ("DFTRACER_LOG_LEVEL", "TRACE"), ("DFTRACER_CUDA_EVENTS", "y"), ("DFTRACER_TRACE_COMPRESSION", "3"),
+    ("DFTRACER_WRITE_BUFFER_SIZE", "\u00b2"), ("DFTRACER_WRITE_BUFFER_SIZE", "64\u00b2"),
 ])
 def test_bad_values_disable_tracing_and_name_the_variable(name, raw):
     cfg = config.load({name: raw, "DFTRACER_ENABLE": "1"} if name != "DFTRACER_ENABLE" else {name: raw})
     assert cfg.enable is False
     assert cfg.error.startswith(f"{name}={raw!r}") and "accepted" in cfg.error
+
+
+def test_buffer_size_beyond_the_machine_is_capped():
+    cfg = config.load({"DFTRACER_WRITE_BUFFER_SIZE": "99999999999999999999"})
+    assert cfg.error is None and cfg.write_buffer_size == config.max_buffer_size()
+    assert "is more than this machine can hold" in cfg.warning

@@ -295,3 +295,57 @@ def test_region_as_decorator_and_log_event_times(tmp_path):
     assert manual["dur"] == 0.25 and isinstance(manual["ts"], int)
     assert abs(manual["ts"] - int(p.stdout)) <= 1
     assert abs(manual["ts"] - time.time() * 1e6) < 600e6  # on the epoch timeline
+
+
+def test_bind_signals_a_caught_ctrl_c_keeps_tracing_an_uncaught_one_finalizes(tmp_path):
+    code = """
+        import os, signal, sys
+        from dftrace_dynamo import dftracer, region
+        dftracer.initialize_log("caught")
+        for i in range(10):
+            with region("before", i=i):
+                pass
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.pause()
+        except KeyboardInterrupt:
+            print("caught", flush=True)
+        for i in range(100):
+            with region("after", i=i):
+                pass
+        if sys.argv[1:] == ["again"]:
+            os.kill(os.getpid(), signal.SIGINT)  # not caught: the program ends
+            signal.pause()
+    """
+    for mode in ("", "again"):
+        directory = tmp_path / (mode or "once")
+        directory.mkdir()
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)] + ([mode] if mode else []),
+                           cwd=directory, env=clean_env({"DFTRACER_BIND_SIGNALS": "1"}), capture_output=True,
+                           text=True, timeout=120)
+        assert p.stdout == "caught\n", p.stderr
+        assert p.returncode == (-signal.SIGINT if mode else 0), p.stderr
+        (path,) = traces(directory)
+        events = read_events(path)
+        names = [e["name"] for e in events if e.get("cat") == "region"]
+        assert names == ["before"] * 10 + ["after"] * 100
+        assert events[-1]["name"] == "end" and read_lines(path)[-1] == "]"
+
+
+def test_secret_options_are_redacted_from_the_command_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("from dftrace_dynamo import dftracer\ndftracer.initialize_log('r').finalize()\n")
+    args = ["--api-key=sk-live-123", "--password", "hunter3", "--Auth_Token", "tok-9", "db.secret=s3cr3t",
+            "--lr", "0.1", "--credentials-file=/home/u/creds.json", "--passwd=", "--keyfile", "--verbose", "data"]
+    p = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=clean_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (path,) = traces(tmp_path)
+    text = read_lines(path)
+    for secret in ("sk-live-123", "hunter3", "tok-9", "s3cr3t", "creds.json"):
+        assert not any(secret in line for line in text), secret
+    events = read_events(path)
+    (cmd,) = [e for e in events if e["name"] == "SH" and "train.py" in e["args"]["name"]]
+    assert cmd["args"]["name"].split(";") == [
+        str(script), "--api-key=***", "--password", "***", "--Auth_Token", "***", "db.secret=***", "--lr", "0.1",
+        "--credentials-file=***", "--passwd=***", "--keyfile", "--verbose", "data"]

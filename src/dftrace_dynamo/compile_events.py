@@ -39,7 +39,8 @@ from .sites import CAT_COMPILE
 
 _listeners: list[Callable[[dict], None]] = []
 _lock = threading.Lock()
-_state = threading.local()  # the compile in progress on this thread
+_installed = False  # Dynamo's compile entry is hooked
+_state = threading.local()  # the compiles in progress on this thread (innermost last)
 
 
 def add_listener(fn: Callable[[dict], None]) -> None:
@@ -80,26 +81,58 @@ def emit(kind: str, name: str, start_ns: int, end_ns: int, **fields) -> dict:
 
 def current() -> Optional[dict]:
     """The frame compile in progress on this thread: ``compile_id``, ``frame``, ``location``, ``start_ns``."""
-    return getattr(_state, "compile", None)
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
 
 
 def install() -> None:
-    """Registers the Dynamo compile callbacks (again after ``torch._dynamo.reset()``, which drops them)."""
-    from torch._dynamo.callback import callback_handler
+    """Hooks Dynamo's compile callbacks (once per process).
 
-    with _lock:
-        if _on_start in callback_handler.start_callbacks:
-            return
-        callback_handler.register_start_callback(_on_start)
-        callback_handler.register_end_callback(_on_end)
-    # Registered while a frame compiles (first backend call after torch._dynamo.reset(),
-    # which also empties the graph-break list): its end callback will run, so open its
-    # record now, dated from Dynamo's own start time.
+    Dynamo runs its start/end callbacks once for a group of overlapping
+    compiles (all threads together), so the hook wraps the context manager
+    that every compile enters: each compile on each thread is seen.
+    """
+    from torch._dynamo.callback import callback_handler
     from torch._guards import CompileContext
 
-    compile_id = CompileContext.current_compile_id()
-    if compile_id is not None and current() is None:
-        _on_start(None, compile_id=str(compile_id), started_ns=_dynamo_start_ns(), breaks_seen=0)
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+        callback_handler.install_callbacks = _traced(callback_handler.install_callbacks)
+        # Hooked while a frame compiles (the first backend call): that compile
+        # did not enter through the hook; its end callback closes its record.
+        compile_id = CompileContext.current_compile_id()
+        if compile_id is None:
+            return
+        callback_handler.register_end_callback(_end_in_flight)
+    info = _start("dynamo", str(compile_id), _dynamo_start_ns(), breaks_seen=0)
+    info["in_flight"] = True
+    _push(info)
+
+
+def _traced(install_callbacks):
+    @contextlib.contextmanager
+    def traced(trigger, compile_id):
+        _push(_start(getattr(trigger, "name", "DYNAMO").lower(), compile_id))
+        try:
+            with install_callbacks(trigger, compile_id):
+                yield
+        finally:
+            _end(_state.stack.pop())
+
+    return traced
+
+
+def _push(info: dict) -> None:
+    _state.__dict__.setdefault("stack", []).append(info)
+
+
+def _end_in_flight(args) -> None:
+    stack = getattr(_state, "stack", None)
+    if stack and stack[0]["compile_id"] == getattr(args, "compile_id", None) and stack[0].get("in_flight"):
+        _end(stack.pop(0))
 
 
 def _dynamo_start_ns() -> Optional[int]:
@@ -130,23 +163,20 @@ def _first_paragraph(text: str) -> str:
     return text.strip().split("\n\n", 1)[0]
 
 
-def _on_start(args, compile_id: Optional[str] = None, started_ns: Optional[int] = None,
-              breaks_seen: Optional[int] = None) -> None:
+def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = None,
+           breaks_seen: Optional[int] = None) -> dict:
     start = _core.now_ns() if started_ns is None else started_ns
-    trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO").lower()
-    info = {"compile_id": getattr(args, "compile_id", compile_id), "trigger": trigger, "start_ns": start,
-            "frame": None, "location": None,
+    info = {"compile_id": compile_id, "trigger": trigger, "start_ns": start, "frame": None, "location": None,
             "breaks_seen": len(_break_reasons()) if breaks_seen is None else breaks_seen}
     code = _compiling_code() if trigger == "dynamo" else None
     if code is not None:
         info["frame"] = code.co_name
         info["location"] = f"{code.co_filename}:{code.co_firstlineno}"
-    _state.compile = info
-    if code is not None:
         reason = _recompile_reason()
         if reason:
             emit("recompile", "recompile", start, start, reason=_guard_text(reason), detail=reason,
                  frame=info["frame"], location=info["location"], compile_id=info["compile_id"])
+    return info
 
 
 def _recompile_reason() -> Optional[str]:
@@ -163,19 +193,18 @@ def _guard_text(reason: str) -> str:
     return first.split("  #", 1)[0].strip()
 
 
-def _on_end(args) -> None:
-    info = getattr(_state, "compile", None)
-    _state.compile = None
-    if info is None:
-        return
+def _end(info: dict) -> None:
     end = _core.now_ns()
-    reasons = _break_reasons()
-    seen = info["breaks_seen"] if info["breaks_seen"] <= len(reasons) else 0
-    for reason in reasons[seen:]:
-        frame = reason.user_stack[-1] if reason.user_stack else None
-        emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
-             location=f"{frame.filename}:{frame.lineno}" if frame else None,
-             frame=info["frame"], compile_id=info["compile_id"])
+    breaks = 0
+    if info["trigger"] == "dynamo":  # frame compiles hold Dynamo's compile lock: the break list is theirs
+        reasons = _break_reasons()
+        seen = info["breaks_seen"] if info["breaks_seen"] <= len(reasons) else 0
+        breaks = len(reasons) - seen
+        for reason in reasons[seen:]:
+            frame = reason.user_stack[-1] if reason.user_stack else None
+            emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
+                 location=f"{frame.filename}:{frame.lineno}" if frame else None,
+                 frame=info["frame"], compile_id=info["compile_id"])
     name = f"dynamo compile {info['frame']}" if info["frame"] else f"compile ({info['trigger']})"
     emit("compile", name, info["start_ns"], _core.now_ns(), frame=info["frame"], location=info["location"],
-         compile_id=info["compile_id"], trigger=info["trigger"], graph_breaks=len(reasons) - seen)
+         compile_id=info["compile_id"], trigger=info["trigger"], graph_breaks=breaks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import sys
 from typing import Mapping, Optional
 
@@ -23,9 +24,10 @@ LOG_LEVELS = {"ERROR": logging.ERROR, "WARN": logging.WARNING, "WARNING": loggin
               "INFO": logging.INFO, "DEBUG": logging.DEBUG}
 _BOOL = {"0": False, "1": True}
 _COMPRESSION = {"0": COMPRESSION_NONE, "1": COMPRESSION_GZIP, "gzip": COMPRESSION_GZIP,
-                "zstd": COMPRESSION_ZSTD}
+                "2": COMPRESSION_ZSTD, "zstd": COMPRESSION_ZSTD}
 _SIZE_UNITS = {"": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
                "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
+_SIZE = re.compile(r"([0-9]+)([A-Z]*)", re.ASCII)
 _INIT_MODES = ("FUNCTION", "PRELOAD")
 
 
@@ -48,6 +50,7 @@ class Config:
     data_dirs: tuple = ()
     disable_io: bool = False
     error: Optional[str] = None  # why tracing is off, when a value was bad
+    warning: Optional[str] = None  # a value that was adjusted, and how
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -64,16 +67,22 @@ def _size(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    text = raw.strip().upper()
-    digits = text.rstrip("KMGIB")
-    unit = text[len(digits):]
-    if not digits.isdigit() or unit not in _SIZE_UNITS:
+    match = _SIZE.fullmatch(raw.strip().upper())
+    if not match or match[2] not in _SIZE_UNITS:
         raise ConfigError(f"{name}={raw!r} is not valid (accepted: a number of bytes >= "
                           f"{MIN_BUFFER_SIZE}, optionally with K, M or G)")
-    value = int(digits) * _SIZE_UNITS[unit]
+    value = int(match[1]) * _SIZE_UNITS[match[2]]
     if value < MIN_BUFFER_SIZE:
         raise ConfigError(f"{name}={raw!r} is too small (accepted: at least {MIN_BUFFER_SIZE} bytes)")
     return value
+
+
+def max_buffer_size() -> int:
+    """The most event memory this machine is asked for: a quarter of its physical memory."""
+    try:
+        return max(MIN_BUFFER_SIZE, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4)
+    except (ValueError, OSError):
+        return 1 << 32
 
 
 def _choice(env: Mapping[str, str], name: str, table: Mapping[str, object], default, accepted: str,
@@ -96,14 +105,21 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
         init = _choice(env, "DFTRACER_INIT", {m: m for m in _INIT_MODES}, "FUNCTION", "FUNCTION or PRELOAD",
                        key=str.upper)
         data_dir = env.get("DFTRACER_DATA_DIR", "").strip()
+        buffer_size = _size(env, "DFTRACER_WRITE_BUFFER_SIZE", DEFAULT_BUFFER_SIZE)
+        warning = None
+        if buffer_size > max_buffer_size():
+            # more than the machine holds: every ring allocation would fail and drop every event
+            buffer_size = max_buffer_size()
+            warning = (f"DFTRACER_WRITE_BUFFER_SIZE={env['DFTRACER_WRITE_BUFFER_SIZE']!r} is more than this "
+                       f"machine can hold; using {buffer_size >> 20}M (a quarter of its memory)")
         return Config(
             enable=enable,
             log_file=log_file or DEFAULT_LOG_FILE,
             log_file_from_env=bool(log_file),
             inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
             compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
-                                "1 or gzip, 0 for none, zstd"),
-            write_buffer_size=_size(env, "DFTRACER_WRITE_BUFFER_SIZE", DEFAULT_BUFFER_SIZE),
+                                "0 for none, 1 or gzip, 2 or zstd"),
+            write_buffer_size=buffer_size,
             bind_signals=_flag(env, "DFTRACER_BIND_SIGNALS", False),
             log_level=_choice(env, "DFTRACER_LOG_LEVEL", LOG_LEVELS, logging.WARNING,
                               "ERROR, WARN, INFO or DEBUG", key=str.upper),
@@ -111,6 +127,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             init=init,
             data_dirs=tuple(d for d in data_dir.split(":") if d),
             disable_io=_flag(env, "DFTRACER_DISABLE_IO", False),
+            warning=warning,
         )
     except ConfigError as exc:
         return Config(enable=False, error=str(exc))
@@ -127,6 +144,8 @@ def get() -> Config:
         _setup_logging(_config.log_level)
         if _config.error:
             report_disabled(_config.error)
+        elif _config.warning:
+            log.warning("%s", _config.warning)
     return _config
 
 

@@ -12,12 +12,17 @@ import atexit
 import contextlib
 import datetime
 import hashlib
+import itertools
+import multiprocessing
 import os
 import re
+import secrets
 import signal
 import socket
 import sys
 import threading
+import time
+from multiprocessing import util as mp_util
 from typing import Optional
 
 import orjson
@@ -30,9 +35,15 @@ _source = ""  # where _prefix came from, for messages
 _p_idx = -1
 _finalized = False  # finalize() was called, or opening failed: no lazy reopen
 _signals_bound = False
+_exit_hooked_pid: Optional[int] = None  # the multiprocessing child whose exit closes the trace
+_sigterm_watch = None  # (wakeup fd, SIGTERM handler) of this process's SIGTERM watcher
+_serial = itertools.count(1)  # names for a file whose first-choice name is taken
 _TRACE_SUFFIX = re.compile(r"(\.pfw)?(\.gz|\.zst)?$")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_SECRET_OPTION = re.compile(r"-{0,2}[\w.-]*(?:password|passwd|token|secret|key|credential)[\w.-]*",
+                            re.IGNORECASE)
+REDACTED = "***"
 
 
 class Logger:
@@ -79,10 +90,30 @@ def trace_path(prefix: str, compression: int, pid: int, hhash: str, env=os.envir
     return "-".join(parts) + config.COMPRESSION_SUFFIX[compression]
 
 
+def redact(argv: list) -> list:
+    """``argv`` with the values of secret-looking options replaced by ``***``.
+
+    An option is secret-looking when its name contains password, passwd,
+    token, secret, key or credential; its value is hidden in the forms
+    ``--name=value``, ``--name value`` and ``name=value`` (Hydra-style).
+    """
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next and not arg.startswith("-"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        secret = _SECRET_OPTION.fullmatch(name) is not None
+        hide_next = secret and not eq and arg.startswith("-")
+        out.append(f"{name}={REDACTED}" if secret and eq else arg)
+    return out
+
+
 def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     """Metadata lines (ids 1..k) and the ``start`` event that open every file."""
     cwd = os.getcwd()
-    cmd = ";".join(sys.argv) if sys.argv else sys.executable
+    cmd = ";".join(redact(sys.argv)) if sys.argv else sys.executable
     exe = sys.executable or "python"
     rank = os.environ.get("RANK")
     proc_name = f"rank {rank} ({_process_name()} {pid})" if rank else f"{_process_name()} {pid}"
@@ -122,29 +153,51 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     hhash = _hash16(host)
     suffix = config.COMPRESSION_SUFFIX[cfg.compression]
     try:
-        directory = os.path.dirname(os.path.abspath(prefix))
+        path_prefix = _resolve_prefix(prefix)
+        directory = os.path.dirname(path_prefix)
         os.makedirs(directory, exist_ok=True)
         if not os.access(directory, os.W_OK):
             raise PermissionError(f"directory {directory} is not writable")
-        path = trace_path(prefix, cfg.compression, pid, hhash)
+        path = trace_path(path_prefix, cfg.compression, pid, hhash)
         header = _header(host, hhash, pid, threading.get_native_id(), p_idx)
-        base = path[: -len(suffix)]
-        for attempt in range(100):  # a pid reused on this host must not clobber an old trace
-            candidate = path if attempt == 0 else f"{base}.{attempt}{suffix}"
+        for candidate in _names(path, suffix):
             try:
                 _core.open(candidate, cfg.compression, cfg.write_buffer_size, header, pid, hhash)
                 break
             except FileExistsError:
                 continue
-        else:
-            raise FileExistsError(f"too many traces named {path}")
     except (OSError, RuntimeError, ValueError) as exc:
         _finalized = True
         config.report_disabled(f"cannot write the trace under {source}={prefix!r}: {exc}")
         return False
-    _prefix, _source, _p_idx = prefix, source, p_idx
+    _prefix, _source, _p_idx = path_prefix, source, p_idx
     _bind_signals(cfg)
+    _hook_worker_exit()
     return True
+
+
+def _resolve_prefix(value: str) -> str:
+    """The absolute file-name prefix that a log file setting means.
+
+    ``~`` is expanded; a value ending in ``/`` or naming a directory means the
+    default prefix in that directory; a trailing ``.pfw``/``.gz``/``.zst`` is dropped.
+    """
+    value = os.path.expanduser(value)
+    if value.endswith(os.sep) or os.path.isdir(value):
+        value = os.path.join(value, os.path.basename(config.DEFAULT_LOG_FILE))
+    directory, name = os.path.split(os.path.abspath(value))
+    return os.path.join(directory, _TRACE_SUFFIX.sub("", name) or os.path.basename(config.DEFAULT_LOG_FILE))
+
+
+def _names(path: str, suffix: str):
+    """``path``, then fresh variants of it: a pid reused on this host, or a log
+    re-opened by this process, must not clobber an older trace."""
+    yield path
+    base = path[: -len(suffix)]
+    for _ in range(8):
+        yield f"{base}.{next(_serial)}{suffix}"
+    while True:  # names planted ahead of the serial numbers cannot stop tracing
+        yield f"{base}.{secrets.token_hex(6)}{suffix}"
 
 
 def initialize_log(logfile: Optional[str] = None, data_dir: Optional[str] = None, process_id: int = -1) -> Logger:
@@ -162,13 +215,13 @@ def initialize_log(logfile: Optional[str] = None, data_dir: Optional[str] = None
             return Logger()
         _finalized = False
         if logfile:
-            prefix, source = _TRACE_SUFFIX.sub("", str(logfile)), "initialize_log(logfile)"
+            prefix, source = str(logfile), "initialize_log(logfile)"
         else:
             prefix, source = _configured_log(cfg)
         if _open(prefix, source, process_id):
             # spawned children (multiprocessing 'spawn', torchrun workers) trace too, to their own files
             os.environ.setdefault("DFTRACER_ENABLE", "1")
-            os.environ.setdefault("DFTRACER_LOG_FILE", os.path.abspath(prefix))
+            os.environ.setdefault("DFTRACER_LOG_FILE", _prefix)
     return Logger()
 
 
@@ -241,10 +294,76 @@ class region(contextlib.ContextDecorator):
 
 def _after_fork_in_child() -> None:
     # the C core dropped the parent's buffer and file; the child gets its own
-    global _lock
+    global _lock, _sigterm_watch
     _lock = threading.RLock()
+    if _sigterm_watch is not None:  # the parent's watcher thread is not here: its pipe must not hear our signals
+        write_fd, handler = _sigterm_watch
+        _sigterm_watch = None
+        with contextlib.suppress(ValueError):  # signal calls need the main thread
+            previous = signal.set_wakeup_fd(-1)
+            if previous != write_fd:
+                signal.set_wakeup_fd(previous)
+            if signal.getsignal(signal.SIGTERM) is handler:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _prefix is not None:
         _open(_prefix, _source, _p_idx)
+
+
+def _hook_worker_exit() -> None:
+    """Closes the trace when this multiprocessing child ends.
+
+    Such a child ends with ``os._exit``: atexit never runs there, but
+    multiprocessing's own finalizers do. ``Pool.terminate()`` (and leaving a
+    ``with Pool`` block) sends SIGTERM, which then finalizes too, where
+    SIGTERM still has its default action.
+    """
+    global _exit_hooked_pid
+    if multiprocessing.parent_process() is None or _exit_hooked_pid == os.getpid() or not _core.is_open():
+        return
+    _exit_hooked_pid = os.getpid()
+    mp_util.Finalize(None, finalize, exitpriority=-100)  # after the child's other finalizers
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        handler = _chain_signal(signal.SIGTERM)
+        if handler is not None:
+            _watch_sigterm(handler)
+
+
+def _watch_sigterm(handler) -> None:
+    """Makes sure a SIGTERM reaches ``handler``.
+
+    Python runs handlers between bytecodes of the main thread: a SIGTERM that
+    lands just before that thread blocks (a Pool worker about to wait for its
+    next task) would wait forever, and so would ``Pool.terminate()``. Python
+    also writes every caught signal to its wakeup fd; a thread reading it sends
+    SIGTERM to the main thread again until the handler has run.
+    """
+    global _sigterm_watch
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    if previous != -1:  # the program's own
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    _sigterm_watch = (write_fd, handler)
+    main = threading.main_thread().ident
+
+    def watch():
+        while signal.SIGTERM not in os.read(read_fd, 64):
+            pass
+        while signal.getsignal(signal.SIGTERM) is handler:
+            time.sleep(0.05)
+            signal.pthread_kill(main, signal.SIGTERM)
+
+    threading.Thread(target=watch, name="dftrace-sigterm", daemon=True).start()
+
+
+def _after_multiprocessing_fork(_) -> None:
+    # Process._bootstrap has just dropped the finalizers the child inherited or registered
+    global _exit_hooked_pid
+    _exit_hooked_pid = None
+    _hook_worker_exit()
 
 
 def _bind_signals(cfg: config.Config) -> None:
@@ -253,18 +372,36 @@ def _bind_signals(cfg: config.Config) -> None:
         return
     _signals_bound = True
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        previous = signal.getsignal(sig)
+        _chain_signal(sig)
 
-        def handler(signum, frame, previous=previous):
-            finalize()
-            if callable(previous):
-                previous(signum, frame)
-            elif previous != signal.SIG_IGN:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
 
-        signal.signal(sig, handler)
+def _chain_signal(sig: int):
+    """Handles ``sig`` before the handler it had; returns the new handler, or None.
+
+    Where that handler ends the process (the default action) the trace is
+    finalized first. A Python handler of the program's own (SIGINT's
+    KeyboardInterrupt included) runs after a flush, and tracing goes on if
+    the program does; an exit it causes finalizes through atexit. Ignored
+    signals, handlers set outside Python and threads other than the main
+    one are left alone.
+    """
+    previous = signal.getsignal(sig)
+    if previous in (signal.SIG_IGN, None) or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        if callable(previous):
+            _core.flush()
+            previous(signum, frame)
+            return
+        finalize()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(sig, handler)
+    return handler
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+mp_util.register_after_fork(_after_multiprocessing_fork, _after_multiprocessing_fork)
 atexit.register(finalize)

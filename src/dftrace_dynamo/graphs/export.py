@@ -46,6 +46,16 @@ def _import_line(name: str, obj: Any) -> str:
     return f"from {module} import {head} as _{name}_owner\n{name} = _{name}_owner.{rest}"
 
 
+def _one_line(text: str) -> str:
+    """``text`` escaped as in a string literal: one line, no NUL, safe in a comment."""
+    return repr(str(text))[1:-1]
+
+
+def _docstring_text(text: str) -> str:
+    """``text`` escaped for use between triple double quotes."""
+    return _one_line(text).replace('"', '\\"')
+
+
 def _attr_roots(gm: torch.fx.GraphModule) -> list[str]:
     """Top-level attribute names the graph reads through get_attr / call_module."""
     roots = []
@@ -77,16 +87,16 @@ def partition_source(partition: GraphPartition, class_name: Optional[str] = None
     if roots and not attrs_file:
         raise ExportError("the graph reads attributes: an attrs_file is needed")
 
-    inputs = "\n".join(f"#   {m.describe()}" for m in partition.inputs) or "#   (none)"
+    inputs = "\n".join(f"#   {_one_line(m.describe())}" for m in partition.inputs) or "#   (none)"
     lines = [
-        f'"""Graph partition {partition.index} of {title}, exported by dftrace_dynamo '
+        f'"""Graph partition {partition.index} of {_docstring_text(title)}, exported by dftrace_dynamo '
         f'(torch {torch.__version__})."""',
         "# Inputs when captured:",
         inputs,
     ]
     if partition.compile_reason:
         reason = partition.compile_reason.strip().splitlines()[0]
-        lines.append(f"# Graph ended because: {reason}")
+        lines.append(f"# Graph ended because: {_one_line(reason)}")
     lines += ["", *imports, "", "", f"class {class_name}(torch.nn.Module):", "    def __init__(self):",
               "        super().__init__()"]
     if roots:

@@ -1,0 +1,107 @@
+"""Every value of every DFTRACER_* variable gives tracing or one message, and
+the program runs on; log file settings name directories the way users write them."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from subproc import clean_env, run_py
+from tracefile import read_events, read_lines, traces
+
+VARIABLES = ["DFTRACER_ENABLE", "DFTRACER_LOG_FILE", "DFTRACER_INC_METADATA", "DFTRACER_TRACE_COMPRESSION",
+             "DFTRACER_WRITE_BUFFER_SIZE", "DFTRACER_BIND_SIGNALS", "DFTRACER_LOG_LEVEL", "DFTRACER_CUDA_EVENTS",
+             "DFTRACER_INIT", "DFTRACER_DATA_DIR", "DFTRACER_DISABLE_IO"]
+VALUES = ["\u00b2", "64\u00b2", "\uff11", "99999999999999999999", "1000G", "-1", "0x10", " 1 ", "yes",
+          "\udcff", "x" * 5000, "\u2028"]
+
+PROGRAM = """
+    from dftrace_dynamo import dftracer, region
+    dftracer.initialize_log()
+    for i in range(3):
+        with region("r", i=i):
+            pass
+    print("result", 3)
+"""
+
+
+@pytest.mark.parametrize("variable", VARIABLES)
+def test_any_value_traces_or_gives_one_message_and_the_program_runs(tmp_path, variable):
+    runs = []
+    for n, value in enumerate(VALUES):
+        cwd = tmp_path / str(n)
+        cwd.mkdir()
+        env = clean_env({"DFTRACER_ENABLE": "1", variable: value})
+        runs.append((value, cwd, subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROGRAM)], cwd=cwd, env=env,
+                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    for value, cwd, proc in runs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (value, err)
+        assert out.splitlines() == ["result 3"], (value, err)
+        lines = err.splitlines()
+        assert len(lines) <= 1, (value, err)
+        files = traces(cwd) + traces(cwd, "*/*.pfw*")
+        if files:  # tracing: a whole, closed file
+            (path,) = files
+            assert [e["args"]["i"] for e in read_events(path) if e["name"] == "r"] == [0, 1, 2]
+            assert read_lines(path)[-1] == "]"
+        else:
+            assert len(lines) == 1 and variable in lines[0], (value, err)
+        if lines:
+            assert lines[0].startswith("dftrace_dynamo: ") and variable in lines[0], (value, err)
+
+
+def test_a_buffer_bigger_than_the_machine_is_capped_with_a_message(tmp_path):
+    p = run_py(PROGRAM, tmp_path, env={"DFTRACER_WRITE_BUFFER_SIZE": "1000G"})
+    assert p.returncode == 0
+    (line,) = p.stderr.splitlines()
+    assert "DFTRACER_WRITE_BUFFER_SIZE='1000G' is more than this machine can hold; using" in line
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    assert [e["args"]["i"] for e in events if e["name"] == "r"] == [0, 1, 2]
+    assert events[-1]["args"]["dropped"] == 0
+
+
+@pytest.mark.parametrize("value, directory, prefix", [
+    ("~/traces/run", "home/traces", "run-"),
+    ("out/", "out", "trace-"),
+    ("existing", "existing", "trace-"),
+    ("a/../b/t", "b", "t-"),
+    ("logs/.pfw.gz", "logs", "trace-"),
+])
+def test_log_file_forms(tmp_path, value, directory, prefix):
+    (tmp_path / "home").mkdir()
+    (tmp_path / "existing").mkdir()
+    p = run_py(PROGRAM, tmp_path, env={"DFTRACER_LOG_FILE": value, "HOME": str(tmp_path / "home")})
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    (path,) = traces(tmp_path / directory)
+    assert os.path.basename(path).startswith(prefix)
+    assert len([e for e in read_events(path) if e["name"] == "r"]) == 3
+    assert not (tmp_path / "a").exists()
+    assert not [f for f in traces(tmp_path, "**/-*") if os.path.basename(f).startswith("-")]
+
+
+def test_no_limit_on_files_per_prefix_and_process(tmp_path):
+    code = """
+        from dftrace_dynamo import dftracer, region
+        for i in range(150):
+            log = dftracer.initialize_log("loop")
+            with region("r", i=i):
+                pass
+            log.finalize()
+    """
+    p = run_py(code, tmp_path)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    files = traces(tmp_path)
+    assert len(files) == 150
+    assert sorted(e["args"]["i"] for f in files for e in read_events(f) if e["name"] == "r") == list(range(150))
+
+
+def test_compression_2_writes_zstd_as_documented(tmp_path):
+    p = run_py(PROGRAM, tmp_path, env={"DFTRACER_TRACE_COMPRESSION": "2"})
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    (path,) = traces(tmp_path)
+    assert path.endswith(".pfw.zst")
+    assert [e["args"]["i"] for e in read_events(path) if e["name"] == "r"] == [0, 1, 2]

@@ -1,0 +1,109 @@
+"""Worker processes keep every event: DataLoader, Pool and Process under the
+fork, forkserver and spawn start methods (their children end with os._exit, or
+are terminated with SIGTERM by Pool.terminate())."""
+
+import collections
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from subproc import clean_env
+from tracefile import read_events, read_lines, traces
+
+# Workers record `region`s named after the process model; the main module
+# imports torch only for the DataLoader, so Pool and Process children start fast.
+SCRIPT = """
+    import multiprocessing as mp
+    import sys
+    from dftrace_dynamo import dftracer, region
+
+
+    class Items:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            with region(f"loader_{self.kind}", i=i):
+                return i
+
+
+    def pool_task(i):
+        with region("pool", i=i):
+            return i
+
+
+    def with_pool_task(i):
+        with region("with_pool", i=i):
+            return i
+
+
+    def process(n):
+        for i in range(n):
+            with region("process", i=i):
+                pass
+
+
+    def loaders(ctx):
+        from torch.utils.data import DataLoader
+
+        for persistent in (False, True):
+            items = Items()
+            items.kind = "persistent" if persistent else "per_epoch"
+            loader = DataLoader(items, num_workers=2, persistent_workers=persistent, multiprocessing_context=ctx)
+            for epoch in range(2):
+                assert [int(b) for b in loader] == [0, 1, 2, 3]
+
+
+    if __name__ == "__main__":
+        method = sys.argv[1]
+        dftracer.initialize_log("trace")
+        ctx = mp.get_context(method)
+        if method != "forkserver":
+            loaders(ctx)
+        pool = ctx.Pool(2)
+        assert pool.map(pool_task, range(6)) == list(range(6))
+        pool.close()
+        pool.join()
+        with ctx.Pool(2) as pool:  # leaving the block terminates the workers (SIGTERM)
+            assert pool.map(with_pool_task, range(6)) == list(range(6))
+        procs = [ctx.Process(target=process, args=(5,)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        print("exit codes", [p.exitcode for p in procs])
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_every_worker_event_is_written_and_every_file_closed(tmp_path, method):
+    (tmp_path / "main.py").write_text(textwrap.dedent(SCRIPT))
+    p = subprocess.run([sys.executable, "main.py", method], cwd=tmp_path, env=clean_env(), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "exit codes [0, 0]" in p.stdout
+    totals, per_file = collections.Counter(), []
+    for path in traces(tmp_path):
+        if not read_lines(path):  # a with-Pool worker terminated while opening its file
+            continue
+        events = read_events(path)
+        names = collections.Counter(e["name"] for e in events if e.get("cat") == "region")
+        totals.update(names)
+        closed = read_lines(path)[-1] == "]" and events[-1]["name"] == "end"
+        per_file.append((names, closed))
+        if closed:
+            assert events[-1]["args"]["num_events"] == sum(names.values())
+        else:  # a with-Pool worker terminated before it ran any task
+            assert not names, path
+    expected = {"pool": 6, "with_pool": 6, "process": 10}
+    if method != "forkserver":
+        expected |= {"loader_per_epoch": 8, "loader_persistent": 8}
+    assert dict(totals) == expected
+    # one file per Process child, each closed with exactly its 5 events
+    assert sorted(n["process"] for n, closed in per_file if "process" in n and closed) == [5, 5]
+    # non-persistent DataLoader workers are new processes each epoch: 2 epochs x 2 workers
+    if method != "forkserver":
+        assert len([n for n, _ in per_file if "loader_per_epoch" in n]) <= 4
+    assert all(closed for n, closed in per_file if n)
