@@ -209,6 +209,8 @@ static inline uint64_t dft_now(void) {
 #include <zlib.h>
 typedef struct {
     int fd, mode, err; /* err: errno of the first failed write */
+    int cut_err;       /* errno of a failed dft_sink_cut */
+    uint64_t good;     /* file size up to the end of the last whole member */
     void *ld;          /* libdeflate compressor, when loaded */
     z_stream z;        /* zlib fallback for gzip */
     int z_init;
@@ -217,7 +219,8 @@ typedef struct {
 } dft_sink;
 
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
-int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame */
+int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame; -1: k->err */
+void dft_sink_cut(dft_sink *k);
 void dft_sink_free(dft_sink *k);
 
 /* ---- writer (writer.c) ------------------------------------------------- */
@@ -248,6 +251,9 @@ typedef struct {
     uint32_t hhash_len;
     uint32_t end_tid;
     uint64_t end_ts;
+    int file_open; /* open() to close(), under the GIL; recording may stop earlier (failed) */
+    char *path;    /* of the open file, for the write error message */
+    int failed;    /* a write failed: the writer only discards from then on */
 } dft_writer_t;
 extern dft_writer_t dft_w;
 

@@ -4,6 +4,7 @@
 #include "core.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -213,15 +214,48 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     return 0;
 }
 
-/* A member that cannot be written (disk full, file size limit) counts its
- * events as dropped rather than written. */
+static void emit_end(uint64_t dropped);
+
+/* A member could not be written (disk full, file size limit, I/O error): the
+ * file is cut back to its last whole member and closed with the end record
+ * where that still fits; recording stops (the writer discards what is still
+ * buffered) and one line on stderr says what happened. */
+static void write_failed(void) {
+    dft_sink *k = &dft_w.sink;
+    int err = k->err;
+    dft_w.failed = 1;
+    atomic_store(&dft_open_flag, 0);
+    dft_w.written -= dft_w.member_events;
+    atomic_fetch_add(&dft_w.dropped, dft_w.member_events);
+    dft_w.member_events = 0;
+    dft_w.fmt.len = 0;
+    dft_w.hold = 0;
+    dft_sink_cut(k);
+    uint64_t pushed, pending;
+    dft_rings_counts(&pushed, &pending);
+    uint64_t lost = atomic_load(&dft_w.dropped) + pending;
+    if (!k->cut_err) {
+        k->err = 0;
+        if (!dft_w.end_ts)
+            dft_w.end_ts = dft_now();
+        emit_end(lost);
+        if (dft_sink_write(k, dft_w.fmt.p, dft_w.fmt.len) < 0)
+            dft_sink_cut(k);
+        dft_w.fmt.len = 0;
+    }
+    dprintf(2, "dftrace_dynamo: cannot write the trace file %s: %s; tracing stopped, the file keeps "
+               "%llu events (%llu lost)%s\n", dft_w.path, strerror(err),
+            (unsigned long long)dft_w.written, (unsigned long long)lost,
+            k->cut_err ? " but could not be cut back to its last whole part" : "");
+}
+
 static void end_member(void) {
     dft_w.last_member_ns = dft_mono();
     if (dft_w.fmt.len <= dft_w.hold)
         return;
-    if (dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len) < 0 || dft_w.sink.err) {
-        dft_w.written -= dft_w.member_events;
-        atomic_fetch_add(&dft_w.dropped, dft_w.member_events);
+    if (dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len) < 0) {
+        write_failed();
+        return;
     }
     dft_w.member_events = 0;
     dft_w.fmt.len = 0;
@@ -237,7 +271,7 @@ static void drain_ring(dft_ring *r) {
     }
     uint64_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
     uint64_t h = atomic_load_explicit(&r->head, memory_order_acquire);
-    if (t != h && r->named_gen != dft_w.gen) {
+    if (t != h && r->named_gen != dft_w.gen && !dft_w.failed) {
         if (emit_thread_name(r) == 0)
             r->named_gen = dft_w.gen;
     }
@@ -245,7 +279,7 @@ static void drain_ring(dft_ring *r) {
         uint64_t stop = h - t > DRAIN_BATCH ? t + DRAIN_BATCH : h;
         for (; t != stop; t++) {
             dft_rec *x = &r->buf[t & r->mask];
-            if (emit_event(r, x) < 0)
+            if (dft_w.failed || emit_event(r, x) < 0)
                 atomic_fetch_add(&dft_w.dropped, 1);
             free(x->extra);
             if (dft_w.fmt.len >= MEMBER_BYTES)
@@ -291,7 +325,7 @@ static void drain_all(void) {
 }
 
 /* The end event sits on the closing thread, placed after its last event. */
-static void emit_end(void) {
+static void emit_end(uint64_t dropped) {
     uint64_t S = dft_w.end_ts - dft_w.end_ts % 1000, E;
     for (dft_ring *q = atomic_load(&dft_rings); q; q = atomic_load(&q->next))
         if (q->tid == dft_w.end_tid && q->place_gen == dft_w.gen)
@@ -309,7 +343,7 @@ static void emit_end(void) {
     PUT(",\"num_events\":");
     p = dft_fmt_u64(p, dft_w.written);
     PUT(",\"dropped\":");
-    p = dft_fmt_u64(p, atomic_load(&dft_w.dropped));
+    p = dft_fmt_u64(p, dropped);
     PUT("}}\n]\n");
     b->len = (size_t)(p - b->p);
 }
@@ -331,8 +365,10 @@ static void *writer_main(void *arg) {
         dft_clock_update(0);
         drain_all();
         if (stop) {
-            emit_end();
-            end_member();
+            if (!dft_w.failed) {
+                emit_end(atomic_load(&dft_w.dropped));
+                end_member();
+            }
             pthread_mutex_lock(&dft_w.mu); /* a flush() racing with close() returns */
             dft_w.flush_done = dft_w.flush_req;
             pthread_cond_broadcast(&dft_w.cv_done);
