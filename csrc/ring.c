@@ -117,6 +117,7 @@ static void ring_free_locked(dft_ring *r) {
     free(r->buf);
     free(r->name_json);
     free(r->place);
+    free(r->lanes);
     free(r);
 }
 

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import datetime
 import hashlib
+import math
 import os
 import re
 import signal
@@ -212,8 +213,9 @@ def get_time() -> float:
 def log_event(name: str, cat: str, start_us: float, dur_us: float, args: Optional[dict] = None) -> None:
     """Records one complete event measured by the caller (µs since the epoch, as :func:`get_time`)."""
     if ensure_open():
-        start_ns = int(round(start_us * 1000))
-        _core.log(str(name), str(cat), start_ns, start_ns + int(round(dur_us * 1000)), args)
+        whole = math.floor(start_us)  # exact ns: start_us * 1000 would round at epoch magnitude
+        start_ns = whole * 1000 + round((start_us - whole) * 1000)
+        _core.log(str(name), str(cat), start_ns, start_ns + round(dur_us * 1000), args, timed=True)
 
 
 class region(contextlib.ContextDecorator):
