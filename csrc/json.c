@@ -71,8 +71,8 @@ char *dft_fmt_us(char *p, uint64_t ns) {
 static const char hexd[] = "0123456789abcdef";
 
 /* Worst case per code point: \u00XX (6 bytes) or 4 UTF-8 bytes. A backslash
- * is written as \u005c: Perfetto's JSON tokenizer (v52) mis-reads a string
- * that ends in "\\" and then loses the event or the whole file. */
+ * that ends the string is written as \u005c: Perfetto's JSON tokenizer (v52)
+ * takes \\" for an escaped quote and then loses the event or the file. */
 int dft_json_str(dft_buf *b, PyObject *s) {
     if (!PyUnicode_Check(s)) {
         PyErr_Format(PyExc_TypeError, "expected str, got %.100s", Py_TYPE(s)->tp_name);
@@ -100,6 +100,12 @@ int dft_json_str(dft_buf *b, PyObject *s) {
             case '\n': *o++ = 'n'; break;
             case '\t': *o++ = 't'; break;
             case '\r': *o++ = 'r'; break;
+            case '\\':
+                if (i + 1 < n) {
+                    *o++ = '\\';
+                    break;
+                }
+                /* fall through */
             default:
                 memcpy(o, "u00", 3);
                 o[3] = hexd[c >> 4];

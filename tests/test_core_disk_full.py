@@ -111,3 +111,24 @@ def test_full_disk_cuts_back_to_whole_members(tiny_tmpfs, tmp_path):
     assert perfetto_tp.rows(copy, "select count(*) as n from slice where name = 'r'")[0]["n"] == kept
     v = subprocess.run(["dftracer_validate", "--files", str(copy)], capture_output=True, text=True, timeout=120)
     assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
+
+
+DROP_CHILD = textwrap.dedent("""
+    import sys
+    from dftrace_dynamo import _core
+    site = _core.intern_site("op", "c")
+    _core.open(sys.argv[1], 1, 1 << 42, b"", 1, "0" * 16)  # a ring no machine can allocate
+    for i in range(100):
+        _core.record(site, 1000 * i, 1000 * i + 1)
+    print(_core.close())
+""")
+
+
+def test_dropped_events_are_reported_on_stderr(tmp_path):
+    path = str(tmp_path / "d.pfw.gz")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", DROP_CHILD, path], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str({"num_events": 0, "dropped": 100, "path": path})
+    assert out.stderr.splitlines() == [
+        f"dftrace_dynamo: the trace file {path} misses 100 events that could not be buffered (out of memory)"]
