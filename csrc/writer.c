@@ -339,11 +339,13 @@ static void write_failed(void) {
     dft_sink_cut(k);
     uint64_t pushed, pending;
     dft_rings_counts(&pushed, &pending);
-    uint64_t lost = atomic_load(&dft_w.dropped) + pending;
+    uint64_t lost = pushed - dft_w.pushed_base - dft_w.written; /* all not in the file */
     if (!k->cut_err) {
         k->err = 0;
         if (!dft_w.end_ts)
             dft_w.end_ts = dft_now();
+        if (!k->good && dft_buf_reserve(&dft_w.fmt, 2) == 0) /* '[' was in the failed member */
+            dft_buf_put(&dft_w.fmt, "[\n", 2);
         emit_end(lost);
         if (dft_sink_write(k, dft_w.fmt.p, dft_w.fmt.len) < 0)
             dft_sink_cut(k);

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import zstandard
 
+from dftrace_dynamo import _core
 from subproc import clean_env
+from test_core_format import closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
 from tracefile import traces
 
 N = 10_000_000
@@ -78,3 +81,30 @@ def test_ten_million_distinct_names_and_tags(tmp_path):
     assert steps == names == N
     end = json.loads(io.BytesIO(block).read().splitlines()[-2])
     assert end["name"] == "end" and end["args"]["num_events"] == 2 * N
+
+
+def test_tag_cell_frees_tags_once_written(tmp_path):
+    site = _core.intern_site("op", "c")
+    cell, other = _core.TagCell(), _core.TagCell()
+    path = open_trace(tmp_path, 0)
+    cell.set({"step": 0})
+    a = cell.id
+    _core.record(site, 1000, 2000, 0, a)
+    other.id = a  # held by two cells
+    cell.set({"step": 1})
+    assert cell.id not in (0, a)
+    _core.record(site, 3000, 4000, 0, cell.id)
+    _core.record(site, 5000, 6000, 0, a)  # still held by other
+    cell.set({"step": 1})  # same text: same entry
+    other.id = 0  # a is released: freed after the writer's next pass, then reused
+    with pytest.raises(ValueError):
+        _core.record(site, 7000, 8000, 0, a)
+    _core.flush()
+    cell.set({"step": 2})
+    assert cell.id == a
+    _core.record(site, 9000, 10000, 0, cell.id)
+    cell.set(None)
+    assert cell.id == 0
+    _core.record(site, 11000, 12000, 0, cell.id)
+    _core.close()
+    assert [e["args"].get("step") for e in events(read_objects(path))] == [0, 1, 0, 2, None]
