@@ -1,6 +1,7 @@
 """Benchmark of the C trace writer (dftrace_dynamo._core) against a pure-Python
 writer (orjson + gzip/zstandard), the recording cost on the calling thread, the
-Interceptor overhead and the extra RSS while writing many events.
+Interceptor overhead, the cost of log() (region/log_event) and the extra RSS
+while writing many events.
 
 Run on one core so that the writer thread and the recording thread compete as
 they would on a busy machine:
@@ -147,10 +148,12 @@ def recording_costs(tmp, n):
     out["direct"] = loop_cost(abs, (1,), n)
     out["icpt_closed"] = loop_cost(ic, (1,), n)
     out["record_closed"] = loop_cost(rec, (site, 1, 2), n)
+    out["log_closed"] = loop_cost(_core.log, ("data", "region", 1, 2), n)
     path = os.path.join(tmp, f"r-{time.perf_counter_ns()}.pfw")
     _core.open(path, 2, 16 << 20, b"", os.getpid(), HHASH)
     out["icpt_open"] = loop_cost(ic, (1,), n)
     out["record_open"] = loop_cost(rec, (site, 1, 2), n)
+    out["log_open"] = loop_cost(_core.log, ("data", "region", 1, 2), n)
     _core.close()
     os.remove(path)
     return out
@@ -209,6 +212,8 @@ def main():
     m = {k: statistics.median(r[k] for r in rc) for k in rc[0]}
     print(f"record(): {m['record_open']:.1f} ns open vs {m['record_closed']:.1f} ns closed "
           f"-> push cost {m['record_open'] - m['record_closed']:.1f} ns/event (thread CPU)")
+    print(f"log() (region/log_event path): {m['log_open']:.1f} ns open vs {m['log_closed']:.1f} ns closed "
+          f"-> {m['log_open'] - m['log_closed']:.1f} ns/event (thread CPU)")
     print(f"Interceptor(abs): {m['icpt_open']:.1f} ns open, {m['icpt_closed']:.1f} ns closed, "
           f"abs() direct {m['direct']:.1f} ns -> overhead {m['icpt_open'] - m['direct']:.1f} ns "
           f"per call (closed: {m['icpt_closed'] - m['direct']:.1f} ns)")

@@ -15,13 +15,38 @@ static int tagcell_set_id(dft_TagCell *self, PyObject *v, void *c) {
     unsigned long long id = PyLong_AsUnsignedLongLong(v);
     if (id == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    if (id >= atomic_load(&dft_tags.count)) {
+    if (!dft_tags_usable(id)) {
         PyErr_Format(PyExc_ValueError, "unknown tags id %llu", id);
         return -1;
     }
+    dft_tags_hold((uint32_t)id);
+    dft_tags_release(self->id);
     self->id = (uint32_t)id;
     return 0;
 }
+
+static PyObject *tagcell_set(dft_TagCell *self, PyObject *args) {
+    int64_t id = dft_tags_own(args, self->id);
+    if (id < 0)
+        return NULL;
+    if ((uint32_t)id != self->id) {
+        dft_tags_release(self->id);
+        self->id = (uint32_t)id;
+    }
+    Py_RETURN_NONE;
+}
+
+static void tagcell_dealloc(dft_TagCell *self) {
+    dft_tags_release(self->id);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef tagcell_methods[] = {
+    {"set", (PyCFunction)tagcell_set, METH_O,
+     "set(args): later events carry these tags (a dict, or None for none); the previous "
+     "ones are freed once written."},
+    {NULL},
+};
 
 static int tagcell_init(dft_TagCell *self, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"id", NULL};
@@ -43,7 +68,9 @@ PyTypeObject dft_TagCellType = {
     .tp_doc = "Mutable holder of a tags id, read by interceptors on every event.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)tagcell_init,
+    .tp_dealloc = (destructor)tagcell_dealloc,
     .tp_getset = tagcell_getset,
+    .tp_methods = tagcell_methods,
 };
 
 static inline uint32_t cell_id(PyObject *cell) { return cell ? ((dft_TagCell *)cell)->id : 0; }

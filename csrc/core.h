@@ -25,6 +25,7 @@
 #define DFT_PHASE_MASK (3u << DFT_PHASE_SHIFT)
 #define DFT_FLAG_FAILED 8u
 #define DFT_FLAG_NOCTX 16u
+#define DFT_FLAG_TIMED 32u /* times given by the caller (log_event): a "logged" track, see writer.c */
 enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE };
 
 /* ---- growable byte buffer ---------------------------------------------- */
@@ -75,6 +76,13 @@ typedef struct {
 } dft_table;
 
 extern dft_table dft_sites, dft_tags;
+/* Tags owned by TagCells (module.c, under the GIL): freed once released and
+ * written; dft_pass_begun/done count the writer's passes over all rings. */
+extern _Atomic uint64_t dft_pass_begun, dft_pass_done;
+int64_t dft_tags_own(PyObject *args, uint32_t cur);
+void dft_tags_hold(uint32_t id);
+void dft_tags_release(uint32_t id);
+int dft_tags_usable(uint64_t id);
 static inline void *dft_tab_get(dft_table *t, uint32_t i) {
     char *c = atomic_load_explicit(&t->chunks[i >> DFT_TAB_BITS], memory_order_acquire);
     return c + (size_t)(i & (DFT_TAB_CHUNK - 1)) * t->esize;
@@ -113,6 +121,8 @@ typedef struct dft_ring {
     uint64_t place_gen;
     dft_place_ent *place; /* circular, grows by doubling up to DFT_PLACE_MAX */
     uint32_t place_cap, place_top, place_n;
+    struct dft_lane *lanes; /* tracks of this thread's timed events (place_gen) */
+    uint32_t n_lanes;
     size_t bytes;
     struct dft_ring *_Atomic next;
 } dft_ring;
@@ -209,6 +219,8 @@ static inline uint64_t dft_now(void) {
 #include <zlib.h>
 typedef struct {
     int fd, mode, err; /* err: errno of the first failed write */
+    int cut_err;       /* errno of a failed dft_sink_cut */
+    uint64_t good;     /* file size up to the end of the last whole member */
     void *ld;          /* libdeflate compressor, when loaded */
     z_stream z;        /* zlib fallback for gzip */
     int z_init;
@@ -217,7 +229,8 @@ typedef struct {
 } dft_sink;
 
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
-int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame */
+int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame; -1: k->err */
+void dft_sink_cut(dft_sink *k);
 void dft_sink_free(dft_sink *k);
 
 /* ---- writer (writer.c) ------------------------------------------------- */
@@ -248,6 +261,9 @@ typedef struct {
     uint32_t hhash_len;
     uint32_t end_tid;
     uint64_t end_ts;
+    int file_open; /* open() to close(), under the GIL; recording may stop earlier (failed) */
+    char *path;    /* of the open file, for the write error message */
+    int failed;    /* a write failed: the writer only discards from then on */
 } dft_writer_t;
 extern dft_writer_t dft_w;
 

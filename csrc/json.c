@@ -70,7 +70,9 @@ char *dft_fmt_us(char *p, uint64_t ns) {
 
 static const char hexd[] = "0123456789abcdef";
 
-/* Worst case per code point: \u00XX (6 bytes) or 4 UTF-8 bytes. */
+/* Worst case per code point: \u00XX (6 bytes) or 4 UTF-8 bytes. A backslash
+ * that ends the string is written as \u005c: Perfetto's JSON tokenizer (v52)
+ * takes \\" for an escaped quote and then loses the event or the file. */
 int dft_json_str(dft_buf *b, PyObject *s) {
     if (!PyUnicode_Check(s)) {
         PyErr_Format(PyExc_TypeError, "expected str, got %.100s", Py_TYPE(s)->tp_name);
@@ -95,10 +97,15 @@ int dft_json_str(dft_buf *b, PyObject *s) {
             *o++ = '\\';
             switch (c) {
             case '"': *o++ = '"'; break;
-            case '\\': *o++ = '\\'; break;
             case '\n': *o++ = 'n'; break;
             case '\t': *o++ = 't'; break;
             case '\r': *o++ = 'r'; break;
+            case '\\':
+                if (i + 1 < n) {
+                    *o++ = '\\';
+                    break;
+                }
+                /* fall through */
             default:
                 memcpy(o, "u00", 3);
                 o[3] = hexd[c >> 4];
@@ -207,13 +214,11 @@ static int json_value(dft_buf *b, PyObject *v) {
     if (PyLong_Check(v)) {
         int overflow;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow) { /* digits of a big int are valid JSON */
+        if (overflow) { /* beyond int64: readers such as dftracer_validate reject the number */
             PyObject *s = PyLong_Type.tp_repr(v);
             if (!s)
                 return -1;
-            Py_ssize_t n;
-            const char *u = PyUnicode_AsUTF8AndSize(s, &n);
-            int rc = u ? put(b, u, (size_t)n) : -1;
+            int rc = dft_json_str(b, s);
             Py_DECREF(s);
             return rc;
         }

@@ -12,7 +12,6 @@ dft_table dft_tags = {.esize = sizeof(dft_str)};
 
 static PyObject *site_ids; /* formatted site bytes -> id (dedup) */
 static PyObject *tag_ids;  /* formatted tags bytes -> id */
-static PyObject *log_ids;  /* (name, cat) -> site id, for log() */
 static PyObject *cur_path; /* str while a file is open */
 
 /* Append one entry (under the GIL); returns its id or -1. */
@@ -105,6 +104,134 @@ static PyObject *py_intern_site(PyObject *m, PyObject *args, PyObject *kw) {
     return intern_site_impl(name, cat, a);
 }
 
+/* ---- tags owned by a TagCell --------------------------------------------- */
+/* Interned tags (intern_tags) live for the whole process. A TagCell's own
+ * tags (TagCell.set: a new step on every Dynamo.update) are freed once no
+ * cell holds them and the writer has formatted every event that used them:
+ * events were pushed before the release, so a drain pass that begins after
+ * it (dft_pass_begun) sees them all. Freed ids are reused; entries never
+ * move, so the writer still reads them without the GIL. Under the GIL. */
+#define TAG_PERMANENT UINT32_MAX
+static uint32_t *tag_refs; /* per id: cells holding it, TAG_PERMANENT, or 0 (free) */
+static size_t tag_refs_cap;
+static uint32_t *tag_free; /* ids ready for reuse */
+static size_t tag_free_n, tag_free_cap;
+typedef struct {
+    uint32_t id;
+    uint64_t pass; /* free once dft_pass_done reaches it */
+} tag_retired_t;
+static tag_retired_t *tag_retired; /* FIFO: passes never decrease */
+static size_t tag_ret_head, tag_ret_n, tag_ret_cap;
+
+static int grow(void **p, size_t *cap, size_t need, size_t esize) {
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, c * esize);
+    if (!q) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static int tag_state(uint32_t id, uint32_t refs) {
+    if (grow((void **)&tag_refs, &tag_refs_cap, (size_t)id + 1, sizeof *tag_refs) < 0)
+        return -1;
+    tag_refs[id] = refs;
+    return 0;
+}
+
+int dft_tags_usable(uint64_t id) {
+    return id < atomic_load(&dft_tags.count) && (id == 0 || (id < tag_refs_cap && tag_refs[id]));
+}
+
+/* Frees the retired entries whose events are all written (all of them when
+ * no writer runs: then no event is buffered). */
+static void tags_reclaim(void) {
+    int idle = !dft_w.running && !dft_w.closing;
+    uint64_t done = atomic_load_explicit(&dft_pass_done, memory_order_acquire);
+    while (tag_ret_head < tag_ret_n && (idle || tag_retired[tag_ret_head].pass <= done)) {
+        uint32_t id = tag_retired[tag_ret_head++].id;
+        if (grow((void **)&tag_free, &tag_free_cap, tag_free_n + 1, sizeof *tag_free) < 0) {
+            PyErr_Clear(); /* keep the entry: it stays allocated, never reused */
+            continue;
+        }
+        dft_str *e = dft_tab_get(&dft_tags, id);
+        free((void *)e->p);
+        e->p = "";
+        e->len = 0;
+        tag_free[tag_free_n++] = id;
+    }
+    if (tag_ret_head == tag_ret_n) {
+        tag_ret_head = tag_ret_n = 0;
+    } else if (tag_ret_head > tag_ret_cap / 2) {
+        memmove(tag_retired, tag_retired + tag_ret_head, (tag_ret_n - tag_ret_head) * sizeof *tag_retired);
+        tag_ret_n -= tag_ret_head;
+        tag_ret_head = 0;
+    }
+}
+
+void dft_tags_release(uint32_t id) {
+    if (!id || tag_refs[id] == TAG_PERMANENT || --tag_refs[id])
+        return;
+    atomic_thread_fence(memory_order_seq_cst); /* pairs with the writer's, see drain_all */
+    uint64_t pass = atomic_load(&dft_pass_begun) + 1;
+    if (grow((void **)&tag_retired, &tag_ret_cap, tag_ret_n + 1, sizeof *tag_retired) < 0) {
+        PyErr_Clear(); /* the entry is leaked rather than freed too early */
+        return;
+    }
+    tag_retired[tag_ret_n++] = (tag_retired_t){id, pass};
+    if (tag_ret_n - tag_ret_head > 65536 && dft_w.running)
+        dft_writer_kick(); /* a pass soon rather than at the next wake */
+}
+
+void dft_tags_hold(uint32_t id) {
+    if (id && tag_refs[id] != TAG_PERMANENT)
+        tag_refs[id]++;
+}
+
+/* A new entry for a cell, holding the formatted args (id 0 when empty);
+ * `cur` is returned again when the text is unchanged. -1: Python error. */
+int64_t dft_tags_own(PyObject *args, uint32_t cur) {
+    dft_buf b = {0};
+    if (dft_json_fields(&b, args) < 0) {
+        dft_buf_free(&b);
+        return -1;
+    }
+    if (!b.len) {
+        dft_buf_free(&b);
+        return 0;
+    }
+    if (cur) {
+        const dft_str *c = dft_tab_get(&dft_tags, cur);
+        if (c->len == b.len && memcmp(c->p, b.p, b.len) == 0) {
+            dft_buf_free(&b);
+            return cur;
+        }
+    }
+    tags_reclaim();
+    char *copy = realloc(b.p, b.len);
+    copy = copy ? copy : b.p;
+    dft_str e = {copy, (uint32_t)b.len};
+    int64_t id;
+    if (tag_free_n) {
+        id = tag_free[--tag_free_n];
+        *(dft_str *)dft_tab_get(&dft_tags, (uint32_t)id) = e;
+    } else {
+        id = tab_add(&dft_tags, &e);
+    }
+    if (id < 0 || tag_state((uint32_t)id, 1) < 0) {
+        free(copy);
+        return -1;
+    }
+    return id;
+}
+
 static PyObject *py_intern_tags(PyObject *m, PyObject *a) {
     if (a == Py_None || (PyDict_Check(a) && PyDict_GET_SIZE(a) == 0))
         return PyLong_FromLong(0);
@@ -113,6 +240,8 @@ static PyObject *py_intern_tags(PyObject *m, PyObject *a) {
     if (dft_json_fields(&b, a) == 0)
         r = intern_text(tag_ids, &dft_tags, &b, 0);
     dft_buf_free(&b);
+    if (r && tag_state(PyLong_AsUnsignedLong(r), TAG_PERMANENT) < 0)
+        Py_CLEAR(r);
     return r;
 }
 
@@ -183,55 +312,52 @@ static PyObject *py_record(PyObject *m, PyObject *const *args, size_t nargsf, Py
         return NULL;
     if (dft_check_site(site) < 0)
         return NULL;
-    if (tags >= atomic_load(&dft_tags.count)) {
+    if (!dft_tags_usable(tags)) {
         PyErr_Format(PyExc_ValueError, "unknown tags id %llu", (unsigned long long)tags);
         return NULL;
     }
-    dft_push((uint32_t)site, s, e, (uint32_t)flags & ~DFT_FLAG_NOCTX, (uint32_t)tags, NULL);
+    dft_push((uint32_t)site, s, e, (uint32_t)flags & ~(DFT_FLAG_NOCTX | DFT_FLAG_TIMED), (uint32_t)tags, NULL);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObject *kw) {
-    static const char *const names[] = {"name", "cat", "start_ns", "end_ns", "args", NULL};
-    PyObject *o[5];
+    static const char *const names[] = {"name", "cat", "start_ns", "end_ns", "args", "timed", NULL};
+    PyObject *o[6];
     if (parse("log", args, PyVectorcall_NARGS(nargsf), kw, names, 4, o) < 0)
+        return NULL;
+    int timed = o[5] ? PyObject_IsTrue(o[5]) : 0;
+    if (timed < 0)
         return NULL;
     uint64_t s, e;
     if (get_u64(o[2], &s) < 0 || get_u64(o[3], &e) < 0)
         return NULL;
     if (!atomic_load(&dft_open_flag))
         Py_RETURN_NONE;
-    PyObject *key = PyTuple_Pack(2, o[0], o[1]);
-    if (!key)
-        return NULL;
-    PyObject *id = PyDict_GetItemWithError(log_ids, key);
-    if (id) {
-        Py_INCREF(id);
-    } else if (!PyErr_Occurred()) {
-        id = intern_site_impl(o[0], o[1], Py_None);
-        if (id && PyDict_SetItem(log_ids, key, id) < 0)
-            Py_CLEAR(id);
-    }
-    Py_DECREF(key);
-    if (!id)
-        return NULL;
-    uint32_t site = (uint32_t)PyLong_AsUnsignedLong(id);
-    Py_DECREF(id);
-    char *extra = NULL;
-    if (o[4] && o[4] != Py_None) {
-        dft_buf b = {0};
-        if (dft_json_fields(&b, o[4]) < 0 || dft_buf_reserve(&b, 1) < 0) {
-            if (!PyErr_Occurred())
-                PyErr_NoMemory();
-            dft_buf_free(&b);
-            return NULL;
-        }
-        b.p[b.len] = 0;
-        extra = b.len ? b.p : (free(b.p), NULL);
-    }
-    if (dft_push(site, s, e, DFT_FLAG_NOCTX, 0, extra) < 0)
-        free(extra);
+    /* Name, category and args travel with the event (site 0): nothing is
+     * kept once it is written, however many distinct names a program logs. */
+    dft_buf b = {0}; /* not static: formatting an arg may run Python code that logs */
+    if (dft_buf_reserve(&b, 16) < 0)
+        return PyErr_NoMemory();
+    dft_buf_put(&b, ",\"name\":", 8);
+    if (dft_json_str(&b, o[0]) < 0 || dft_buf_reserve(&b, 8) < 0)
+        goto fail;
+    dft_buf_put(&b, ",\"cat\":", 7);
+    if (dft_json_str(&b, o[1]) < 0 || dft_buf_reserve(&b, 1) < 0)
+        goto fail;
+    dft_buf_put(&b, "", 1);
+    if (dft_json_fields(&b, o[4]) < 0 || dft_buf_reserve(&b, 1) < 0)
+        goto fail;
+    dft_buf_put(&b, "", 1);
+    char *text = realloc(b.p, b.len); /* buffered until written: no slack */
+    text = text ? text : b.p;
+    if (dft_push(0, s, e, DFT_FLAG_NOCTX | (timed ? DFT_FLAG_TIMED : 0), 0, text) < 0)
+        free(text);
     Py_RETURN_NONE;
+fail:
+    if (!PyErr_Occurred())
+        PyErr_NoMemory();
+    dft_buf_free(&b);
+    return NULL;
 }
 
 /* ---- file lifecycle ------------------------------------------------------ */
@@ -248,7 +374,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
         return NULL;
     PyObject *ret = NULL;
     dft_buf hh = {0};
-    if (atomic_load(&dft_open_flag) || dft_w.closing) {
+    if (dft_w.file_open || dft_w.closing) {
         PyErr_SetString(PyExc_RuntimeError, dft_w.closing ? "the trace file is being closed"
                                                     : "a trace file is already open");
         goto out;
@@ -263,6 +389,15 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     }
     if (dft_json_str(&hh, hhash) < 0)
         goto out;
+    const char *cpath = PyUnicode_AsUTF8(path);
+    char *path_copy = cpath ? strdup(cpath) : NULL;
+    if (!path_copy) {
+        if (cpath)
+            PyErr_NoMemory();
+        goto out;
+    }
+    free(dft_w.path);
+    dft_w.path = path_copy;
     /* The writer is not running: its state is ours until it starts. The sink
      * is initialised in place (a z_stream must not be copied). */
     char err[256];
@@ -272,11 +407,9 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, err);
         goto out;
     }
-    const char *cpath = PyUnicode_AsUTF8(path);
-    int fd = cpath ? open(cpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) : -1;
+    int fd = open(cpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
-        if (cpath)
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
         dft_sink_free(sink);
         goto out;
     }
@@ -290,6 +423,9 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_w.next_id = lines + 1;
     dft_w.written = dft_w.member_events = 0;
     atomic_store(&dft_w.dropped, 0);
+    dft_w.failed = 0;
+    dft_w.end_tid = (uint32_t)syscall(SYS_gettid);
+    dft_w.end_ts = 0;
     dft_w.pid_len = (uint32_t)(dft_fmt_i64(dft_w.pid_s, pid) - dft_w.pid_s);
     free(dft_w.hhash_json);
     dft_w.hhash_json = hh.p;
@@ -306,7 +442,11 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_buf_put(&dft_w.fmt, header.buf, (size_t)header.len);
     dft_w.hold = 2;
     if (header.len) {
-        dft_sink_write(sink, dft_w.fmt.p, dft_w.fmt.len);
+        if (dft_sink_write(sink, dft_w.fmt.p, dft_w.fmt.len) < 0) {
+            errno = sink->err;
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+            goto undo;
+        }
         dft_w.fmt.len = 0;
         dft_w.hold = 0;
     }
@@ -314,13 +454,15 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_clock_update(1);
     uint64_t pending;
     dft_rings_counts(&dft_w.pushed_base, &pending);
+    atomic_store(&dft_open_flag, 1); /* before the writer starts: a write error clears it */
     if (dft_writer_start() < 0) {
+        atomic_store(&dft_open_flag, 0);
         PyErr_SetString(PyExc_RuntimeError, "cannot start the trace writer thread");
         goto undo;
     }
     Py_INCREF(path);
     Py_XSETREF(cur_path, path);
-    atomic_store(&dft_open_flag, 1);
+    dft_w.file_open = 1;
     ret = Py_NewRef(Py_None);
     goto out;
 undo: /* the file is ours (O_EXCL): leave nothing half-made behind */
@@ -335,10 +477,11 @@ out:
 }
 
 static PyObject *py_close(PyObject *m, PyObject *unused) {
-    if (!atomic_load(&dft_open_flag))
+    if (!dft_w.file_open)
         Py_RETURN_NONE;
     /* Pushes happen under the GIL, so none is in progress once this is 0. */
     atomic_store(&dft_open_flag, 0);
+    dft_w.file_open = 0;
     dft_w.end_tid = (uint32_t)syscall(SYS_gettid);
     dft_w.end_ts = dft_now();
     dft_w.closing = 1; /* other threads run meanwhile; open() must wait for the writer */
@@ -346,7 +489,6 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     dft_writer_stop();
     Py_END_ALLOW_THREADS
     dft_w.closing = 0;
-    int err = dft_w.sink.err;
     close(dft_w.sink.fd);
     dft_sink_free(&dft_w.sink);
     dft_w.sink.fd = -1;
@@ -354,19 +496,17 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     PyObject *path = cur_path;
     cur_path = NULL;
     unsigned long long dropped = atomic_load(&dft_w.dropped);
-    /* Tracing must not break the traced program's exit: a write error is a
-     * warning, and close() still reports what was written. */
-    if (err && PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "trace file %U: %s; %llu events lost",
-                                path, strerror(err), dropped) < 0) {
-        Py_DECREF(path);
-        return NULL;
-    }
+    /* A write error was reported when it happened; any other loss is reported
+     * here, on stderr and never as a warning (which -W error would raise). */
+    if (dropped && !dft_w.failed)
+        dprintf(2, "dftrace_dynamo: the trace file %s misses %llu events that could not be buffered "
+                   "(out of memory)\n", dft_w.path, dropped);
     return Py_BuildValue("{sKsKsN}", "num_events", (unsigned long long)dft_w.written, "dropped",
                          dropped, "path", path);
 }
 
 static PyObject *py_flush(PyObject *m, PyObject *unused) {
-    if (atomic_load(&dft_open_flag)) {
+    if (dft_w.file_open) {
         Py_BEGIN_ALLOW_THREADS
         dft_writer_flush();
         Py_END_ALLOW_THREADS
@@ -375,11 +515,11 @@ static PyObject *py_flush(PyObject *m, PyObject *unused) {
 }
 
 static PyObject *py_is_open(PyObject *m, PyObject *unused) {
-    return PyBool_FromLong(atomic_load(&dft_open_flag));
+    return PyBool_FromLong(dft_w.file_open);
 }
 
 static PyObject *py_path(PyObject *m, PyObject *unused) {
-    if (!atomic_load(&dft_open_flag) || !cur_path)
+    if (!dft_w.file_open || !cur_path)
         Py_RETURN_NONE;
     return Py_NewRef(cur_path);
 }
@@ -408,7 +548,8 @@ static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL | METH_KEYWORDS,
      "record(site, start_ns, end_ns, flags=0, tags=0)"},
     {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,
-     "log(name, cat, start_ns, end_ns, args=None): one-off event."},
+     "log(name, cat, start_ns, end_ns, args=None, timed=False): one-off event; timed: the "
+     "caller's own times, kept on the thread's \"(logged)\" track."},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
     {NULL, NULL, 0, NULL},
 };
@@ -435,8 +576,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         dft_ring_init_once();
         site_ids = PyDict_New();
         tag_ids = PyDict_New();
-        log_ids = PyDict_New();
-        if (!site_ids || !tag_ids || !log_ids || tab_add(&dft_sites, &empty_site) < 0 ||
+        if (!site_ids || !tag_ids || tab_add(&dft_sites, &empty_site) < 0 ||
             tab_add(&dft_tags, &empty_tags) < 0)
             goto fail;
     }

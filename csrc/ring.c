@@ -52,7 +52,7 @@ static void atfork_child(void) {
     memset(&dft_w.sink, 0, sizeof dft_w.sink);
     dft_w.sink.fd = -1;
     memset(&dft_w.fmt, 0, sizeof dft_w.fmt);
-    dft_w.running = dft_w.closing = 0;
+    dft_w.running = dft_w.closing = dft_w.file_open = 0;
     dft_w.pushed_base = 0;
     dft_w.stop = 0;
     dft_w.flush_req = dft_w.flush_done = 0;
@@ -117,6 +117,7 @@ static void ring_free_locked(dft_ring *r) {
     free(r->buf);
     free(r->name_json);
     free(r->place);
+    free(r->lanes);
     free(r);
 }
 

@@ -1,7 +1,8 @@
 /* Output: plain text, gzip level 1 where every member is independent, or zstd
  * level 1 with independent frames. The writer hands over whole members; each
  * is compressed in one call and written with one write(), so a file cut by a
- * crash holds whole members only (up to the one being written).
+ * crash holds whole members only (up to the one being written), and a failed
+ * write is cut back with dft_sink_cut.
  *
  * gzip uses libdeflate when libdeflate.so.0 can be loaded (about 1.8x faster
  * than zlib at level 1 on trace lines, slightly smaller output) and zlib
@@ -112,6 +113,7 @@ int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen) {
 }
 
 static void write_all(dft_sink *k, const char *p, size_t n) {
+    size_t total = n;
     while (n && !k->err) {
         ssize_t w = write(k->fd, p, n);
         if (w < 0) {
@@ -123,6 +125,14 @@ static void write_all(dft_sink *k, const char *p, size_t n) {
         p += w;
         n -= (size_t)w;
     }
+    if (!k->err)
+        k->good += total;
+}
+
+/* After a failed write: the file ends at its last whole member again. */
+void dft_sink_cut(dft_sink *k) {
+    if (ftruncate(k->fd, (off_t)k->good) < 0 || lseek(k->fd, (off_t)k->good, SEEK_SET) < 0)
+        k->cut_err = errno;
 }
 
 static int compress_member(dft_sink *k, const char *p, size_t n) {
@@ -156,19 +166,16 @@ static int compress_member(dft_sink *k, const char *p, size_t n) {
 }
 
 int dft_sink_write(dft_sink *k, const char *p, size_t n) {
-    if (!n)
-        return 0;
+    if (!n || k->err)
+        return k->err ? -1 : 0;
     if (k->mode == 0) {
         write_all(k, p, n);
-        return 0;
+    } else if (compress_member(k, p, n) < 0) {
+        k->err = ENOMEM;
+    } else {
+        write_all(k, k->out.p, k->out.len);
     }
-    if (compress_member(k, p, n) < 0) {
-        if (!k->err)
-            k->err = ENOMEM;
-        return -1;
-    }
-    write_all(k, k->out.p, k->out.len);
-    return 0;
+    return k->err ? -1 : 0;
 }
 
 void dft_sink_free(dft_sink *k) {

@@ -4,6 +4,7 @@
 #include "core.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -152,20 +153,113 @@ static inline char *put_head(char *p, const char *namecat, size_t len, uint32_t 
     return dft_fmt_u64(p, tid);
 }
 
-/* ..,"ph":"M","args":{"hhash":..,"name":..}} */
-static int emit_thread_name(dft_ring *r) {
+/* ..,"ph":"M","args":{"hhash":..,"name":..}}; lane > 0: the name of the
+ * thread's lane-th track of timed events, "<thread> (logged[ lane])". */
+static int emit_thread_name(dft_ring *r, uint32_t tid, uint32_t lane) {
     dft_buf *b = &dft_w.fmt;
     if (dft_buf_reserve(b, 256 + r->name_len + dft_w.hhash_len) < 0)
         return -1;
     char *p = b->p + b->len;
     static const char nc[] = ",\"name\":\"thread_name\",\"cat\":\"dftracer\"";
-    p = put_head(p, nc, sizeof nc - 1, r->tid);
+    p = put_head(p, nc, sizeof nc - 1, tid);
     PUT(",\"ph\":\"M\",\"args\":{\"hhash\":");
     PUTS(dft_w.hhash_json, dft_w.hhash_len);
     PUT(",\"name\":");
-    PUTS(r->name_json, r->name_len);
+    if (lane) {
+        PUTS(r->name_json, r->name_len - 1); /* without the closing quote */
+        PUT(" (logged");
+        if (lane > 1) {
+            *p++ = ' ';
+            p = dft_fmt_u64(p, lane);
+        }
+        PUT(")\"");
+    } else {
+        PUTS(r->name_json, r->name_len);
+    }
     PUT("}}\n");
     b->len = (size_t)(p - b->p);
+    return 0;
+}
+
+/* ---- events timed by the caller ---------------------------------------------
+ * log_event gives its own start and duration, in no particular order with
+ * the thread's other events, and spans still open on the thread are unknown
+ * here: placing it among them could move them. Such an event keeps its times
+ * (start rounded down to the µs, exact duration) on a separate track of its
+ * thread, the first "lane" where it overlaps nothing partially. A lane keeps
+ * up to LANE_IV disjoint intervals; past that the two closest merge into one
+ * (later events then avoid the gap between them: never an overlap). */
+#define LANE_IV 64
+#define LANE_MAX 256 /* tid + lane << 22 stays below 2^32 (pid_max <= 2^22) */
+struct dft_lane {
+    uint64_t named_gen;
+    uint32_t n;
+    uint64_t iv[LANE_IV + 1][2]; /* display [start, end] in ns, sorted, disjoint */
+};
+
+/* Disjoint from each interval, or containing it whole (a parent). */
+static int lane_fits(const struct dft_lane *l, uint64_t S, uint64_t E) {
+    for (uint32_t i = 0; i < l->n; i++) {
+        uint64_t a = l->iv[i][0], b = l->iv[i][1];
+        if (!(E <= a || S >= b || (S <= a && b <= E)))
+            return 0;
+    }
+    return 1;
+}
+
+static void lane_add(struct dft_lane *l, uint64_t S, uint64_t E) {
+    uint32_t k = 0, at;
+    for (uint32_t i = 0; i < l->n; i++) /* drop the intervals it contains */
+        if (!(S <= l->iv[i][0] && l->iv[i][1] <= E)) {
+            l->iv[k][0] = l->iv[i][0];
+            l->iv[k++][1] = l->iv[i][1];
+        }
+    for (at = k; at && l->iv[at - 1][0] > S; at--) {
+        l->iv[at][0] = l->iv[at - 1][0];
+        l->iv[at][1] = l->iv[at - 1][1];
+    }
+    l->iv[at][0] = S;
+    l->iv[at][1] = E;
+    l->n = k + 1;
+    if (l->n <= LANE_IV)
+        return;
+    uint32_t best = 0;
+    for (uint32_t i = 1; i + 1 < l->n; i++)
+        if (l->iv[i + 1][0] - l->iv[i][1] < l->iv[best + 1][0] - l->iv[best][1])
+            best = i;
+    if (l->iv[best + 1][1] > l->iv[best][1])
+        l->iv[best][1] = l->iv[best + 1][1];
+    memmove(l->iv[best + 1], l->iv[best + 2], (l->n - best - 2) * sizeof l->iv[0]);
+    l->n--;
+}
+
+/* Display interval and track (tid) of a timed event; -1: out of memory. */
+static int place_timed(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E, uint32_t *tid) {
+    *S = s - s % 1000;
+    *E = *S + (e - s);
+    uint32_t k = 0;
+    while (k < r->n_lanes && !lane_fits(&r->lanes[k], *S, *E))
+        k++;
+    if (k == r->n_lanes) {
+        if (k == LANE_MAX) { /* never seen in practice: share the last lane */
+            k--;
+        } else {
+            struct dft_lane *n = realloc(r->lanes, (k + 1) * sizeof *n);
+            if (!n)
+                return -1;
+            r->lanes = n;
+            memset(&n[k], 0, sizeof n[k]);
+            r->n_lanes++;
+        }
+    }
+    struct dft_lane *l = &r->lanes[k];
+    *tid = r->tid + ((k + 1) << 22);
+    if (l->named_gen != dft_w.gen) {
+        if (emit_thread_name(r, *tid, k + 1) < 0)
+            return -1;
+        l->named_gen = dft_w.gen;
+    }
+    lane_add(l, *S, *E);
     return 0;
 }
 
@@ -177,16 +271,29 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     dft_buf *b = &dft_w.fmt;
     const dft_site *site = dft_tab_get(&dft_sites, x->site);
     const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
-    size_t extra_len = x->extra ? strlen(x->extra) : 0;
-    size_t need = 256 + site->namecat.len + site->args.len + dft_w.hhash_len + extra_len +
+    dft_str namecat = site->namecat;
+    const char *extra = x->extra;
+    if (!x->site) { /* log(): extra is namecat \0 args \0 */
+        namecat.p = extra;
+        namecat.len = (uint32_t)strlen(extra);
+        extra += namecat.len + 1;
+    }
+    size_t extra_len = extra ? strlen(extra) : 0;
+    size_t need = 256 + namecat.len + site->args.len + dft_w.hhash_len + extra_len +
                   (tags ? tags->len : 0);
-    if (dft_buf_reserve(b, need) < 0)
-        return -1;
     uint64_t s = x->start, e = x->end > x->start ? x->end : x->start, S, E;
-    place(r, s, e, &S, &E);
+    uint32_t tid = r->tid;
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_TIMED)) {
+        if (place_timed(r, s, e, &S, &E, &tid) < 0 || dft_buf_reserve(b, need) < 0)
+            return -1;
+    } else {
+        if (dft_buf_reserve(b, need) < 0)
+            return -1;
+        place(r, s, e, &S, &E);
+    }
 
     char *p = b->p + b->len;
-    p = put_head(p, site->namecat.p, site->namecat.len, r->tid);
+    p = put_head(p, namecat.p, namecat.len, tid);
     PUT(",\"ts\":");
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":");
@@ -197,7 +304,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     if (tags)
         PUTS(tags->p, tags->len);
     if (extra_len)
-        PUTS(x->extra, extra_len);
+        PUTS(extra, extra_len);
     if (!(x->flags & DFT_FLAG_NOCTX)) {
         PUT(",\"grad_enabled\":");
         *p++ = (x->flags & DFT_FLAG_GRAD) ? '1' : '0';
@@ -213,15 +320,50 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     return 0;
 }
 
-/* A member that cannot be written (disk full, file size limit) counts its
- * events as dropped rather than written. */
+static void emit_end(uint64_t dropped);
+
+/* A member could not be written (disk full, file size limit, I/O error): the
+ * file is cut back to its last whole member and closed with the end record
+ * where that still fits; recording stops (the writer discards what is still
+ * buffered) and one line on stderr says what happened. */
+static void write_failed(void) {
+    dft_sink *k = &dft_w.sink;
+    int err = k->err;
+    dft_w.failed = 1;
+    atomic_store(&dft_open_flag, 0);
+    dft_w.written -= dft_w.member_events;
+    atomic_fetch_add(&dft_w.dropped, dft_w.member_events);
+    dft_w.member_events = 0;
+    dft_w.fmt.len = 0;
+    dft_w.hold = 0;
+    dft_sink_cut(k);
+    uint64_t pushed, pending;
+    dft_rings_counts(&pushed, &pending);
+    uint64_t lost = pushed - dft_w.pushed_base - dft_w.written; /* all not in the file */
+    if (!k->cut_err) {
+        k->err = 0;
+        if (!dft_w.end_ts)
+            dft_w.end_ts = dft_now();
+        if (!k->good && dft_buf_reserve(&dft_w.fmt, 2) == 0) /* '[' was in the failed member */
+            dft_buf_put(&dft_w.fmt, "[\n", 2);
+        emit_end(lost);
+        if (dft_sink_write(k, dft_w.fmt.p, dft_w.fmt.len) < 0)
+            dft_sink_cut(k);
+        dft_w.fmt.len = 0;
+    }
+    dprintf(2, "dftrace_dynamo: cannot write the trace file %s: %s; tracing stopped, the file keeps "
+               "%llu events (%llu lost)%s\n", dft_w.path, strerror(err),
+            (unsigned long long)dft_w.written, (unsigned long long)lost,
+            k->cut_err ? " but could not be cut back to its last whole part" : "");
+}
+
 static void end_member(void) {
     dft_w.last_member_ns = dft_mono();
     if (dft_w.fmt.len <= dft_w.hold)
         return;
-    if (dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len) < 0 || dft_w.sink.err) {
-        dft_w.written -= dft_w.member_events;
-        atomic_fetch_add(&dft_w.dropped, dft_w.member_events);
+    if (dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len) < 0) {
+        write_failed();
+        return;
     }
     dft_w.member_events = 0;
     dft_w.fmt.len = 0;
@@ -234,18 +376,21 @@ static void drain_ring(dft_ring *r) {
     if (r->place_gen != dft_w.gen) {
         r->place_gen = dft_w.gen;
         r->place_n = 0;
+        free(r->lanes);
+        r->lanes = NULL;
+        r->n_lanes = 0;
     }
     uint64_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
     uint64_t h = atomic_load_explicit(&r->head, memory_order_acquire);
-    if (t != h && r->named_gen != dft_w.gen) {
-        if (emit_thread_name(r) == 0)
+    if (t != h && r->named_gen != dft_w.gen && !dft_w.failed) {
+        if (emit_thread_name(r, r->tid, 0) == 0)
             r->named_gen = dft_w.gen;
     }
     while (t != h) {
         uint64_t stop = h - t > DRAIN_BATCH ? t + DRAIN_BATCH : h;
         for (; t != stop; t++) {
             dft_rec *x = &r->buf[t & r->mask];
-            if (emit_event(r, x) < 0)
+            if (dft_w.failed || emit_event(r, x) < 0)
                 atomic_fetch_add(&dft_w.dropped, 1);
             free(x->extra);
             if (dft_w.fmt.len >= MEMBER_BYTES)
@@ -261,8 +406,15 @@ static void drain_ring(dft_ring *r) {
     }
 }
 
-/* Drain every ring; free the rings of exited threads once empty. */
+_Atomic uint64_t dft_pass_begun, dft_pass_done;
+
+/* Drain every ring; free the rings of exited threads once empty. A pass
+ * covers every event pushed before it began: the fence pairs with the one in
+ * dft_tags_release, so tags released before the pass are unused after it. */
 static void drain_all(void) {
+    uint64_t pass = atomic_load_explicit(&dft_pass_begun, memory_order_relaxed) + 1;
+    atomic_store(&dft_pass_begun, pass);
+    atomic_thread_fence(memory_order_seq_cst);
     dft_ring *prev = NULL;
     dft_ring *r = atomic_load_explicit(&dft_rings, memory_order_acquire);
     while (r) {
@@ -288,10 +440,11 @@ static void drain_all(void) {
         }
         r = next;
     }
+    atomic_store_explicit(&dft_pass_done, pass, memory_order_release);
 }
 
 /* The end event sits on the closing thread, placed after its last event. */
-static void emit_end(void) {
+static void emit_end(uint64_t dropped) {
     uint64_t S = dft_w.end_ts - dft_w.end_ts % 1000, E;
     for (dft_ring *q = atomic_load(&dft_rings); q; q = atomic_load(&q->next))
         if (q->tid == dft_w.end_tid && q->place_gen == dft_w.gen)
@@ -309,7 +462,7 @@ static void emit_end(void) {
     PUT(",\"num_events\":");
     p = dft_fmt_u64(p, dft_w.written);
     PUT(",\"dropped\":");
-    p = dft_fmt_u64(p, atomic_load(&dft_w.dropped));
+    p = dft_fmt_u64(p, dropped);
     PUT("}}\n]\n");
     b->len = (size_t)(p - b->p);
 }
@@ -331,8 +484,10 @@ static void *writer_main(void *arg) {
         dft_clock_update(0);
         drain_all();
         if (stop) {
-            emit_end();
-            end_member();
+            if (!dft_w.failed) {
+                emit_end(atomic_load(&dft_w.dropped));
+                end_member();
+            }
             pthread_mutex_lock(&dft_w.mu); /* a flush() racing with close() returns */
             dft_w.flush_done = dft_w.flush_req;
             pthread_cond_broadcast(&dft_w.cv_done);

@@ -42,7 +42,7 @@ def query(trace, *sqls, timeout=600):
         raise TraceLoadError(p.stderr.strip())
     if p.returncode not in (0, 1):
         raise RuntimeError(f"tp.mjs failed (rc={p.returncode}): {p.stderr.strip()}")
-    results = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    results = [json.loads(line) for line in p.stdout.split("\n") if line.strip()]  # not splitlines: U+2028 in names
     for r in results:
         assert r["error"] is None, f"{r['error']} (query: {r['sql']})"
     return results

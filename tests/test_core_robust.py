@@ -171,33 +171,6 @@ def test_sigkill_keeps_events_up_to_about_a_second(tmp_path):
     assert n >= len(ops)
 
 
-FSIZE_CHILD = textwrap.dedent("""
-    import resource, signal, sys, warnings
-    from dftrace_dynamo import _core
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-    site = _core.intern_site("op", "c")
-    _core.open(sys.argv[1], 0, 1 << 20, b"", 1, "0" * 16)
-    for i in range(50_000):
-        _core.record(site, 1000 * i, 1000 * i + 1)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        res = _core.close()
-    print(res["num_events"], res["dropped"], len(w), w[0].category.__name__ if w else "")
-""")
-
-
-def test_write_error_is_a_warning_and_counts_dropped(tmp_path):
-    path = str(tmp_path / "small.pfw")
-    out = subprocess.run([sys.executable, "-c", FSIZE_CHILD, path], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
-    written, dropped, warns, category = out.stdout.split()
-    assert int(written) + int(dropped) == 50_000 and int(dropped) > 0
-    assert (warns, category) == ("1", "RuntimeWarning")
-    assert os.path.getsize(path) == 200_000
-
-
 def test_flush_and_close_race_from_threads(tmp_path):
     site = _core.intern_site("op", "c")
     stop = threading.Event()

@@ -60,7 +60,7 @@ class Tags:
         self.values.update({k: v for k, v in values.items() if v is not None})
         if args:
             self.values.update(args)
-        self.cell.id = _core.intern_tags(self.values) if self.values else 0
+        self.cell.set(self.values)  # the previous tags are freed once written
 
 
 def resolve_level(level: Optional[str], autograd: Optional[bool]) -> Optional[str]:

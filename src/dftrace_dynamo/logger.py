@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import hashlib
 import itertools
+import math
 import multiprocessing
 import os
 import re
@@ -141,7 +142,17 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
         string_hash("SH", exe),
         {"name": "start", **base, "ts": _core.now_ns() // 1000, "dur": 0, "ph": "X", "args": start_args},
     ]
-    return b"".join(orjson.dumps({"id": i, **r}) + b"\n" for i, r in enumerate(records, 1))
+    return b"".join(_json_line({"id": i, **r}) for i, r in enumerate(records, 1))
+
+
+# an escaped backslash just before a closing quote (even run of backslashes)
+_END_BACKSLASH = re.compile(rb'(?<!\\)((?:\\\\)*)\\\\"')
+
+
+def _json_line(record: dict) -> bytes:
+    """One JSON line; a string's final backslash is written ``\\u005c``, as the C writer does,
+    because Perfetto's JSON reader mis-reads ``\\\\"``."""
+    return _END_BACKSLASH.sub(rb'\1\\u005c"', orjson.dumps(record)) + b"\n"
 
 
 def _open(prefix: str, source: str, p_idx: int) -> bool:
@@ -265,8 +276,9 @@ def get_time() -> float:
 def log_event(name: str, cat: str, start_us: float, dur_us: float, args: Optional[dict] = None) -> None:
     """Records one complete event measured by the caller (µs since the epoch, as :func:`get_time`)."""
     if ensure_open():
-        start_ns = int(round(start_us * 1000))
-        _core.log(str(name), str(cat), start_ns, start_ns + int(round(dur_us * 1000)), args)
+        whole = math.floor(start_us)  # exact ns: start_us * 1000 would round at epoch magnitude
+        start_ns = whole * 1000 + round((start_us - whole) * 1000)
+        _core.log(str(name), str(cat), start_ns, start_ns + round(dur_us * 1000), args, timed=True)
 
 
 class region(contextlib.ContextDecorator):
