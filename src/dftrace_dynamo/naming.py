@@ -11,10 +11,10 @@ where the name comes from; all map to the dotted path that FX
   ``L['self'].layer1[0].conv1``, ``L['self']._modules['layer1']._modules['0']``
 * mangled, torch >= 2.3 (placeholder / node names):
   ``l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_``
-* mangled, older torch and seed 004's examples:
+* mangled, older torch (and graphs captured with it):
   ``L__self___layer1_0_conv1``, ``getattr_getattr_L__m___model_23_cv3_0___0_____0___conv``
 
-Rules (seed 004): strip the ``getattr_`` / ``L__<root>__`` / ``g__<root>__``
+Rules: strip the ``getattr_`` / ``L__<root>__`` / ``g__<root>__``
 prefixes, ``_<digits>_`` becomes ``.<digits>.``, a number right after a
 ``___`` separator is a subscript ``[N]``, a repeated component collapses
 (``model.model.0`` → ``model.0``), and names longer than ``max_len`` are cut
