@@ -30,6 +30,7 @@ _source = ""  # where _prefix came from, for messages
 _p_idx = -1
 _finalized = False  # finalize() was called, or opening failed: no lazy reopen
 _signals_bound = False
+_off_noted = False  # note_off() has logged
 _TRACE_SUFFIX = re.compile(r"(\.pfw)?(\.gz|\.zst)?$")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -186,8 +187,27 @@ def ensure_open() -> bool:
         if _core.is_open():
             return True
         if cfg.enable is not True or _finalized:
+            note_off()
             return False
         return _open(*_configured_log(cfg), -1)
+
+
+def note_off() -> None:
+    """Says once, at INFO level, that compiled code runs without recording, and why."""
+    global _off_noted
+    if _off_noted:
+        return
+    _off_noted = True
+    cfg = config.get()
+    if cfg.error:
+        reason = cfg.error
+    elif cfg.enable is False:
+        reason = "DFTRACER_ENABLE=0"
+    elif _finalized:
+        reason = "the trace was finalized or could not be opened"
+    else:
+        reason = "DFTRACER_ENABLE is unset and initialize_log() has not been called"
+    config.log.info("tracing is off (%s): nothing is recorded", reason)
 
 
 def enabled() -> bool:
