@@ -193,7 +193,7 @@ def ensure_open() -> bool:
 
 
 def note_off() -> None:
-    """Says once, at INFO level, that compiled code runs without recording, and why."""
+    """Says once, at INFO level, that nothing is recorded, and why."""
     global _off_noted
     if _off_noted:
         return

@@ -11,7 +11,7 @@ where the name comes from; all map to the dotted path that FX
   ``L['self'].layer1[0].conv1``, ``L['self']._modules['layer1']._modules['0']``
 * mangled, torch >= 2.3 (placeholder / node names):
   ``l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_``
-* mangled, older torch (and graphs captured with it):
+* mangled, older torch:
   ``L__self___layer1_0_conv1``, ``getattr_getattr_L__m___model_23_cv3_0___0_____0___conv``
 
 Rules: strip the ``getattr_`` / ``L__<root>__`` / ``g__<root>__``
