@@ -87,6 +87,8 @@ def test_steps_100_to_110(tmp_path):
     assert ops and {e["args"]["step"] for e in ops} <= set(steps)
     # forward and backward of each traced step, nothing of the 189 others
     assert len({(e["args"]["step"], e["args"]["phase"]) for e in ops}) == 2 * len(steps)
+    for name, cat in (("backward", "backward"), ("SGD.step", "optimizer")):
+        assert sorted(e["args"]["step"] for e in events if e.get("cat") == cat and e["name"] == name) == steps
 
 
 def test_slowest_module(tmp_path):
