@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import perfetto_tp
-from clitools import cli
+from scripts.clitools import cli
 from subproc import clean_env
 from tracefile import read_events
 
