@@ -175,7 +175,7 @@ def measure(fn, inputs, train, tool, rounds, block_calls):
 
 def clock_call_ns(n=200_000):
     """Cost of one time.perf_counter_ns() call from Python: this machine's speed right now
-    (shared/loaded machines vary several-fold; REFERENCE.md measured 45 ns)."""
+    (shared/loaded machines vary several-fold; 45 ns when this kind of machine is idle)."""
     clock = time.perf_counter_ns
     start = clock()
     for _ in range(n):

@@ -1,4 +1,4 @@
-"""Seed example 2: DFTracer as a ``torch.compile`` backend (pydftracer's user guide).
+"""Example 2 of pydftracer's user guide: DFTracer as a ``torch.compile`` backend.
 
 Run: ``DFTRACER_ENABLE=1 python examples/backend_example.py``.
 """

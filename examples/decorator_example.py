@@ -1,4 +1,4 @@
-"""Seed example 1: ``@dynamo.compile`` on a forward method (pydftracer's user guide).
+"""Example 1 of pydftracer's user guide: ``@dynamo.compile`` on a forward method.
 
 Run: ``DFTRACER_ENABLE=1 python examples/decorator_example.py`` (writes
 ``dynamo_trace-<hash>-<pid>.pfw.gz`` in the working directory).

@@ -1,4 +1,4 @@
-"""Seed example 3: a traced training loop (pydftracer's user guide).
+"""Example 3 of pydftracer's user guide: a traced training loop.
 
 The guide leaves ``train_loader`` to the reader; here it is a tiny synthetic
 MNIST-shaped data set so the example runs anywhere. Everything else is the

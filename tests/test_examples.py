@@ -1,4 +1,4 @@
-"""The seed's three examples (examples/*.py) run unchanged but for the import line and
+"""The three examples of pydftracer's user guide (examples/*.py) run unchanged but for the import line and
 write the traces their users expect: ATen op names, forward and backward events."""
 
 import os

@@ -44,7 +44,10 @@ def _next_graph_id() -> int:
 def tracing_disabled() -> bool:
     """DFTRACER_ENABLE=0 (or a bad DFTRACER_* value): compiled code is left untouched."""
     cfg = config.get()
-    return cfg.enable is False or cfg.error is not None
+    off = cfg.enable is False or cfg.error is not None
+    if off:
+        logger.note_off()
+    return off
 
 
 class Tags:

@@ -39,6 +39,7 @@ _signals_bound = False
 _exit_hooked_pid: Optional[int] = None  # the multiprocessing child whose exit closes the trace
 _sigterm_watch = None  # (wakeup fd, SIGTERM handler) of this process's SIGTERM watcher
 _serial = itertools.count(1)  # names for a file whose first-choice name is taken
+_off_noted = False  # note_off() has logged
 _TRACE_SUFFIX = re.compile(r"(\.pfw)?(\.gz|\.zst)?$")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -250,8 +251,27 @@ def ensure_open() -> bool:
         if _core.is_open():
             return True
         if cfg.enable is not True or _finalized:
+            note_off()
             return False
         return _open(*_configured_log(cfg), -1)
+
+
+def note_off() -> None:
+    """Says once, at INFO level, that nothing is recorded, and why."""
+    global _off_noted
+    if _off_noted:
+        return
+    _off_noted = True
+    cfg = config.get()
+    if cfg.error:
+        reason = cfg.error
+    elif cfg.enable is False:
+        reason = "DFTRACER_ENABLE=0"
+    elif _finalized:
+        reason = "the trace was finalized or could not be opened"
+    else:
+        reason = "DFTRACER_ENABLE is unset and initialize_log() has not been called"
+    config.log.info("tracing is off (%s): nothing is recorded", reason)
 
 
 def enabled() -> bool:

@@ -1,6 +1,6 @@
 """What is static about an FX node's event: its name and args, computed once at compile time.
 
-Names follow pydftracer (seed 001) so existing trace queries keep working:
+Names follow pydftracer's Dynamo backend so existing trace queries keep working:
 ``function.<op>[.<overload>]`` for ``call_function`` (``function.convolution.default``,
 ``function.linear``, ``function.getitem``), ``method.<name>`` for ``call_method`` and the
 readable module path (``layer1.0.conv1``) for ``call_module``.

@@ -1,0 +1,155 @@
+"""Every recipe of docs/recipes.rst runs as written, and gives what its text says.
+
+The files (``.. code-block:: python`` with a ``:caption:``) and the commands
+(``$`` lines of ``.. code-block:: console``) are read from the page itself, so
+the documentation and this test cannot drift apart."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import perfetto_tp
+from scripts.clitools import cli
+from subproc import clean_env
+from tracefile import read_events
+
+RECIPES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "recipes.rst"
+_DIRECTIVE = re.compile(r"^\.\. code-block:: (\w+)\n((?:   :\w+:.*\n)*)\n((?:(?:   .*)?\n)+)", re.M)
+_LABEL = re.compile(r"^\.\. _(recipe-[\w-]+):$", re.M)
+
+
+def parse(text):
+    """({file name: content}, {recipe label: [command, ...]}) of the page."""
+    files, commands = {}, {}
+    labels = [(m.start(), m.group(1)) for m in _LABEL.finditer(text)]
+    for m in _DIRECTIVE.finditer(text):
+        lang, options, body = m.group(1), m.group(2), textwrap.dedent(m.group(3)).strip("\n") + "\n"
+        caption = re.search(r":caption: (\S+)", options)
+        if lang == "python" and caption:
+            files[caption.group(1)] = body
+        elif lang == "console":
+            label = [name for start, name in labels if start < m.start()][-1]
+            commands.setdefault(label, []).extend(
+                line[2:] for line in body.splitlines() if line.startswith("$ "))
+    return files, commands
+
+
+FILES, COMMANDS = parse(RECIPES.read_text())
+
+
+def test_page_has_every_recipe():
+    assert set(COMMANDS) == {"recipe-steps", "recipe-slowest-module", "recipe-diff", "recipe-torchrun",
+                             "recipe-inductor", "recipe-split"}
+    assert {"train.py", "blocks.py", "ddp_train.py", "inductor_model.py"} <= set(FILES)
+
+
+def run_recipe(label, tmp_path):
+    """Writes the page's files into ``tmp_path`` and runs the recipe's commands there, in a shell
+    whose ``python`` and ``dftrace-dynamo`` are this interpreter's; returns their outputs."""
+    for name, content in FILES.items():
+        (tmp_path / name).write_text(content)
+    env = clean_env({"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")})
+    outputs = []
+    for command in COMMANDS[label]:
+        p = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert p.returncode == 0, (command, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+        outputs.append(p.stdout)
+    return outputs
+
+
+def events_under(directory):
+    paths = traces_under(directory)
+    assert paths, f"no trace under {directory}"
+    return [e for path in paths for e in read_events(path)]
+
+
+def traces_under(directory):
+    # `run` may put each run in a directory of its own under --out
+    return sorted(str(p) for p in pathlib.Path(directory).rglob("*.pfw*"))
+
+
+def op_events(events):
+    return [e for e in events if e.get("cat") == "dynamo" and e.get("ph") == "X"]
+
+
+def test_steps_100_to_110(tmp_path):
+    run_recipe("recipe-steps", tmp_path)
+    events = events_under(tmp_path / "steps-run")
+    steps = sorted(e["args"]["step"] for e in events if e.get("cat") == "step")
+    assert steps == sorted(set(steps)) and 10 <= len(steps) <= 11, steps
+    assert steps[0] >= 100 and steps[-1] <= 110, steps
+    ops = op_events(events)
+    assert ops and {e["args"]["step"] for e in ops} <= set(steps)
+    # forward and backward of each traced step, nothing of the 189 others
+    assert len({(e["args"]["step"], e["args"]["phase"]) for e in ops}) == 2 * len(steps)
+    for name, cat in (("backward", "backward"), ("SGD.step", "optimizer")):
+        assert sorted(e["args"]["step"] for e in events if e.get("cat") == cat and e["name"] == name) == steps
+
+
+def test_slowest_module(tmp_path):
+    run_recipe("recipe-slowest-module", tmp_path)
+    rows = json.loads((tmp_path / "modules.json").read_text())["views"]["module"]
+    assert [r["key"] for r in rows][:1] == ["body"], rows
+    assert {"embed", "head"} <= {r["key"] for r in rows}
+
+
+def test_compare_two_runs(tmp_path):
+    outputs = run_recipe("recipe-diff", tmp_path)
+    assert "function.addmm.default" in outputs[2] or "function.mm.default" in outputs[2], outputs[2]
+    # 32x wider layers: far more than 20 % slower, so --fail-above fails
+    assert outputs[3].strip() == "slower by more than 20 %", outputs[3]
+
+
+def test_torchrun_straggler(tmp_path):
+    run_recipe("recipe-torchrun", tmp_path)
+    names = [os.path.basename(p) for p in traces_under(tmp_path / "ddp-run")]
+    assert sorted(re.search(r"-rank(\d)-", n).group(1) for n in names) == ["0", "1"], names
+    rows = json.loads((tmp_path / "ranks.json").read_text())["views"]["rank"]
+    assert len(rows) == 2, rows
+    slowest = max(rows, key=lambda r: r["total_us"])
+    assert re.match(r"(rank\s*)?1(\D|$)", slowest["key"]), rows
+
+
+def test_inductor_kernels(tmp_path):
+    outputs = run_recipe("recipe-inductor", tmp_path)
+    events = events_under(tmp_path / "inductor-run")
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    graphs = [e for e in events if e.get("cat") == "dynamo_graph"]
+    assert kernels and graphs
+    assert {e["args"]["kernel_type"] for e in kernels} <= {"cpp", "extern", "fallback", "triton"}
+    assert any(e["name"].startswith("cpp_fused") for e in kernels), {e["name"] for e in kernels}
+    assert any(e["name"] == "extern_kernels.addmm" for e in kernels), {e["name"] for e in kernels}
+    for k in kernels:  # each inside a graph call of its thread
+        assert any(g["tid"] == k["tid"] and g["ts"] <= k["ts"] and k["ts"] + k["dur"] <= g["ts"] + g["dur"] + 1e-3
+                   for g in graphs), k
+        assert k["args"]["aten_ops"], k
+    assert "cpp_fused" in outputs[1]
+
+
+def _counted(events):
+    # what --max-events counts: complete events other than the file's start and end records
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") != "dftracer"]
+
+
+def test_cut_big_trace(tmp_path):
+    run_recipe("recipe-split", tmp_path)
+    whole = events_under(tmp_path / "big-run")
+    parts = traces_under(tmp_path / "parts")
+    assert len(parts) >= 2, parts
+    part_events = [read_events(p) for p in parts]
+    assert all(len(_counted(ev)) <= 2000 for ev in part_events), [len(_counted(ev)) for ev in part_events]
+    # no op lost or repeated
+    assert sum(len(op_events(ev)) for ev in part_events) == len(op_events(whole))
+    window = events_under(tmp_path / "window")
+    steps = {e["args"]["step"] for e in window if e.get("cat") == "step"}
+    assert steps and min(steps) >= 100 and max(steps) <= 110, steps
+    assert {e["args"]["step"] for e in op_events(window)} <= steps
+    p = cli("validate", tmp_path / "parts", tmp_path / "window")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert all(perfetto_tp.error_stats(path) == [] for path in parts)
+
