@@ -39,6 +39,7 @@ class Config:
     log_file: str = DEFAULT_LOG_FILE
     log_file_from_env: bool = False
     inc_metadata: bool = False
+    module_slices: bool = True  # DFTRACER_MODULE_SLICES: module events around the ops of each call
     compression: int = COMPRESSION_GZIP
     write_buffer_size: int = DEFAULT_BUFFER_SIZE
     bind_signals: bool = False
@@ -101,6 +102,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             log_file=log_file or DEFAULT_LOG_FILE,
             log_file_from_env=bool(log_file),
             inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
+            module_slices=_flag(env, "DFTRACER_MODULE_SLICES", True),
             compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
                                 "1 or gzip, 0 for none, zstd"),
             write_buffer_size=_size(env, "DFTRACER_WRITE_BUFFER_SIZE", DEFAULT_BUFFER_SIZE),
