@@ -22,6 +22,7 @@ CAT_COMPILE = "dynamo_compile"
 CAT_MODULE = "module"
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+_ROOT_PATH = re.compile(r"""^[LG]\[(['"])[^'"]+\1\]$""")
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -47,7 +48,10 @@ def _type_name(mtype: Any) -> str:
 
 
 def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
-    """The module calls that issued the op, outermost first: (call key, module path, module type).
+    """The module calls that issued the op, outermost first: (call key, module name, module type).
+
+    Names are module paths (``encoder.layer.3``) relative to the compiled root; the root
+    itself, where Dynamo records its call, is its class name lower-cased (``sequential``).
 
     Dynamo's ``nn_module_stack`` keys one entry per module call (a second call of the
     same module gets ``@1``); AOTAutograd copies the forward node's stack onto the
@@ -57,8 +61,14 @@ def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
     stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
     if not stack:
         return ()
-    return tuple((str(key), abbreviate(path, max_len=None), _type_name(mtype))
-                 for key, (path, mtype) in stack.items())
+    frames = []
+    for key, (path, mtype) in stack.items():
+        mtype = _type_name(mtype)
+        # The root (the module the compiled code was given: L['fn'], L['model']) is named
+        # by its class, lower-cased; the paths below it are relative to it.
+        name = mtype.lower() if _ROOT_PATH.match(str(path)) else abbreviate(path, max_len=None)
+        frames.append((str(key), name, mtype))
+    return tuple(frames)
 
 
 def module_of(node: torch.fx.Node, root: Optional[torch.nn.Module] = None) -> tuple[Optional[str], Optional[str]]:
