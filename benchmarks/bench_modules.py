@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -49,6 +50,28 @@ def compile_with_slices(fn, inputs, train, level, slices):
         config._config = saved
     spans = sum(modules.is_span(n) for gm in graphs for n in gm.graph.nodes)
     return compiled, spans
+
+
+def span_call_ns(n=20_000, repeats=21):
+    """Cost of one boundary call that closes a slice and opens the next (the most common
+    kind), recording, in a tight loop; min over repeats, so bursts of load drop out."""
+    import functools
+
+    from dftrace_dynamo import _core
+
+    site = _core.intern_site("bench.module", "module", {"module_type": "Bench", "graph": -1})
+    span = functools.partial(_core.span, _core.TagCell())
+    best = None
+    for _ in range(repeats):
+        start = t = span()
+        begin = time.perf_counter_ns()
+        for _ in range(n):
+            t = span(t, site)
+        elapsed = (time.perf_counter_ns() - begin) / n
+        span(start, site)
+        _core.flush()  # stay far from a full buffer: the loop must not wait for the writer
+        best = elapsed if best is None else min(best, elapsed)
+    return best
 
 
 def measure_pair(wname, level, rounds, block_calls):
@@ -79,6 +102,7 @@ def main(argv=None):
     parser.add_argument("--workloads", default="elem,mlp,mlp_train,bert,gpt2")
     parser.add_argument("--levels", default=",".join(LEVELS))
     parser.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
+    parser.add_argument("--span-call", action="store_true", help="also time one boundary call in a tight loop")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "LEVEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -91,6 +115,12 @@ def main(argv=None):
         measure_pair(wname, level, rounds, args.block_calls)
         return 0
     print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
+    if args.span_call:
+        from dftrace_dynamo import logger
+
+        logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "span"))
+        print(f"boundary call (close one slice, open the next), recording: {span_call_ns():.0f} ns")
+        logger.finalize()
     print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}", flush=True)
     header = (f"{'workload':<10} {'level':<6} {'ops/call':>8} {'spans/call':>9} {'off us/call':>12} {'ns/op':>7} "
               f"{'IQR ns/op':>16} {'ns/span':>8} {'ratio':>7}")
