@@ -409,7 +409,7 @@ static PyMethodDef methods[] = {
      "record(site, start_ns, end_ns, flags=0, tags=0)"},
     {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,
      "log(name, cat, start_ns, end_ns, args=None): one-off event."},
-    {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> start_ns: records module spans (design.rst)."},
+    {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
     {NULL, NULL, 0, NULL},
 };
