@@ -34,6 +34,7 @@ def rec(tmp_path):
 CHAINS_SQL = """
 select s.name, s.category cat, s.depth, extract_arg(s.arg_set_id, 'args.module') module,
        extract_arg(s.arg_set_id, 'args.phase') phase, extract_arg(s.arg_set_id, 'args.module_type') module_type,
+       extract_arg(s.arg_set_id, 'args.failed') failed,
        (select group_concat(name, '|') from (select name from ancestor_slice(s.id) order by depth)) chain
 from slice s where s.category in ('dynamo', 'module') order by s.ts, s.depth
 """
@@ -291,3 +292,37 @@ def test_module_slices_variable(tmp_path):
         events = read_events(path)
         assert {e["name"] for e in events if e.get("cat") == "module"} == expected
         assert {e["args"]["module"] for e in ops(events) if "module" in e["args"]} == {"0", "1"}
+
+
+class Picker(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, idx):
+        return torch.index_select(self.lin(x), 0, idx)
+
+
+class WithPicker(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(3, 3)
+        self.pick = Picker()
+
+    def forward(self, x, idx):
+        return self.pick(self.pre(x), idx)
+
+
+@pytest.mark.parametrize("level", ["aten", "torch"])
+def test_an_op_raising_inside_a_module_leaves_no_partial_slice(rec, level):
+    compiled = torch.compile(WithPicker(), backend=create_backend(level=level))
+    x = torch.randn(4, 3)
+    compiled(x, torch.tensor([1, 2]))
+    with pytest.raises((IndexError, RuntimeError)):
+        compiled(x, torch.tensor([1, 9]))
+    rows = chains(rec.path())  # loads with zero error stats
+    (failed,) = [r for r in rows if r["failed"] == 1]
+    assert failed["module"] == "pick" and failed["modules"] == []  # its slice was still open: not recorded
+    assert_nested_by_module([r for r in rows if r is not failed])
+    # the failing call records the slices closed before the error (pick.lin), not pick
+    assert [r["name"] for r in rows if r["cat"] == "module"] == ["pre", "pick", "pick.lin"] + ["pre", "pick.lin"]
