@@ -4,6 +4,8 @@ trace processor loads them with zero error stats), and switched off by DFTRACER_
 
 import copy
 import dataclasses
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -326,3 +328,26 @@ def test_an_op_raising_inside_a_module_leaves_no_partial_slice(rec, level):
     assert_nested_by_module([r for r in rows if r is not failed])
     # the failing call records the slices closed before the error (pick.lin), not pick
     assert [r["name"] for r in rows if r["cat"] == "module"] == ["pre", "pick", "pick.lin"] + ["pre", "pick.lin"]
+
+
+@pytest.mark.skipif(shutil.which("dftracer_validate") is None, reason="dftracer-utils not installed")
+def test_dftracer_validate_accepts_module_slices(rec):
+    compiled = torch.compile(Twice(), backend=create_backend(level="aten"))
+    compiled(torch.randn(2, 8)).sum().backward()
+    path = rec.path()
+    assert any(e.get("cat") == "module" for e in read_events(path))
+    v = subprocess.run(["dftracer_validate", "--files", path], capture_output=True, text=True, timeout=120)
+    assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout + v.stderr, v.stdout + v.stderr
+
+
+def test_a_root_module_reached_through_a_variable_is_named_by_it(rec):
+    def train_step(model, x):
+        return model(x).sum()
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    torch.compile(train_step, backend=create_backend(level="torch"))(model, torch.randn(2, 4))
+    rows = chains(rec.path())
+    assert [(r["name"], r["module"], r["modules"]) for r in rows if r["cat"] == "dynamo"] == [
+        ("function.linear", "0", ["model", "0"]), ("function.relu", "1", ["model", "1"]), ("method.sum", None, [])]
+    assert {r["name"]: r["module_type"] for r in rows if r["cat"] == "module"} == {
+        "model": "Sequential", "0": "Linear", "1": "ReLU"}

@@ -22,7 +22,7 @@ CAT_COMPILE = "dynamo_compile"
 CAT_MODULE = "module"
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
-_ROOT_PATH = re.compile(r"""^[LG]\[(['"])[^'"]+\1\]$""")
+_ROOT_PATH = re.compile(r"""^L\[(['"])(?:self|fn)\1\]$""")  # Dynamo's names for the compiled module
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -51,7 +51,8 @@ def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
     """The module calls that issued the op, outermost first: (call key, module name, module type).
 
     Names are module paths (``encoder.layer.3``) relative to the compiled root; the root
-    itself, where Dynamo records its call, is its class name lower-cased (``sequential``).
+    itself, where Dynamo records its call, is its class name lower-cased (``sequential``)
+    or the variable that holds it (``model``).
 
     Dynamo's ``nn_module_stack`` keys one entry per module call (a second call of the
     same module gets ``@1``); AOTAutograd copies the forward node's stack onto the
@@ -64,8 +65,9 @@ def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
     frames = []
     for key, (path, mtype) in stack.items():
         mtype = _type_name(mtype)
-        # The root (the module the compiled code was given: L['fn'], L['model']) is named
-        # by its class, lower-cased; the paths below it are relative to it.
+        # The module torch.compile was given, where Dynamo records its call (L['fn'] for an
+        # nn.Sequential), is named by its class; a module reached through a variable of the
+        # compiled function (L['model']) by that variable. Paths below are relative to it.
         name = mtype.lower() if _ROOT_PATH.match(str(path)) else abbreviate(path, max_len=None)
         frames.append((str(key), name, mtype))
     return tuple(frames)
