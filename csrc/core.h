@@ -3,7 +3,8 @@
  * Layout: module.c (Python API, interning, file lifecycle), callwrap.c
  * (Interceptor, GraphCall), ring.c (per-thread rings, fork), writer.c (writer
  * thread, placement, event lines), json.c (escaping, number formatting),
- * sink.c (plain / gzip members / zstd frames), clock.c (event clock).
+ * sink.c (plain / gzip members / zstd frames), clock.c (event clock), span.c
+ * (module spans).
  */
 #ifndef DFT_CORE_H
 #define DFT_CORE_H
@@ -283,5 +284,8 @@ extern PyTypeObject dft_TagCellType;
 extern PyTypeObject dft_InterceptorType;
 extern PyTypeObject dft_GraphCallType;
 int dft_check_site(unsigned long long site);
+
+/* ---- module spans (span.c) --------------------------------------------- */
+PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

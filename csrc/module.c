@@ -550,6 +550,7 @@ static PyMethodDef methods[] = {
     {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,
      "log(name, cat, start_ns, end_ns, args=None, timed=False): one-off event; timed: the "
      "caller's own times, kept on the thread's \"(logged)\" track."},
+    {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
     {NULL, NULL, 0, NULL},
 };

@@ -66,7 +66,11 @@ def compile_records(events):
 
 
 def executed_nodes(gm):
-    return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    """The graph's ops (after instrumentation: without the module-slice boundary calls)."""
+    from dftrace_dynamo import modules
+
+    return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+            and not modules.is_span(n)]
 
 
 def run_python(argv, cwd, env=None, timeout=300):

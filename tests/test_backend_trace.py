@@ -62,8 +62,11 @@ def test_torch_level_one_event_per_executed_node_nested_in_graph_event(rec):
     assert perfetto_tp.error_stats(path) == []
     nested = perfetto_tp.rows(path, (
         "select p.name parent, s.depth depth, count(*) n from slice s join slice p on s.parent_id = p.id "
-        "where s.category = 'dynamo' group by p.name, s.depth"))
-    assert nested == [{"parent": f"graph {gid} forward", "depth": 1, "n": 3 * len(nodes)}]
+        "where s.category in ('dynamo', 'module') group by p.name, s.depth"))
+    # each op sits in the slice of its module (layers.N inside layers), module slices in the graph's
+    assert sorted(nested, key=lambda r: r["parent"]) == [
+        {"parent": f"graph {gid} forward", "depth": 1, "n": 3 * 2}, {"parent": "head", "depth": 2, "n": 3},
+        {"parent": "layers", "depth": 2, "n": 3 * 6}, *({"parent": f"layers.{i}", "depth": 3, "n": 3} for i in range(6))]
 
 
 def test_aten_level_labels_forward_and_backward_with_modules(rec):
@@ -237,8 +240,9 @@ def test_threads_each_get_complete_nested_events(rec, level):
         assert len([e for e in ops(events) if e["tid"] == tid]) == per_call * len(
             [e for e in graphs(events) if e["tid"] == tid])
     assert perfetto_tp.error_stats(path) == []
-    assert perfetto_tp.rows(path, "select count(*) n from slice where category = 'dynamo' and depth = 1") == [
-        {"n": per_call * 61}]
+    assert perfetto_tp.rows(path, (
+        "select count(*) n from slice s join ancestor_slice(s.id) g where s.category = 'dynamo' "
+        "and g.depth = 0 and g.category = 'dynamo_graph'")) == [{"n": per_call * 61}]
 
 
 def test_several_compiled_models_get_their_own_graphs(rec):

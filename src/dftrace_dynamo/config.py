@@ -41,6 +41,7 @@ class Config:
     log_file: str = DEFAULT_LOG_FILE
     log_file_from_env: bool = False
     inc_metadata: bool = False
+    module_slices: bool = True  # DFTRACER_MODULE_SLICES: module events around the ops of each call
     compression: int = COMPRESSION_GZIP
     write_buffer_size: int = DEFAULT_BUFFER_SIZE
     bind_signals: bool = False
@@ -117,6 +118,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             log_file=log_file or DEFAULT_LOG_FILE,
             log_file_from_env=bool(log_file),
             inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
+            module_slices=_flag(env, "DFTRACER_MODULE_SLICES", True),
             compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
                                 "0 for none, 1 or gzip, 2 or zstd"),
             write_buffer_size=buffer_size,

@@ -15,7 +15,7 @@ import re
 import torch
 import torch.fx
 
-from . import _core, sites
+from . import _core, config, modules, sites
 
 _IDENT = re.compile(r"\W+")
 
@@ -41,11 +41,14 @@ def _bind(node: torch.fx.Node, root: torch.nn.Module):
 def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool, device_timer=None) -> int:
     """Rewrites ``gm`` in place and recompiles it; returns the number of instrumented nodes.
 
+    With module slices on (``DFTRACER_MODULE_SLICES``), the nodes of each ``nn.Module``
+    call are also enclosed in a ``module`` event (see :mod:`.modules`).
+
     ``device_timer`` (a ``cuda_events.DeviceTimer``) also brackets each op with CUDA events.
     """
     grad = _core.GRAD_INHERIT
     saved = []  # grad override in force before each open inference_mode region
-    count = 0
+    executed = []
     for node in list(gm.graph.nodes):
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -58,8 +61,8 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
         pyname = "dft_" + _IDENT.sub("_", name.removeprefix("function.")).strip("_")
         interceptor = _core.Interceptor(target, site, cell, mode, grad, name=pyname)
         original = node.target
+        executed.append((node, sites.module_stack(node)))
         node.op, node.target = "call_function", interceptor
-        count += 1
         # the mode switch itself runs under the old mode; the nodes after it under the new one
         if original is _SET_GRAD and isinstance(node.args[0], bool):
             grad = _core.GRAD_ON if node.args[0] else _core.GRAD_OFF
@@ -69,5 +72,7 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
                 grad = _core.GRAD_OFF
         elif original is _EXIT_INFERENCE and saved:
             grad = saved.pop()
+    if executed and config.get().module_slices:
+        modules.add_spans(gm.graph, *zip(*executed), graph_id, cell)
     gm.recompile()
-    return count
+    return len(executed)

@@ -19,8 +19,10 @@ from .naming import abbreviate
 CAT_OP = "dynamo"
 CAT_GRAPH = "dynamo_graph"
 CAT_COMPILE = "dynamo_compile"
+CAT_MODULE = "module"
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+_ROOT_PATH = re.compile(r"""^L\[(['"])(?:self|fn)\1\]$""")  # Dynamo's names for the compiled module
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -41,14 +43,34 @@ def op_name(node: torch.fx.Node) -> str:
     return f"function.{getattr(target, '__name__', type(target).__name__)}"
 
 
-def _stack_path(stack: Optional[dict]) -> tuple[Optional[str], Optional[str]]:
-    # nn_module_stack is ordered outermost first; the innermost module owns the op.
+def _type_name(mtype: Any) -> str:
+    return mtype.__name__ if isinstance(mtype, type) else str(mtype).rsplit(".", 1)[-1]
+
+
+def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
+    """The module calls that issued the op, outermost first: (call key, module name, module type).
+
+    Names are module paths (``encoder.layer.3``) relative to the compiled root; the root
+    itself, where Dynamo records its call, is its class name lower-cased (``sequential``)
+    or the variable that holds it (``model``).
+
+    Dynamo's ``nn_module_stack`` keys one entry per module call (a second call of the
+    same module gets ``@1``); AOTAutograd copies the forward node's stack onto the
+    backward nodes that differentiate it as ``fwd_nn_module_stack``.
+    """
+    meta = node.meta
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
     if not stack:
-        return None, None
-    path, mtype = list(stack.values())[-1]
-    name = abbreviate(path, max_len=None)
-    mtype = mtype.__name__ if isinstance(mtype, type) else str(mtype).rsplit(".", 1)[-1]
-    return (name or None), mtype
+        return ()
+    frames = []
+    for key, (path, mtype) in stack.items():
+        mtype = _type_name(mtype)
+        # The module torch.compile was given, where Dynamo records its call (L['fn'] for an
+        # nn.Sequential), is named by its class; a module reached through a variable of the
+        # compiled function (L['model']) by that variable. Paths below are relative to it.
+        name = mtype.lower() if _ROOT_PATH.match(str(path)) else abbreviate(path, max_len=None)
+        frames.append((str(key), name, mtype))
+    return tuple(frames)
 
 
 def module_of(node: torch.fx.Node, root: Optional[torch.nn.Module] = None) -> tuple[Optional[str], Optional[str]]:
@@ -56,9 +78,11 @@ def module_of(node: torch.fx.Node, root: Optional[torch.nn.Module] = None) -> tu
     if node.op == "call_module":
         mod = root.get_submodule(node.target) if root is not None else None
         return abbreviate(node.target, max_len=None), (type(mod).__name__ if mod is not None else None)
-    meta = node.meta
-    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
-    return _stack_path(stack)
+    stack = module_stack(node)
+    if not stack:
+        return None, None
+    _, path, mtype = stack[-1]  # the innermost module owns the op
+    return (path or None), mtype
 
 
 def source_of(node: torch.fx.Node) -> Optional[str]:

@@ -1,0 +1,143 @@
+"""Cost of module slices: the same traced graph with DFTRACER_MODULE_SLICES on versus off.
+
+Run (pinned to one core, one torch thread, as in benchmarks/results_modules.rst)::
+
+    DFTRACER_ENABLE=1 DFTRACER_DISABLE_IO=1 taskset -c 1 python3 benchmarks/bench_modules.py --rounds 30
+
+Each workload and level is measured in a fresh process, with the workloads, the timed
+blocks and the pairing of ``bench_overhead.py``: the workload is compiled twice with
+our backend, once with module slices off (A) and once on (B), both recording to the
+same trace; blocks of calls alternate A, B, A, B... after a warm-up. ``ns/op`` is the
+median of the paired differences divided by the ops executed per call (IQR: the noise),
+``ratio`` the median of B/A, ``ns/span`` the same difference per boundary call (one per
+point where module calls begin or end). Transformers get a third of the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_overhead import Tool, clock_call_ns, ops_per_call, run, workload  # noqa: E402
+
+LEVELS = ("torch", "aten")
+
+
+def compile_with_slices(fn, inputs, train, level, slices):
+    """``fn`` compiled by our backend with module slices on or off; returns it and the
+    number of boundary calls one call of it makes."""
+    from dftrace_dynamo import config, create_backend, modules
+
+    graphs = []
+    # the switch is read when a graph is instrumented, i.e. during the first call
+    saved = config.get()
+    config._config = dataclasses.replace(saved, module_slices=slices)
+    try:
+        backend = create_backend(level=level, on_graph=lambda gm, example_inputs, info: graphs.append(gm))
+        compiled = torch.compile(copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn, backend=backend)
+        run(compiled, inputs, train)
+    finally:
+        config._config = saved
+    spans = sum(modules.is_span(n) for gm in graphs for n in gm.graph.nodes)
+    return compiled, spans
+
+
+def span_call_ns(n=20_000, repeats=21):
+    """Cost of one boundary call that closes a slice and opens the next (the most common
+    kind), recording, in a tight loop; min over repeats, so bursts of load drop out."""
+    import functools
+
+    from dftrace_dynamo import _core
+
+    site = _core.intern_site("bench.module", "module", {"module_type": "Bench", "graph": -1})
+    span = functools.partial(_core.span, _core.TagCell())
+    best = None
+    for _ in range(repeats):
+        start = t = span()
+        begin = time.perf_counter_ns()
+        for _ in range(n):
+            t = span(t, site)
+        elapsed = (time.perf_counter_ns() - begin) / n
+        span(start, site)
+        _core.flush()  # stay far from a full buffer: the loop must not wait for the writer
+        best = elapsed if best is None else min(best, elapsed)
+    return best
+
+
+def measure_pair(wname, level, rounds, block_calls):
+    fn, inputs, train, default_calls = workload(wname)
+    block_calls = block_calls or default_calls
+    n = ops_per_call(fn, inputs, level, train)
+    off, _ = compile_with_slices(fn, inputs, train, level, False)
+    on, spans = compile_with_slices(fn, inputs, train, level, True)
+    call_a, call_b = (lambda: run(off, inputs, train)), (lambda: run(on, inputs, train))
+    for _ in range(3):  # warm up both
+        call_a()
+        call_b()
+    diffs, ratios = [], []
+    for _ in range(rounds):
+        a = Tool.block(None, call_a, block_calls)
+        b = Tool.block(None, call_b, block_calls)
+        diffs.append((b - a) / block_calls)
+        ratios.append(b / a)
+    q1, median, q3 = statistics.quantiles(diffs, n=4)
+    per_span = f"{median / spans:.0f}" if spans else "-"
+    print(f"{wname:<10} {level:<6} {n:>8} {spans:>9} {a / block_calls / 1e3:>12.1f} {median / n:>7.1f} "
+          f"{q1 / n:>7.1f}..{q3 / n:<7.1f} {per_span:>8} {statistics.median(ratios):>7.4f}", flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30, help="A,B block pairs per measurement")
+    parser.add_argument("--workloads", default="elem,mlp,mlp_train,bert,gpt2")
+    parser.add_argument("--levels", default=",".join(LEVELS))
+    parser.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
+    parser.add_argument("--span-call", action="store_true", help="also time one boundary call in a tight loop")
+    parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "LEVEL"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.one:
+        from dftrace_dynamo import logger
+
+        logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "bench"))
+        wname, level = args.one
+        rounds = args.rounds if wname in ("elem", "mlp", "mlp_train") else max(5, args.rounds // 3)
+        measure_pair(wname, level, rounds, args.block_calls)
+        return 0
+    print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
+    if args.span_call:
+        from dftrace_dynamo import logger
+
+        logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "span"))
+        print(f"boundary call (close one slice, open the next), recording: {span_call_ns():.0f} ns")
+        logger.finalize()
+    print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}", flush=True)
+    header = (f"{'workload':<10} {'level':<6} {'ops/call':>8} {'spans/call':>9} {'off us/call':>12} {'ns/op':>7} "
+              f"{'IQR ns/op':>16} {'ns/span':>8} {'ratio':>7}")
+    print(header)
+    print("-" * len(header))
+    passed = [f"--rounds={args.rounds}"] + ([f"--block-calls={args.block_calls}"] if args.block_calls else [])
+    for wname in args.workloads.split(","):
+        for level in args.levels.split(","):
+            if wname == "mlp_train" and level == "torch":
+                continue  # its backward runs in eager autograd: no module slices there
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", wname, level, *passed],
+                                  capture_output=True, text=True)
+            rows = [line for line in proc.stdout.splitlines() if line.startswith(wname)]
+            print(rows[-1] if proc.returncode == 0 and rows else
+                  f"{wname:<10} {level:<6} failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Module slices: one ``module`` event around the ops of each ``nn.Module`` call.
+
+Where calls begin and end is decided once, at compile time, from each executed
+node's module stack (:func:`sites.module_stack`, outermost call first). Walking
+the nodes in execution order with a stack of open calls, a node closes the open
+calls that are not in its own stack (innermost first) and opens the ones its
+stack adds. Slices therefore always form a proper stack over the op sequence
+and nest exactly in trace viewers; a call whose ops are interleaved with
+another's (AOTAutograd's partitioning and the backward order do this) gets one
+slice per run of its ops, and an op without a module sits in no slice.
+
+At each boundary the graph gets one ``_core.span`` call: it records the calls
+closed there (from their start to now) and returns now, the start of the calls
+opened there. Ops run exactly as before; a slice costs one call per module call.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import torch.fx
+
+from . import _core, sites
+
+Frame = tuple[str, str, str]  # (call key, module path, module type), as sites.module_stack gives
+
+
+def boundaries(stacks: Sequence[Sequence[Frame]]) -> list[tuple[int, list[Frame], list[Frame]]]:
+    """``(i, closed, opened)`` for each point before op ``i`` where the open calls change;
+    ``i == len(stacks)`` is after the last op. ``closed`` is innermost first, ``opened``
+    outermost first. Frames are the same call when their keys are equal."""
+    changes = []
+    current: Sequence[Frame] = ()
+    for i, stack in enumerate([*stacks, ()]):
+        keep = 0
+        while keep < min(len(current), len(stack)) and current[keep][0] == stack[keep][0]:
+            keep += 1
+        if keep < len(current) or keep < len(stack):
+            changes.append((i, list(reversed(current[keep:])), list(stack[keep:])))
+            current = stack
+    return changes
+
+
+def is_span(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a boundary call added by :func:`add_spans` (not one of the user's ops)."""
+    return getattr(node.target, "func", None) is _core.span
+
+
+def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Sequence[Sequence[Frame]],
+              graph_id: int, cell) -> int:
+    """Inserts the boundary calls for ``nodes`` (the executed nodes, in order, and their module
+    stacks) into ``graph``; returns the number of module slices a call of the graph records."""
+    changes = boundaries(stacks)
+    if not changes:
+        return 0
+    span = functools.partial(_core.span, cell)
+    # FX binds the call as a global of the generated code under this name
+    span.__name__, span.__module__ = "dft_module_span", _core.__name__
+    site_ids: dict[tuple[str, str], int] = {}
+
+    def site(frame: Frame) -> int:
+        _, path, mtype = frame
+        if (path, mtype) not in site_ids:
+            site_ids[path, mtype] = _core.intern_site(path, sites.CAT_MODULE,
+                                                      {"module_type": mtype, "graph": graph_id})
+        return site_ids[path, mtype]
+
+    anchors = [*nodes, next(n for n in reversed(graph.nodes) if n.op == "output")]
+    starts: dict[str, torch.fx.Node] = {}  # open call key -> the boundary node that returned its start
+    slices = 0
+    for i, closed, opened in changes:
+        args = []
+        for frame in closed:
+            args += [starts.pop(frame[0]), site(frame)]
+        with graph.inserting_before(anchors[i]):
+            start = graph.call_function(span, tuple(args))
+        starts.update((frame[0], start) for frame in opened)
+        slices += len(opened)
+    return slices

@@ -1,0 +1,353 @@
+"""Module slices: op events sit in ``module`` slices of the nn.Module calls that issued them,
+nested by hierarchy, in forward and backward, at both levels, exactly (the real Perfetto
+trace processor loads them with zero error stats), and switched off by DFTRACER_MODULE_SLICES=0."""
+
+import copy
+import dataclasses
+import shutil
+import subprocess
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import perfetto_tp
+from backend_support import Recorder, executed_nodes, ops, run_py
+from dftrace_dynamo import _core, config, create_backend, modules
+from tracefile import read_events, traces
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def rec(tmp_path):
+    recorder = Recorder(tmp_path)
+    yield recorder
+    recorder._logger.finalize()
+
+
+# every op and module slice with its module arg and the names of the slices enclosing it
+CHAINS_SQL = """
+select s.name, s.category cat, s.depth, extract_arg(s.arg_set_id, 'args.module') module,
+       extract_arg(s.arg_set_id, 'args.phase') phase, extract_arg(s.arg_set_id, 'args.module_type') module_type,
+       extract_arg(s.arg_set_id, 'args.failed') failed,
+       (select group_concat(name, '|') from (select name from ancestor_slice(s.id) order by depth)) chain
+from slice s where s.category in ('dynamo', 'module') order by s.ts, s.depth
+"""
+
+
+def chains(path):
+    """Perfetto's view of ``path`` (which must load with zero error stats): one dict per op or
+    module slice, with ``modules``, the module slices between its graph slice and it."""
+    assert perfetto_tp.error_stats(path) == []
+    result = []
+    for row in perfetto_tp.rows(path, CHAINS_SQL):
+        chain = row.pop("chain").split("|")
+        graph = next(i for i, name in enumerate(chain) if name.startswith("graph "))
+        result.append(dict(row, graph=chain[graph], modules=chain[graph + 1:], rel_depth=len(chain) - graph))
+    return result
+
+
+def assert_nested_by_module(rows):
+    """Each op sits in the slice of its own module, inside the slices of the calls enclosing
+    that one (each a dotted prefix of the next), inside its graph; an op without a module
+    sits directly in its graph."""
+    op_rows = [r for r in rows if r["cat"] == "dynamo"]
+    assert op_rows
+    for r in op_rows:
+        if r["module"] is None:
+            assert r["modules"] == [], r
+        else:
+            assert r["modules"] and r["modules"][-1] == r["module"], r
+        assert all(inner.startswith(outer + ".") for outer, inner in zip(r["modules"], r["modules"][1:])), r
+
+
+class ConvNet(nn.Module):
+    """The network of pydftracer's training-loop guide, on 1×12×12 images."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3)
+        self.conv2 = nn.Conv2d(4, 8, 3)
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def test_boundaries_form_a_stack_over_the_op_sequence():
+    a, ax, ay = ("ka", "a", "A"), ("kax", "a.x", "X"), ("kay", "a.y", "Y")
+    a1, a1x = ("ka@1", "a", "A"), ("kax@1", "a.x", "X")
+    b = ("kb", "b", "B")
+    stacks = [(a, ax), (a, ax), (a, ay), (b,), (a, ax), (), (a1, a1x)]
+    assert modules.boundaries(stacks) == [
+        (0, [], [a, ax]),
+        (2, [ax], [ay]),
+        (3, [ay, a], [b]),  # innermost closed first
+        (4, [b], [a, ax]),  # a's ops interleaved with b's: a second slice of a
+        (5, [ax, a], []),  # an op without a module sits in no slice
+        (6, [], [a1, a1x]),  # a second call of the same module: its own slices
+        (7, [a1x, a1], []),
+    ]
+    assert modules.boundaries([(), ()]) == []
+
+
+def test_span_records_closed_slices_with_graph_context_and_tags(tmp_path):
+    site = _core.intern_site("enc.layer", "module", {"module_type": "Layer", "graph": 7})
+    cell = _core.TagCell()
+    assert _core.span(cell) == 0  # no file open: nothing is recorded, a start of 0
+    rec = Recorder(tmp_path)
+    try:
+        cell.id = _core.intern_tags({"name": "run"})
+        start = _core.span(cell)
+        assert start > 0
+        assert _core.span(cell, 0, site) >= start  # opened while nothing was recorded: skipped
+        assert _core.span(cell, start, site, start, site) >= start
+        with pytest.raises(TypeError):
+            _core.span(cell, start)
+        with pytest.raises(TypeError):
+            _core.span(object())
+        with pytest.raises(ValueError, match="unknown site"):
+            _core.span(None, start, 10 ** 9)
+    finally:
+        path = rec.path()
+    events = [e for e in read_events(path) if e.get("cat") == "module"]
+    assert len(events) == 2
+    for e in events:
+        assert e["name"] == "enc.layer"
+        assert e["args"]["module_type"] == "Layer" and e["args"]["graph"] == 7 and e["args"]["name"] == "run"
+        assert "phase" not in e["args"]  # called outside any graph
+
+
+def test_convnet_training_has_module_slices_in_forward_and_backward(rec):
+    torch.manual_seed(0)
+    model = ConvNet()
+    compiled = torch.compile(model, backend=create_backend(level="aten"))
+    optimizer = torch.optim.Adam(model.parameters())
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(3):
+        x, y = torch.randn(4, 1, 12, 12), torch.randint(0, 10, (4,))
+        optimizer.zero_grad()
+        loss_fn(compiled(x), y).backward()
+        optimizer.step()
+    rows = chains(rec.path())
+    assert_nested_by_module(rows)
+    slices = [r for r in rows if r["cat"] == "module"]
+    for phase in ("forward", "backward"):
+        names = [r["name"] for r in slices if r["phase"] == phase]
+        assert set(names) == {"conv1", "conv2", "fc1", "fc2"}, phase
+        assert all(names.count(n) >= 3 for n in set(names))  # every step
+    assert {r["name"]: r["module_type"] for r in slices} == {
+        "conv1": "Conv2d", "conv2": "Conv2d", "fc1": "Linear", "fc2": "Linear"}
+    assert all(r["modules"] == [] and r["rel_depth"] == 1 for r in slices)  # top-level modules: in the graph
+    def modules_of(name, phase):
+        return {tuple(r["modules"]) for r in rows if r["name"] == name and r["phase"] == phase}
+
+    assert modules_of("function.convolution.default", "forward") == {("conv1",), ("conv2",)}
+    assert modules_of("function.convolution_backward.default", "backward") == {("conv1",), ("conv2",)}
+    assert modules_of("function.addmm.default", "forward") == {("fc1",), ("fc2",)}
+    assert modules_of("function.relu.default", "forward") == {()}  # the model's own op: in the graph
+
+
+def bert_for_classification():
+    tf = pytest.importorskip("transformers")
+    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=100, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, num_labels=3)
+    return tf.BertForSequenceClassification(cfg).train()
+
+
+def train_step(model, backend, ids, labels):
+    """Loss and gradients of one training step of a copy of ``model``."""
+    model = copy.deepcopy(model)
+    fn = model if backend is None else torch.compile(model, backend=backend)
+    loss = fn(ids, labels=labels).loss
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+QUERY = "bert.encoder.layer.{}.attention.self.query"
+
+
+@pytest.mark.parametrize("level", ["aten", "torch"])
+def test_bert_training_step_nests_graph_bert_encoder_layer_attention_op(rec, level):
+    torch.manual_seed(0)
+    model = bert_for_classification()
+    ids, labels = torch.randint(0, 100, (2, 12)), torch.tensor([0, 2])
+    eager_loss, eager_grads = train_step(model, None, ids, labels)
+    loss, grads = train_step(model, create_backend(level=level), ids, labels)
+    assert torch.equal(loss, eager_loss)
+    assert all((g is None and e is None) or torch.equal(g, e) for g, e in zip(grads, eager_grads))
+
+    rows = chains(rec.path())
+    assert_nested_by_module(rows)
+    layer0 = ["bert", "bert.encoder", "bert.encoder.layer.0", "bert.encoder.layer.0.attention",
+              "bert.encoder.layer.0.attention.self", QUERY.format(0)]
+    matmul = "function.addmm.default" if level == "aten" else "function.linear"
+    query_ops = [r for r in rows if r["cat"] == "dynamo" and r["name"] == matmul and r["module"] == QUERY.format(0)]
+    assert len(query_ops) == 1
+    # graph → bert → encoder → layer.0 → attention → self → query → op
+    assert query_ops[0]["modules"] == layer0 and query_ops[0]["rel_depth"] == 7
+    phases = {"aten": {"forward", "backward"}, "torch": {"forward"}}[level]  # torch level: eager backward
+    for phase in phases:
+        names = {r["name"] for r in rows if r["cat"] == "module" and r["phase"] == phase}
+        assert {*layer0, QUERY.format(1), "bert.encoder.layer.1.output.dense", "classifier"} <= names, phase
+    types = {r["name"]: r["module_type"] for r in rows if r["cat"] == "module"}
+    assert types["bert"] == "BertModel" and types["bert.encoder.layer.1"] == "BertLayer"
+    if level == "aten":
+        # backward ops are in the slices of the module whose forward they differentiate
+        grads_of_query = [r for r in rows if r["cat"] == "dynamo" and r["phase"] == "backward"
+                          and r["module"] == QUERY.format(1)]
+        assert grads_of_query and all(r["modules"][:3] == ["bert", "bert.encoder", "bert.encoder.layer.1"]
+                                      for r in grads_of_query)
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x):
+        return self.block(self.block(x))
+
+
+@pytest.mark.parametrize("level", ["aten", "torch"])
+def test_a_module_called_twice_gets_two_slices(rec, level):
+    compiled = torch.compile(Twice(), backend=create_backend(level=level))
+    compiled(torch.randn(2, 8)).sum().backward()
+    rows = chains(rec.path())
+    assert_nested_by_module(rows)
+    forward = [r for r in rows if r["cat"] == "module" and r["phase"] == "forward"]
+    assert [r["name"] for r in forward] == ["block", "block.0", "block.1"] * 2
+    if level == "aten":
+        backward = [r["name"] for r in rows if r["cat"] == "module" and r["phase"] == "backward"]
+        assert backward.count("block") >= 2 and backward.count("block.0") >= 2
+
+
+def _stack(*frames):
+    """An nn_module_stack as Dynamo writes it: call key -> (source path, module type)."""
+    return {key: (f"L['self'].{path}", nn.Module) for key, path in frames}
+
+
+def test_interleaved_module_ops_still_nest_exactly(rec):
+    """A hand-built graph whose ops alternate between modules (as partitioning can leave them)."""
+    a, ax, ay, b = ("ka", "a"), ("kax", "a.x"), ("kay", "a.y"), ("kb", "b")
+    graph = torch.fx.Graph()
+    value = graph.placeholder("x")
+    plan = [(torch.sin, (a, ax)), (torch.cos, (b,)), (torch.neg, (a, ax)), (torch.exp, (a, ay)),
+            (torch.abs, ()), (torch.tanh, (a, ax)), (torch.relu, (b,)), (torch.sigmoid, (a,))]
+    for fn, frames in plan:
+        value = graph.call_function(fn, (value,))
+        if frames:
+            value.meta["nn_module_stack"] = _stack(*frames)
+    graph.output((value,))
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    x = torch.randn(4)
+    expected = gm(x)[0]
+    compiled = create_backend(level="torch")(gm, [x])
+    assert len(executed_nodes(gm)) == len(plan)
+    assert torch.equal(compiled(x)[0], expected)
+
+    rows = chains(rec.path())
+    assert_nested_by_module(rows)
+    assert [(r["name"], r["modules"]) for r in rows if r["cat"] == "dynamo"] == [
+        (f"function.{fn.__name__}", [p for _, p in frames]) for fn, frames in plan]
+    assert [r["name"] for r in rows if r["cat"] == "module"] == ["a", "a.x", "b", "a", "a.x", "a.y", "a", "a.x",
+                                                                 "b", "a"]
+
+
+def test_module_slices_switched_off_keep_the_module_arg(rec, monkeypatch):
+    monkeypatch.setattr(config, "_config", dataclasses.replace(config.get(), module_slices=False))
+    compiled = torch.compile(Twice(), backend=create_backend(level="aten"))
+    compiled(torch.randn(2, 8)).sum().backward()
+    events = read_events(rec.path())
+    assert [e for e in events if e.get("cat") == "module"] == []
+    assert {e["args"].get("module") for e in ops(events)} >= {"block.0", "block.1"}
+
+
+def test_module_slices_variable(tmp_path):
+    assert config.load({}).module_slices is True
+    assert config.load({"DFTRACER_MODULE_SLICES": "0"}).module_slices is False
+    bad = config.load({"DFTRACER_MODULE_SLICES": "off"})
+    assert bad.enable is False and "DFTRACER_MODULE_SLICES='off'" in bad.error and "0 or 1" in bad.error
+    code = """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        torch.compile(m, backend="dftrace")(torch.randn(2, 4))
+    """
+    # nn.Sequential compiled itself: Dynamo records its call, named by its class
+    for value, expected in (("0", set()), ("1", {"sequential", "0", "1"})):
+        out = tmp_path / value
+        out.mkdir()
+        run_py(code, out, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(out / "t"),
+                           "DFTRACER_MODULE_SLICES": value}, timeout=180)
+        (path,) = traces(out, "t-*.pfw.gz")
+        events = read_events(path)
+        assert {e["name"] for e in events if e.get("cat") == "module"} == expected
+        assert {e["args"]["module"] for e in ops(events) if "module" in e["args"]} == {"0", "1"}
+
+
+class Picker(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, idx):
+        return torch.index_select(self.lin(x), 0, idx)
+
+
+class WithPicker(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(3, 3)
+        self.pick = Picker()
+
+    def forward(self, x, idx):
+        return self.pick(self.pre(x), idx)
+
+
+@pytest.mark.parametrize("level", ["aten", "torch"])
+def test_an_op_raising_inside_a_module_leaves_no_partial_slice(rec, level):
+    compiled = torch.compile(WithPicker(), backend=create_backend(level=level))
+    x = torch.randn(4, 3)
+    compiled(x, torch.tensor([1, 2]))
+    with pytest.raises((IndexError, RuntimeError)):
+        compiled(x, torch.tensor([1, 9]))
+    rows = chains(rec.path())  # loads with zero error stats
+    (failed,) = [r for r in rows if r["failed"] == 1]
+    assert failed["module"] == "pick" and failed["modules"] == []  # its slice was still open: not recorded
+    assert_nested_by_module([r for r in rows if r is not failed])
+    # the failing call records the slices closed before the error (pick.lin), not pick
+    assert [r["name"] for r in rows if r["cat"] == "module"] == ["pre", "pick", "pick.lin"] + ["pre", "pick.lin"]
+
+
+@pytest.mark.skipif(shutil.which("dftracer_validate") is None, reason="dftracer-utils not installed")
+def test_dftracer_validate_accepts_module_slices(rec):
+    compiled = torch.compile(Twice(), backend=create_backend(level="aten"))
+    compiled(torch.randn(2, 8)).sum().backward()
+    path = rec.path()
+    assert any(e.get("cat") == "module" for e in read_events(path))
+    v = subprocess.run(["dftracer_validate", "--files", path], capture_output=True, text=True, timeout=120)
+    assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout + v.stderr, v.stdout + v.stderr
+
+
+def test_a_root_module_reached_through_a_variable_is_named_by_it(rec):
+    def train_step(model, x):
+        return model(x).sum()
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    torch.compile(train_step, backend=create_backend(level="torch"))(model, torch.randn(2, 4))
+    rows = chains(rec.path())
+    assert [(r["name"], r["module"], r["modules"]) for r in rows if r["cat"] == "dynamo"] == [
+        ("function.linear", "0", ["model", "0"]), ("function.relu", "1", ["model", "1"]), ("method.sum", None, [])]
+    assert {r["name"]: r["module_type"] for r in rows if r["cat"] == "module"} == {
+        "model": "Sequential", "0": "Linear", "1": "ReLU"}
