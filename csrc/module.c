@@ -218,6 +218,9 @@ static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObj
     uint32_t site = (uint32_t)PyLong_AsUnsignedLong(id);
     Py_DECREF(id);
     char *extra = NULL;
+    uint32_t flags = DFT_FLAG_NOCTX;
+    if (o[4] && PyDict_Check(o[4]) && PyDict_GetItemString(o[4], "step"))
+        flags |= DFT_FLAG_NOSTEP; /* its own step arg, not the current step */
     if (o[4] && o[4] != Py_None) {
         dft_buf b = {0};
         if (dft_json_fields(&b, o[4]) < 0 || dft_buf_reserve(&b, 1) < 0) {
@@ -229,7 +232,7 @@ static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObj
         b.p[b.len] = 0;
         extra = b.len ? b.p : (free(b.p), NULL);
     }
-    if (dft_push(site, s, e, DFT_FLAG_NOCTX, 0, extra) < 0)
+    if (dft_push(site, s, e, flags, 0, extra) < 0)
         free(extra);
     Py_RETURN_NONE;
 }
@@ -460,6 +463,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)
             goto fail;
+    if (PyModule_AddFunctions(m, dft_step_methods) < 0)
+        goto fail;
     if (PyModule_AddObjectRef(m, "TagCell", (PyObject *)&dft_TagCellType) < 0 ||
         PyModule_AddObjectRef(m, "Interceptor", (PyObject *)&dft_InterceptorType) < 0 ||
         PyModule_AddObjectRef(m, "GraphCall", (PyObject *)&dft_GraphCallType) < 0)

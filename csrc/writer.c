@@ -152,6 +152,17 @@ static inline char *put_head(char *p, const char *namecat, size_t len, uint32_t 
     return dft_fmt_u64(p, tid);
 }
 
+/* A step slice's name is its number: "step N", cat step (steps.c). */
+static char *put_step_head(char *p, uint32_t n, uint32_t tid) {
+    static const char pre[] = ",\"name\":\"step ", post[] = "\",\"cat\":\"step\"";
+    char nc[48], *q = nc;
+    memcpy(q, pre, sizeof pre - 1);
+    q = dft_fmt_u64(q + sizeof pre - 1, n);
+    memcpy(q, post, sizeof post - 1);
+    q += sizeof post - 1;
+    return put_head(p, nc, (size_t)(q - nc), tid);
+}
+
 /* ..,"ph":"M","args":{"hhash":..,"name":..}} */
 static int emit_thread_name(dft_ring *r) {
     dft_buf *b = &dft_w.fmt;
@@ -186,7 +197,10 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     place(r, s, e, &S, &E);
 
     char *p = b->p + b->len;
-    p = put_head(p, site->namecat.p, site->namecat.len, r->tid);
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_STEP))
+        p = put_step_head(p, x->step - 1, r->tid);
+    else
+        p = put_head(p, site->namecat.p, site->namecat.len, r->tid);
     PUT(",\"ts\":");
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":");
@@ -198,6 +212,10 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
         PUTS(tags->p, tags->len);
     if (extra_len)
         PUTS(x->extra, extra_len);
+    if (x->step && !(x->flags & DFT_FLAG_NOSTEP)) {
+        PUT(",\"step\":");
+        p = dft_fmt_u64(p, x->step - 1);
+    }
     if (!(x->flags & DFT_FLAG_NOCTX)) {
         PUT(",\"grad_enabled\":");
         *p++ = (x->flags & DFT_FLAG_GRAD) ? '1' : '0';
