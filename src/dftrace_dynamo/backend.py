@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, compile_events, config, cuda_events, instrument, logger, sites
+from . import _core, compile_events, config, cuda_events, instrument, logger, sites, steps
 
 LEVELS = ("aten", "torch")
 DEFAULT_LEVEL = "aten"
@@ -56,10 +56,17 @@ class Tags:
         self.update(**values)
 
     def update(self, args: Optional[dict] = None, **values) -> None:
-        """Sets the given tags (``None`` leaves a tag unchanged); later events carry them, no recompile."""
-        self.values.update({k: v for k, v in values.items() if v is not None})
+        """Sets the given tags (``None`` leaves a tag unchanged); later events carry them, no recompile.
+
+        ``step`` is not a tag: it names the current step (every event carries the step it ran in).
+        """
+        values = {k: v for k, v in values.items() if v is not None}
         if args:
-            self.values.update(args)
+            values.update(args)
+        if values.get("step") is not None:
+            steps.name_step(values.pop("step"))
+        values.pop("step", None)
+        self.values.update(values)
         self.cell.id = _core.intern_tags(self.values) if self.values else 0
 
 
