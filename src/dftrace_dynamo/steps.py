@@ -2,9 +2,10 @@
 
 A step ends at every ``step()`` of any ``torch.optim.Optimizer`` (torch's global
 optimizer hooks: no change to the user's loop), or where the user marks it with
-:func:`step` / :func:`step_context` (then optimizer steps no longer end steps).
-Steps are numbered from 0; step 0 begins when tracing starts (the trace file
-opens). Each step is written as the slice ``step N`` (cat ``step``) on the thread
+:func:`step` / :func:`step_context` (from then on, in that trace file, optimizer
+steps no longer end steps).
+Each trace file numbers its steps from 0; step 0 begins when tracing starts
+(the trace file opens). Each step is written as the slice ``step N`` (cat ``step``) on the thread
 that ends it, from the end of the previous step to the end of this one, and
 every event recorded meanwhile carries ``args.step = N`` (the C core writes the
 current step into each record).
@@ -39,9 +40,11 @@ CAT_OPTIMIZER = "optimizer"
 
 class _State:
     number = 0  # the current step's number
+    named = False  # number was given (name_step) before the trace opened: keep it
     start_ns: Optional[int] = None  # when the current step began; None while no trace is open
     recorded_at = 0  # events recorded when the current step began (is the last step empty?)
-    explicit = False  # the user marks steps: optimizer steps no longer end them
+    ended = False  # a step ended in this trace file
+    explicit = False  # the user marks steps in this trace: optimizer steps no longer end them
     windows: Optional[tuple] = None
     windows_set = False  # set_steps() was called: DFTRACER_STEPS no longer applies
     ops = False  # a trace is open and the current step is in a window
@@ -84,6 +87,7 @@ def _end(now: int) -> None:
             _state.number += 1
             return
         _core.step_slice(_state.number, _state.start_ns, now)
+        _state.ended = True
         _state.number += 1
         _begin(now)
 
@@ -96,16 +100,20 @@ def _on_open() -> None:
             if not _state.windows_set:
                 _state.windows = config.get().steps
             _install()
+            if not _state.named:  # every trace file numbers its steps from 0
+                _state.number = 0
+            _state.named = _state.ended = _state.explicit = False
             _begin(_core.now_ns())
     except Exception as exc:  # never let tracing break the program
         _fail(exc)
 
 
 def _on_close() -> None:
-    """The step in progress is written if anything was recorded in it; then no step is current."""
+    """The step in progress is written if steps ended before it and anything was recorded in it."""
     try:
         with _lock:
-            if _state.start_ns is not None and not _state.broken and _recorded() > _state.recorded_at:
+            if _state.start_ns is not None and not _state.broken and _state.ended \
+                    and _recorded() > _state.recorded_at:
                 _core.step_slice(_state.number, _state.start_ns, _core.now_ns())
             _state.start_ns = None
             _state.ops = False
@@ -169,6 +177,7 @@ def name_step(number: int) -> None:
         raise ValueError(f"step must be a non-negative int, not {number!r}")
     with _lock:
         _state.number = number
+        _state.named = _state.start_ns is None
         if _state.start_ns is not None and not _state.broken:
             _core.set_step(number)
             _state.ops = config.step_selected(_state.windows, number)
