@@ -205,3 +205,35 @@ def test_bert_training_step_nests_under_the_step_and_keeps_numerics(rec):
     assert [(r["parent"], r["depth"], r["step"]) for r in bwd] == [("backward", 2, 2)]
     depth = perfetto_tp.rows(path, "select max(depth) as d from slice where category = 'dynamo'")[0]["d"]
     assert depth == 3  # step > backward > graph > op
+
+
+def test_a_failure_in_step_tracking_never_reaches_the_training_loop(rec, monkeypatch):
+    import logging
+
+    from dftrace_dynamo import _core, steps
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    config.log.addHandler(handler)
+
+    def broken(*args):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(_core, "step_slice", broken)
+    torch.manual_seed(0)
+    model = torch.compile(MLP(), backend=create_backend(level="torch"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+        assert steps._state.broken
+        events = rec.events()
+    finally:
+        steps._state.broken = False
+        config.log.removeHandler(handler)
+    assert not ops(events, "step")
+    assert len(graphs(events)) == 3  # ops are still traced after step tracking stopped
+    assert messages == ["step tracking is off: RuntimeError: disk on fire (the trace goes on without step slices)"]
