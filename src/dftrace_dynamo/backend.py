@@ -18,6 +18,7 @@ and only wraps each compiled graph in a graph event; ops are not traced.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
 from typing import Any, Callable, Optional
@@ -152,12 +153,15 @@ class TracerBackend:
             gm.graph.set_codegen(_BoxedCodeGen())
         name = f"graph {graph_id} {phase}"
         timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
+        # Outside the step windows a torch-level graph runs as the untraced one. (ATen graphs keep
+        # their interceptors: calling OpOverload._op directly is faster than the untraced graph.)
+        plain = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)).forward if level == "torch" else None
         nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer)
         site = _core.intern_site(name, sites.CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
         forward = gm.forward if timer is None else timer.graph(gm.forward)
-        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn)
+        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn, plain)
         if boxed:  # AOTAutograd then passes its argument list as is
             call._boxed_call = True
         return call
