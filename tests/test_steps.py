@@ -237,3 +237,18 @@ def test_a_failure_in_step_tracking_never_reaches_the_training_loop(rec, monkeyp
     assert not ops(events, "step")
     assert len(graphs(events)) == 3  # ops are still traced after step tracking stopped
     assert messages == ["step tracking is off: RuntimeError: disk on fire (the trace goes on without step slices)"]
+
+
+def test_update_step_takes_any_integer_and_ignores_other_values(rec):
+    import numpy as np
+
+    backend = create_backend(level="torch")
+    model = torch.compile(MLP(), backend=backend)
+    x = torch.randn(4, 16)
+    backend.update(step=np.int64(5))
+    model(x)
+    backend.update(step="five")  # ignored with a warning: the loop goes on
+    model(x)
+    backend.update(step=torch.tensor(7))
+    model(x)
+    assert [e["args"]["step"] for e in graphs(rec.events())] == [5, 5, 7]

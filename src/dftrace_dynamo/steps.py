@@ -25,6 +25,7 @@ runs on.
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 from typing import Optional
 
@@ -32,7 +33,6 @@ import torch
 
 from . import _core, config, logger
 
-CAT_STEP = "step"
 CAT_DATA = "data"
 CAT_BACKWARD = "backward"
 CAT_OPTIMIZER = "optimizer"
@@ -63,6 +63,7 @@ def _fail(exc: BaseException) -> None:
         _state.broken = True
         _state.ops = False
         _core.set_ops_on(True)
+        config.get()
         config.log.error("step tracking is off: %s: %s (the trace goes on without step slices)",
                          type(exc).__name__, exc)
 
@@ -171,10 +172,20 @@ def set_steps(spec: Optional[str]) -> None:
             _core.set_ops_on(_state.ops)
 
 
-def name_step(number: int) -> None:
-    """Renames the current step (``Dynamo.update(step=...)``); later events carry ``number``."""
-    if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-        raise ValueError(f"step must be a non-negative int, not {number!r}")
+def name_step(number) -> None:
+    """Renames the current step (``Dynamo.update(step=...)``); later events carry ``number``.
+
+    Any integer type (``int``, NumPy integers, 0-d integer tensors) is accepted; another value
+    is ignored with a warning, since it comes from the user's loop and must not stop it.
+    """
+    try:
+        number = operator.index(number)
+        if number < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        config.get()  # sets up the dftrace_dynamo logger
+        config.log.warning("step=%r ignored: a step is named by a non-negative integer", number)
+        return
     with _lock:
         _state.number = number
         _state.named = _state.start_ns is None
