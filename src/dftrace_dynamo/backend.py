@@ -153,9 +153,7 @@ class TracerBackend:
             gm.graph.set_codegen(_BoxedCodeGen())
         name = f"graph {graph_id} {phase}"
         timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
-        # Outside the step windows a torch-level graph runs as the untraced one. (ATen graphs keep
-        # their interceptors: calling OpOverload._op directly is faster than the untraced graph.)
-        plain = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)).forward if level == "torch" else None
+        plain = self._plain(gm) if level == "torch" else None
         nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer)
         site = _core.intern_site(name, sites.CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
@@ -165,6 +163,16 @@ class TracerBackend:
         if boxed:  # AOTAutograd then passes its argument list as is
             call._boxed_call = True
         return call
+
+    @staticmethod
+    def _plain(gm):
+        """A copy of ``gm`` that instrumenting leaves alone: outside the step windows a torch-level
+        graph runs it, at untraced cost. (ATen graphs keep their interceptors there: calling
+        ``OpOverload._op`` directly is faster than their untraced code.) None if it cannot be copied."""
+        try:
+            return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)).forward
+        except Exception:
+            return None
 
     def _compile_aot(self, gm, example_inputs, graph_id: int, start: int):
         from functorch.compile import min_cut_rematerialization_partition
