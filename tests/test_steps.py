@@ -252,3 +252,26 @@ def test_update_step_takes_any_integer_and_ignores_other_values(rec):
     backend.update(step=torch.tensor(7))
     model(x)
     assert [e["args"]["step"] for e in graphs(rec.events())] == [5, 5, 7]
+
+
+def test_graph_call_runs_its_plain_graph_when_no_op_is_recorded(rec):
+    from dftrace_dynamo import _core
+
+    calls = []
+    site = _core.intern_site("graph 99 forward", "dynamo_graph", {"graph": 99})
+    call = _core.GraphCall(lambda x: calls.append("traced") or x, site, None, _core.PHASE_FORWARD,
+                           lambda: True, lambda x: calls.append("plain") or x)
+    call(1)
+    _core.set_ops_on(False)  # outside the step windows
+    try:
+        assert not _core.ops_on()
+        call(2)
+    finally:
+        _core.set_ops_on(True)
+    events = rec.events()
+    _core.set_ops_on(True)
+    call(3)  # no trace open
+    assert calls == ["traced", "plain", "plain"]
+    assert [e["args"]["graph"] for e in graphs(events)] == [99]
+    with pytest.raises(TypeError, match="plain must be callable"):
+        _core.GraphCall(lambda x: x, site, None, _core.PHASE_FORWARD, lambda: True, 3)
