@@ -143,7 +143,8 @@ static binaryfunc find_binop(PyObject *target) {
 static PyObject *icpt_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     Interceptor *self = (Interceptor *)self_;
-    int on = atomic_load_explicit(&dft_open_flag, memory_order_relaxed);
+    /* outside the step windows (dft_ops_on 0) this is the untraced path */
+    int on = atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on;
     uint64_t t0 = on ? dft_now() : 0;
     PyObject *r;
     if (self->binop && PyVectorcall_NARGS(nargsf) == 2 && !kwnames) {
@@ -318,14 +319,15 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *fn, *grad_fn, *cell;
     PyObject *dict; /* AOTAutograd marks boxed graphs with a _boxed_call attribute */
+    PyObject *plain; /* the graph without interceptors, run when no op is recorded (or NULL) */
     uint32_t site, phase;
 } GraphCall;
 
 static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
     GraphCall *self = (GraphCall *)self_;
-    if (!atomic_load_explicit(&dft_open_flag, memory_order_relaxed))
-        return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    if (!(atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on))
+        return PyObject_Vectorcall(self->plain ? self->plain : self->fn, args, nargsf, kwnames);
     PyObject *g = PyObject_CallNoArgs(self->grad_fn);
     if (!g)
         return NULL;
@@ -348,13 +350,17 @@ static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t na
 }
 
 static PyObject *gc_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *kwl[] = {"fn", "site", "cell", "phase", "grad_fn", NULL};
-    PyObject *fn, *cell, *grad_fn;
+    static char *kwl[] = {"fn", "site", "cell", "phase", "grad_fn", "plain", NULL};
+    PyObject *fn, *cell, *grad_fn, *plain = Py_None;
     unsigned long long site;
     unsigned int phase;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKOIO:GraphCall", kwl, &fn, &site, &cell, &phase,
-                                     &grad_fn))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKOIO|O:GraphCall", kwl, &fn, &site, &cell, &phase,
+                                     &grad_fn, &plain))
         return NULL;
+    if (plain != Py_None && !PyCallable_Check(plain)) {
+        PyErr_SetString(PyExc_TypeError, "plain must be callable or None");
+        return NULL;
+    }
     if (dft_check_site(site) < 0)
         return NULL;
     if (phase > DFT_PHASE_INFERENCE) {
@@ -371,6 +377,7 @@ static PyObject *gc_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->vectorcall = gc_vectorcall;
     self->fn = Py_NewRef(fn);
     self->grad_fn = Py_NewRef(grad_fn);
+    self->plain = plain == Py_None ? NULL : Py_NewRef(plain);
     self->site = (uint32_t)site;
     self->phase = phase;
     if (get_cell(cell, &self->cell) < 0) {
@@ -385,6 +392,7 @@ static int gc_traverse(GraphCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->grad_fn);
     Py_VISIT(self->cell);
     Py_VISIT(self->dict);
+    Py_VISIT(self->plain);
     return 0;
 }
 
@@ -393,6 +401,7 @@ static int gc_clear(GraphCall *self) {
     Py_CLEAR(self->grad_fn);
     Py_CLEAR(self->cell);
     Py_CLEAR(self->dict);
+    Py_CLEAR(self->plain);
     return 0;
 }
 
@@ -416,8 +425,9 @@ PyTypeObject dft_GraphCallType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace_dynamo._core.GraphCall",
     .tp_basicsize = sizeof(GraphCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "GraphCall(fn, site, cell, phase, grad_fn): calls a compiled graph under a "
-              "(grad, phase) context and records the enclosing graph event.",
+    .tp_doc = "GraphCall(fn, site, cell, phase, grad_fn, plain=None): calls a compiled graph under "
+              "a (grad, phase) context and records the enclosing graph event; plain runs instead "
+              "when no op event is recorded.",
     .tp_new = gc_new,
     .tp_dealloc = (destructor)gc_dealloc,
     .tp_traverse = (traverseproc)gc_traverse,

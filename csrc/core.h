@@ -4,7 +4,7 @@
  * (Interceptor, GraphCall), ring.c (per-thread rings, fork), writer.c (writer
  * thread, placement, event lines), json.c (escaping, number formatting),
  * sink.c (plain / gzip members / zstd frames), clock.c (event clock), span.c
- * (module spans).
+ * (module spans), steps.c (current step, step slices, step windows).
  */
 #ifndef DFT_CORE_H
 #define DFT_CORE_H
@@ -27,6 +27,10 @@
 #define DFT_FLAG_FAILED 8u
 #define DFT_FLAG_NOCTX 16u
 #define DFT_FLAG_TIMED 32u /* times given by the caller (log_event): a "logged" track, see writer.c */
+/* Internal: STEP marks a step slice (its name is formatted from its step);
+ * NOSTEP an event whose own args hold "step" (log() with a step arg). */
+#define DFT_FLAG_STEP 64u
+#define DFT_FLAG_NOSTEP 128u
 enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE };
 
 /* ---- growable byte buffer ---------------------------------------------- */
@@ -93,7 +97,8 @@ static inline void *dft_tab_get(dft_table *t, uint32_t i) {
 typedef struct {
     uint64_t start, end; /* ns on the epoch timeline */
     uint32_t site, tags;
-    uint32_t flags, _pad;
+    uint32_t flags;
+    uint32_t step; /* current step + 1 when recorded, 0: none (steps.c) */
     char *extra; /* owned ,"k":v fragment of one-off args (log), or NULL */
 } dft_rec;
 
@@ -136,6 +141,15 @@ extern _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec"))
 
 extern _Atomic int dft_open_flag;
 
+/* ---- steps (steps.c) ---------------------------------------------------- */
+/* dft_ops_on: 1 = op-level events (interceptors, graph calls, spans) are
+ * recorded, 0 = outside the step windows: skip them with one branch.
+ * dft_step_tag: current step + 1 (0: none), copied into every record.
+ * Both are read and written with the GIL held. */
+extern int dft_ops_on;
+extern uint32_t dft_step_tag;
+extern PyMethodDef dft_step_methods[];
+
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra);
 
@@ -148,6 +162,7 @@ static inline int dft_ring_put(dft_ring *r, uint64_t h, uint32_t site, uint64_t 
     x->site = site;
     x->tags = tags;
     x->flags = flags;
+    x->step = dft_step_tag;
     x->extra = extra;
     atomic_store_explicit(&r->head, h + 1, memory_order_release);
     return 0;

@@ -350,7 +350,10 @@ static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObj
     dft_buf_put(&b, "", 1);
     char *text = realloc(b.p, b.len); /* buffered until written: no slack */
     text = text ? text : b.p;
-    if (dft_push(0, s, e, DFT_FLAG_NOCTX | (timed ? DFT_FLAG_TIMED : 0), 0, text) < 0)
+    uint32_t flags = DFT_FLAG_NOCTX | (timed ? DFT_FLAG_TIMED : 0);
+    if (o[4] && PyDict_Check(o[4]) && PyDict_GetItemString(o[4], "step"))
+        flags |= DFT_FLAG_NOSTEP; /* its own step arg, not the current step */
+    if (dft_push(0, s, e, flags, 0, text) < 0)
         free(text);
     Py_RETURN_NONE;
 fail:
@@ -601,6 +604,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)
             goto fail;
+    if (PyModule_AddFunctions(m, dft_step_methods) < 0)
+        goto fail;
     if (PyModule_AddObjectRef(m, "TagCell", (PyObject *)&dft_TagCellType) < 0 ||
         PyModule_AddObjectRef(m, "Interceptor", (PyObject *)&dft_InterceptorType) < 0 ||
         PyModule_AddObjectRef(m, "GraphCall", (PyObject *)&dft_GraphCallType) < 0)

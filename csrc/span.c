@@ -3,9 +3,9 @@
  * spans"). One call per boundary, never per op. */
 #include "core.h"
 
-/* Whether op-level events are recorded now.
- * STEP-WINDOW CHECK POINT: with step windows this becomes `open && dft_ops_on`. */
-#define SPANS_ON() atomic_load_explicit(&dft_open_flag, memory_order_relaxed)
+/* Whether op-level events are recorded now: a file is open and the current
+ * step is inside the step windows. */
+#define SPANS_ON() (atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on)
 
 PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || !(nargs & 1)) {

@@ -153,6 +153,17 @@ static inline char *put_head(char *p, const char *namecat, size_t len, uint32_t 
     return dft_fmt_u64(p, tid);
 }
 
+/* A step slice's name is its number: "step N", cat step (steps.c). */
+static char *put_step_head(char *p, uint32_t n, uint32_t tid) {
+    static const char pre[] = ",\"name\":\"step ", post[] = "\",\"cat\":\"step\"";
+    char nc[48], *q = nc;
+    memcpy(q, pre, sizeof pre - 1);
+    q = dft_fmt_u64(q + sizeof pre - 1, n);
+    memcpy(q, post, sizeof post - 1);
+    q += sizeof post - 1;
+    return put_head(p, nc, (size_t)(q - nc), tid);
+}
+
 /* ..,"ph":"M","args":{"hhash":..,"name":..}}; lane > 0: the name of the
  * thread's lane-th track of timed events, "<thread> (logged[ lane])". */
 static int emit_thread_name(dft_ring *r, uint32_t tid, uint32_t lane) {
@@ -273,7 +284,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
     dft_str namecat = site->namecat;
     const char *extra = x->extra;
-    if (!x->site) { /* log(): extra is namecat \0 args \0 */
+    if (!x->site && extra) { /* log(): extra is namecat \0 args \0 (a step slice has none) */
         namecat.p = extra;
         namecat.len = (uint32_t)strlen(extra);
         extra += namecat.len + 1;
@@ -293,7 +304,10 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     }
 
     char *p = b->p + b->len;
-    p = put_head(p, namecat.p, namecat.len, tid);
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_STEP))
+        p = put_step_head(p, x->step - 1, tid);
+    else
+        p = put_head(p, namecat.p, namecat.len, tid);
     PUT(",\"ts\":");
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":");
@@ -305,6 +319,10 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
         PUTS(tags->p, tags->len);
     if (extra_len)
         PUTS(extra, extra_len);
+    if (x->step && !(x->flags & DFT_FLAG_NOSTEP)) {
+        PUT(",\"step\":");
+        p = dft_fmt_u64(p, x->step - 1);
+    }
     if (!(x->flags & DFT_FLAG_NOCTX)) {
         PUT(",\"grad_enabled\":");
         *p++ = (x->flags & DFT_FLAG_GRAD) ? '1' : '0';

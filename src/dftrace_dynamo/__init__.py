@@ -18,6 +18,9 @@ _LAZY = {
     "create_backend": ("backend", "create_backend"),
     "dynamo": ("decorator", "dynamo"),
     "Dynamo": ("decorator", "Dynamo"),
+    "step": ("steps", "step"),
+    "step_context": ("steps", "step_context"),
+    "set_steps": ("steps", "set_steps"),
 }
 
 __all__ = sorted(_LAZY)

@@ -18,13 +18,14 @@ and only wraps each compiled graph in a graph event; ops are not traced.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
 from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, compile_events, config, cuda_events, instrument, logger, sites
+from . import _core, compile_events, config, cuda_events, instrument, logger, sites, steps
 
 LEVELS = ("aten", "torch")
 DEFAULT_LEVEL = "aten"
@@ -59,10 +60,17 @@ class Tags:
         self.update(**values)
 
     def update(self, args: Optional[dict] = None, **values) -> None:
-        """Sets the given tags (``None`` leaves a tag unchanged); later events carry them, no recompile."""
-        self.values.update({k: v for k, v in values.items() if v is not None})
+        """Sets the given tags (``None`` leaves a tag unchanged); later events carry them, no recompile.
+
+        ``step`` is not a tag: it names the current step (every event carries the step it ran in).
+        """
+        values = {k: v for k, v in values.items() if v is not None}
         if args:
-            self.values.update(args)
+            values.update(args)
+        if values.get("step") is not None:
+            steps.name_step(values.pop("step"))
+        values.pop("step", None)
+        self.values.update(values)
         self.cell.set(self.values)  # the previous tags are freed once written
 
 
@@ -148,15 +156,26 @@ class TracerBackend:
             gm.graph.set_codegen(_BoxedCodeGen())
         name = f"graph {graph_id} {phase}"
         timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
+        plain = self._plain(gm) if level == "torch" else None
         nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer)
         site = _core.intern_site(name, sites.CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
         forward = gm.forward if timer is None else timer.graph(gm.forward)
-        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn)
+        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn, plain)
         if boxed:  # AOTAutograd then passes its argument list as is
             call._boxed_call = True
         return call
+
+    @staticmethod
+    def _plain(gm):
+        """A copy of ``gm`` that instrumenting leaves alone: outside the step windows a torch-level
+        graph runs it, at untraced cost. (ATen graphs keep their interceptors there: calling
+        ``OpOverload._op`` directly is faster than their untraced code.) None if it cannot be copied."""
+        try:
+            return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)).forward
+        except Exception:
+            return None
 
     def _compile_aot(self, gm, example_inputs, graph_id: int, start: int):
         from functorch.compile import min_cut_rematerialization_partition

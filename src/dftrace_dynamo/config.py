@@ -50,6 +50,7 @@ class Config:
     init: str = "FUNCTION"
     data_dirs: tuple = ()
     disable_io: bool = False
+    steps: Optional[tuple] = None  # DFTRACER_STEPS windows; None: every step
     error: Optional[str] = None  # why tracing is off, when a value was bad
     warning: Optional[str] = None  # a value that was adjusted, and how
 
@@ -97,6 +98,48 @@ def _choice(env: Mapping[str, str], name: str, table: Mapping[str, object], defa
         raise ConfigError(f"{name}={raw!r} is not valid (accepted: {accepted})") from None
 
 
+# ---- step windows (DFTRACER_STEPS) ----------------------------------------
+STEPS_GRAMMAR = "comma-separated A-B, A, A- or A-B:K (every K-th step), e.g. 10-12,100- or 0-:100"
+_STEP_ITEM = re.compile(r"^(\d+)(?:(-)(\d*)(?::(\d+))?)?$")
+
+
+def parse_steps(text: str) -> Optional[tuple]:
+    """``"10-12,100-"`` -> ``((10, 12, 1), (100, None, 1))``: (first, last or None, stride) windows.
+
+    Empty text means every step (``None``); a bad item raises ``ValueError`` naming the grammar.
+    """
+    if not text.strip():
+        return None
+    windows = []
+    for item in text.split(","):
+        m = _STEP_ITEM.match(item.strip())
+        if not m:
+            raise ValueError(f"{text!r} is not valid (accepted: {STEPS_GRAMMAR})")
+        first = int(m[1])
+        last = first if m[2] is None else (int(m[3]) if m[3] else None)
+        stride = int(m[4]) if m[4] is not None else 1
+        if (last is not None and last < first) or stride < 1:
+            raise ValueError(f"{text!r} is not valid (accepted: {STEPS_GRAMMAR}; A <= B, K >= 1)")
+        windows.append((first, last, stride))
+    return tuple(windows)
+
+
+def step_selected(windows: Optional[tuple], step: int) -> bool:
+    """Whether ``step`` lies in one of the windows (``None``: every step)."""
+    if windows is None:
+        return True
+    return any(step >= a and (b is None or step <= b) and (step - a) % k == 0 for a, b, k in windows)
+
+
+def _steps(env: Mapping[str, str], name: str) -> Optional[tuple]:
+    raw = env.get(name)
+    try:
+        return parse_steps(raw or "")
+    except ValueError as exc:
+        raise ConfigError(f"{name}={exc}") from None
+# ---------------------------------------------------------------------------
+
+
 def load(env: Mapping[str, str] = os.environ) -> Config:
     """Parses the variables; a bad value gives a Config with ``error`` set and tracing off."""
     try:
@@ -130,6 +173,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             data_dirs=tuple(d for d in data_dir.split(":") if d),
             disable_io=_flag(env, "DFTRACER_DISABLE_IO", False),
             warning=warning,
+            steps=_steps(env, "DFTRACER_STEPS"),
         )
     except ConfigError as exc:
         return Config(enable=False, error=str(exc))

@@ -42,6 +42,9 @@ _serial = itertools.count(1)  # names for a file whose first-choice name is take
 _off_noted = False  # note_off() has logged
 _TRACE_SUFFIX = re.compile(r"(\.pfw)?(\.gz|\.zst)?$")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+# Layers above (step tracking) hear when a file opens and just before it closes.
+_open_hooks: list = []
+_close_hooks: list = []
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _SECRET_OPTION = re.compile(r"-{0,2}[\w.-]*(?:password|passwd|token|secret|key|credential)[\w.-]*",
                             re.IGNORECASE)
@@ -185,6 +188,8 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     _prefix, _source, _p_idx = path_prefix, source, p_idx
     _bind_signals(cfg)
     _hook_worker_exit()
+    for hook in _open_hooks:
+        hook()
     return True
 
 
@@ -285,7 +290,16 @@ def finalize() -> Optional[dict]:
     with _lock:
         _finalized = True
         _prefix = None
+        if _core.is_open():
+            for hook in _close_hooks:
+                hook()
         return _core.close()
+
+
+def add_hooks(on_open, on_close) -> None:
+    """``on_open()`` runs after each trace file opens, ``on_close()`` before it closes; both must not raise."""
+    _open_hooks.append(on_open)
+    _close_hooks.append(on_close)
 
 
 def get_time() -> float:

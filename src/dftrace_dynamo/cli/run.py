@@ -15,7 +15,7 @@ def register(subparsers):
     p = subparsers.add_parser(
         "run", help="run a script (or -m module) with tracing on",
         usage="dftrace-dynamo run [-h] [--out DIR] [--level {aten,torch}] [--compile-all [--keep-backend]] "
-              "(script.py | -m module) [ARGS ...]",
+              "[--steps SPEC] (script.py | -m module) [ARGS ...]",
         description="Runs the script in a child Python process with DFTRACER_ENABLE=1 and "
                     "DFTRACER_LOG_FILE=DIR/<script name>, so code that already uses the dftrace "
                     "backend or decorator traces into DIR. With --compile-all every torch.compile() "
@@ -32,10 +32,24 @@ def register(subparsers):
     p.add_argument("--keep-backend", action="store_true",
                    help="with --compile-all: keep the script's backend (e.g. inductor) and trace "
                         "one event per compiled-graph call instead of every op")
+    p.add_argument("--steps", type=_steps_spec, metavar="SPEC",
+                   help="record op-level events only in these training steps (DFTRACER_STEPS): "
+                        "comma-separated A-B, A, A- or A-B:K, e.g. 10-12,100- or 0-:100; "
+                        "every step still gets its step slice")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="script.py ARGS",
                    help="the script and its arguments (with -m: the module's arguments)")
     p.set_defaults(func=run)
+
+
+def _steps_spec(text):
+    from dftrace_dynamo.config import parse_steps
+
+    try:
+        parse_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _traces(directory):
@@ -62,6 +76,8 @@ def run(args):
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=os.path.join(out, name))
+    if args.steps is not None:
+        env["DFTRACER_STEPS"] = args.steps
     cmd = [sys.executable, "-m", "dftrace_dynamo.cli._launch"]
     if args.compile_all:
         cmd += ["--compile-all", args.level] + ["--keep-backend"] * args.keep_backend

@@ -1,0 +1,80 @@
+/* Training steps in the core: the process-global current step written into
+ * every event, the step slices themselves, and the step-window switch that
+ * turns op-level recording off outside the selected steps. Python's
+ * dftrace_dynamo.steps decides when steps begin and end. */
+#include "core.h"
+
+/* Read and written with the GIL held (every push holds it). */
+int dft_ops_on = 1;
+uint32_t dft_step_tag;
+
+static int get_step_arg(PyObject *o, uint32_t *tag) {
+    if (o == Py_None) {
+        *tag = 0;
+        return 0;
+    }
+    long long n = PyLong_AsLongLong(o);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n < 0 || n >= (long long)UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "step must be in 0..%u or None, not %lld", UINT32_MAX - 1, n);
+        return -1;
+    }
+    *tag = (uint32_t)n + 1;
+    return 0;
+}
+
+static PyObject *py_set_step(PyObject *m, PyObject *o) {
+    uint32_t tag;
+    if (get_step_arg(o, &tag) < 0)
+        return NULL;
+    dft_step_tag = tag;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_step(PyObject *m, PyObject *unused) {
+    if (!dft_step_tag)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(dft_step_tag - 1);
+}
+
+static PyObject *py_set_ops_on(PyObject *m, PyObject *o) {
+    int on = PyObject_IsTrue(o);
+    if (on < 0)
+        return NULL;
+    dft_ops_on = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_ops_on(PyObject *m, PyObject *unused) { return PyBool_FromLong(dft_ops_on); }
+
+/* step_slice(step, start_ns, end_ns): the slice "step N" (cat step) on the
+ * calling thread, carrying its own number whatever the current step is. */
+static PyObject *py_step_slice(PyObject *m, PyObject *args) {
+    PyObject *n;
+    unsigned long long s, e;
+    uint32_t tag;
+    if (!PyArg_ParseTuple(args, "OKK:step_slice", &n, &s, &e) || get_step_arg(n, &tag) < 0)
+        return NULL;
+    if (!tag) {
+        PyErr_SetString(PyExc_ValueError, "a step slice needs a step number");
+        return NULL;
+    }
+    uint32_t saved = dft_step_tag;
+    dft_step_tag = tag;
+    dft_push(0, s, e, DFT_FLAG_NOCTX | DFT_FLAG_STEP, 0, NULL);
+    dft_step_tag = saved;
+    Py_RETURN_NONE;
+}
+
+PyMethodDef dft_step_methods[] = {
+    {"set_step", py_set_step, METH_O,
+     "set_step(n): events recorded from now on carry args.step = n (None: no step)."},
+    {"get_step", py_get_step, METH_NOARGS, "The current step number, or None."},
+    {"set_ops_on", py_set_ops_on, METH_O,
+     "set_ops_on(flag): record op-level events (interceptors, graphs) or skip them."},
+    {"ops_on", py_ops_on, METH_NOARGS, "Whether op-level events are recorded."},
+    {"step_slice", py_step_slice, METH_VARARGS,
+     "step_slice(n, start_ns, end_ns): record the slice 'step n' (cat step)."},
+    {NULL, NULL, 0, NULL},
+};
