@@ -233,6 +233,13 @@ static int json_value(dft_buf *b, PyObject *v) {
         char *s = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
         if (!s)
             return -1;
+        if (!strchr(s, 'e') && strspn(s + (*s == '-'), "0123456789.") > 19) {
+            /* Perfetto reads more than 18 digits wrong (0.000119... written in
+             * full): 17 significant digits in exponent form still round-trip. */
+            PyMem_Free(s);
+            if (!(s = PyOS_double_to_string(x, 'e', 16, 0, NULL)))
+                return -1;
+        }
         int rc = put(b, s, strlen(s));
         PyMem_Free(s);
         return rc;

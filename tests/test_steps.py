@@ -204,8 +204,17 @@ def test_bert_training_step_nests_under_the_step_and_keeps_numerics(rec):
     bwd = [r for r in rows if r["cat"] == "dynamo_graph" and r["name"].endswith("backward")]
     assert [(r["parent"], r["depth"], r["step"]) for r in fwd] == [("step 2", 1, 2)]
     assert [(r["parent"], r["depth"], r["step"]) for r in bwd] == [("backward", 2, 2)]
-    depth = perfetto_tp.rows(path, "select max(depth) as d from slice where category = 'dynamo'")[0]["d"]
-    assert depth == 3  # step > backward > graph > op
+    # the deepest forward op: step > graph > the module slices of its nn.Module path > op
+    deepest = perfetto_tp.rows(path, "select s.id from slice s join args a using(arg_set_id) "
+                               "where s.category = 'dynamo' and a.key = 'args.phase' "
+                               "and a.string_value = 'forward' order by s.depth desc limit 1")[0]["id"]
+    chain = perfetto_tp.rows(path, f"select name, category from ancestor_slice({deepest}) order by depth")
+    assert [r["category"] for r in chain[:2]] == ["step", "dynamo_graph"]
+    modules = [r["name"] for r in chain[2:]]
+    assert all(r["category"] == "module" for r in chain[2:]) and len(modules) >= 4
+    assert all(inner.startswith(outer + ".") for outer, inner in zip(modules, modules[1:]))
+    assert modules[0] == "encoder" and modules[1].startswith("encoder.layer.")
+    assert any(m.endswith(".attention.self") for m in modules)
 
 
 def test_a_failure_in_step_tracking_never_reaches_the_training_loop(rec, monkeypatch):
