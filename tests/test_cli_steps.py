@@ -232,10 +232,11 @@ RANK_SCRIPT = """
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from dftrace_dynamo import Dynamo, _core
+    from dftrace_dynamo import Dynamo, _core, logger
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    logger.ensure_open()  # the file opens now, so the step slices below are recorded from step 0
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
     tracer = Dynamo(name="ddp", epoch=0, step=0)

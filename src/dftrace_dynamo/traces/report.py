@@ -208,15 +208,18 @@ def _step_timeline(ax, result):
                 bar.set_hatch("//")
                 bar.set_alpha(0.5)
         bottom = [b + v for b, v in zip(bottom, values)]
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=color, label=c) for c, color in STEP_COLORS.items()]  # plain: bar 0 may be hatched
     st = result["steps"]["steady"]
     if st:
-        ax.axhline(st["median_us"] / 1e3, color="black", linewidth=0.8, linestyle="--",
-                   label=f"steady median {st['median_us'] / 1e3:.3f} ms")
+        handles.append(ax.axhline(st["median_us"] / 1e3, color="black", linewidth=0.8, linestyle="--",
+                                  label=f"steady median {st['median_us'] / 1e3:.3f} ms"))
         ax.set_ylim(0, max(st["max_us"] / 1e3 * 1.3, st["median_us"] / 1e3 * 2))  # warm-up steps may go off scale
     ax.set_xlabel("step (hatched: warm-up, left out of the statistics)" if result["steps"]["warmup_steps"] else "step")
     ax.set_ylabel("time (ms)")
     ax.set_title("Step timeline: where each step's time went", fontsize=10)
-    ax.legend(fontsize=8, ncol=3, loc="upper right")
+    ax.legend(handles=handles, fontsize=8, ncol=3, loc="upper right")
 
 
 def _bar_chart(ax, result, view):
