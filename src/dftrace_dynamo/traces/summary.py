@@ -41,9 +41,9 @@ UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME, STEP, DATA, BACKWARD, OPTIMIZER, STA
 STEP_KINDS = {"step": STEP, "data": DATA, "backward": BACKWARD, "optimizer": OPTIMIZER}
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
-# args fields read as text (a value of another JSON type must not make DuckDB drop the line)
-_ARGS = ("graph", "node", "module", "phase", "name", "step", "kind", "reason", "location", "frame",
-         "run_id", "ppid", "date", "rank")
+# args fields read as text (a value of another JSON type must not make DuckDB drop the line);
+# each one costs parsing time on every event: only those a view uses
+_ARGS = ("graph", "node", "module", "phase", "name", "step", "kind", "reason", "location", "frame", "run_id")
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
             "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f"{a} VARCHAR" for a in _ARGS) + ")'}")
 _KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns, in result order
