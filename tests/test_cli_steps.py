@@ -21,10 +21,10 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 SLOW_MS = 20
 
 
-def stepgen(prefix, *args):
+def stepgen(prefix, *args, env=None):
     """Writes a step-structured trace through _core; returns its path."""
     p = subprocess.run([sys.executable, STEPGEN, str(prefix), *map(str, args)], capture_output=True, text=True,
-                       env=clean_env(None), timeout=300)
+                       env=clean_env(env), timeout=300)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip()
 
@@ -266,11 +266,62 @@ def test_rank_view_on_a_two_rank_torchrun_trace(tmp_path):
     steps = result["steps"]
     assert [r["process"].split()[0:2] for r in steps["ranks"]] == [["rank", "0"], ["rank", "1"]]
     assert all(r["steps"] >= 4 for r in steps["ranks"])  # step 0 (and 1 if it compiled backward) is warm-up
-    # the barrier makes both ranks' steps as slow as the straggler; its own time is in 'other'
+    # synchronous training: the barrier makes every rank's step as slow as the straggler's
+    assert all(r["median_us"] >= 50_000 for r in steps["ranks"])
     spread = steps["rank_spread"]
-    assert spread is not None and spread["spread_us"] >= 0
+    assert spread is not None and 0 <= spread["spread_us"] < 25_000
     table = cli("summary", tmp_path, "--by", "rank").stdout
     assert "By rank (steady-state step time, ms)" in table and "slowest: rank " in table
+
+
+def test_rank_view_names_the_slowest_rank(tmp_path):
+    job = {"DFTRACER_RUN_ID": "job-1"}  # one run: the two ranks' files carry the same run id
+    stepgen(tmp_path / "r", "--steps", 10, "--rank", 0, env=job)
+    stepgen(tmp_path / "r", "--steps", 10, "--rank", 1, "--slow", "0-99:3", env=job)
+    result = summary_json(tmp_path)
+    ranks = result["steps"]["ranks"]
+    assert [r["process"].split(" (")[0] for r in ranks] == ["rank 0", "rank 1"]
+    assert all(r["steps"] == 9 for r in ranks)
+    spread = result["steps"]["rank_spread"]
+    assert spread["slowest"].startswith("rank 1") and spread["fastest"].startswith("rank 0")
+    assert spread["spread_us"] == pytest.approx(3000, rel=0.05)
+    assert spread["spread"] == pytest.approx(3000 / ranks[0]["median_us"], rel=0.05)
+    csv_rows = cli("summary", tmp_path, "--by", "rank", "--format", "csv").stdout.splitlines()
+    assert csv_rows[0].startswith("process,steps,min_us") and len(csv_rows) == 3
+
+
+GRAPH_BREAK_SCRIPT = """
+    import torch
+    from dftrace_dynamo import tracer_backend
+
+    def f(x, n):
+        y = x.relu()
+        print("a graph break")
+        return y * n
+
+    g = torch.compile(f, backend=tracer_backend)
+    g(torch.ones(3), 2)
+    g(torch.ones(3), 3)  # n is specialised: a recompile
+"""
+
+
+def test_real_graph_breaks_and_recompiles_are_listed(tmp_path):
+    script = tmp_path / "breaks.py"
+    script.write_text(textwrap.dedent(GRAPH_BREAK_SCRIPT))
+    p = cli("run", "--out", tmp_path / "t", script)
+    assert p.returncode == 0, p.stderr
+    (run_dir,) = (tmp_path / "t").iterdir()
+    comp = summary_json(run_dir)["compile"]
+    assert comp["graphs_compiled"] == 3  # f up to the print, the rest of f, the rest again for n == 3
+    (brk,) = comp["graph_breaks"]
+    assert brk["location"] == f"{script}:7" and "print" in brk["reason"] and brk["frame"] == "f"
+    (rec,) = comp["recompiles"]
+    assert rec["reason"] == "n == 2" and rec["location"] == f"{script}:7"
+    lines = cli("summary", run_dir).stdout.splitlines()
+    assert "compiled: 3 graphs, 1 graph break, 1 recompile" in lines
+    (brk_line,) = [line for line in lines if line.startswith(f"  graph break at {script}:7 (1x): ")]
+    assert "print" in brk_line  # the reason, its explanation and hints on one line
+    assert f"  recompile at {script}:7 (1x): n == 2" in lines
 
 
 def test_split_parts_load_in_perfetto_and_hold_every_event(loop, tmp_path):

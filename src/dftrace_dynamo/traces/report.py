@@ -48,6 +48,12 @@ def _ms(us):
     return "-" if us is None else f"{us / 1e3:,.3f}"
 
 
+def _one_line(text, width=200):
+    """A multi-line reason (Dynamo's explanations and hints) as one line of at most ``width``."""
+    text = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def compile_lines(result):
     """Header lines: graphs compiled, graph breaks, recompiles, each with reason and location."""
     comp = result["compile"]
@@ -60,7 +66,7 @@ def compile_lines(result):
     for what, entries in (("graph break", comp["graph_breaks"]), ("recompile", comp["recompiles"])):
         for e in entries:
             steps = f", step {', '.join(map(str, e['steps']))}" if e["steps"] else ""
-            out.append(f"  {what} at {e['location']} ({e['count']}x{steps}): {e['reason']}")
+            out.append(f"  {what} at {e['location']} ({e['count']}x{steps}): {_one_line(e['reason'])}")
     return out
 
 
@@ -128,7 +134,7 @@ def _graphs_table(result):
         for e in entries:
             steps = f", steps {', '.join(map(str, e['steps']))}" if e["steps"] else ""
             out.append(f"  {what} at {e['location']} in {e['frame'] or '?'} ({e['count']}x{steps}; "
-                       f"{', '.join(e['processes'])}): {e['reason']}")
+                       f"{', '.join(e['processes'])}): {_one_line(e['reason'], 1000)}")
     return out or ["  (no compile events)"]
 
 
@@ -170,9 +176,16 @@ def to_table(result, views=None, top=15):
 
 
 def to_csv(result, views=None, top=None):
-    """The op views as one table; the step or rank view, asked for alone, as its own table."""
+    """The op views as one table; the step, rank or graphs view, asked for alone, as its own table."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    if views == ["graphs"]:
+        w.writerow(("kind", "location", "frame", "count", "steps", "processes", "reason"))
+        for kind in ("graph_breaks", "recompiles"):
+            for e in result["compile"][kind]:
+                w.writerow((kind[:-1], e["location"], e["frame"], e["count"], " ".join(map(str, e["steps"])),
+                            "; ".join(e["processes"]), e["reason"]))
+        return buf.getvalue()
     if views in (["step"], ["rank"]):
         rows = (result["steps"] or {}).get("rows" if views == ["step"] else "ranks", [])
         if rows:

@@ -109,7 +109,7 @@ def _load_sql(module_depth, source_sql):
     if module_depth:
         module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
     step_kinds = " ".join(f"WHEN e.ph = 'X' AND e.cat = '{cat}' THEN {kind}" for cat, kind in STEP_KINDS.items())
-    info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in _ARGS[5:]) + ")"
+    info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in ("graph", *_ARGS[6:])) + ")"
     return f"""
 CREATE TEMP TABLE ev AS
 SELECT * FROM (
