@@ -66,7 +66,8 @@ def test_step_view_splits_each_step_and_leaves_warmup_out(loop):
         assert rows[n]["forward_us"] - max(normal) == pytest.approx(SLOW_MS * 1000, rel=0.01)
     steady = [r["wall_us"] for n, r in rows.items() if n not in (0, 8)]
     st = steps["steady"]
-    assert st["steps"] == 10 and st["min_us"] == pytest.approx(min(steady)) and st["max_us"] == pytest.approx(max(steady))
+    assert st["steps"] == 10
+    assert st["min_us"] == pytest.approx(min(steady)) and st["max_us"] == pytest.approx(max(steady))
     assert st["median_us"] == pytest.approx(sorted(steady)[4] / 2 + sorted(steady)[5] / 2)
     assert st["max_us"] > st["median_us"] + SLOW_MS * 900 > st["median_us"]  # 3 of 10 steps slow: p90 sees them
     # every statistic leaves the warm-up steps out: 24 ops per step, 10 steady steps
@@ -119,7 +120,7 @@ def test_warmup_rule():
     from dftrace_dynamo.traces import steps
 
     slices = [(0, 1, 1, n, n * 100.0, 100.0) for n in range(5)]
-    kinds = {}
+    kinds = {}  # no step parts given
 
     def warm(compile_at):
         records = [{"file": 0, "pid": 1, "ts": n * 100.0 + 10, "step": None, "kind": "compile", "name": "c"}
@@ -220,7 +221,7 @@ def test_two_runs_land_in_two_directories_and_are_not_mixed(tmp_path):
     assert both["op_events"] == 2 * one["op_events"]
 
 
-def test_runs_without_run_id_are_told_apart_by_time(tmp_path, loop):
+def test_runs_without_run_id_are_told_apart_by_time(tmp_path):
     first = stepgen(tmp_path / "a", "--steps", 3)
     second = stepgen(tmp_path / "b", "--steps", 3)  # written after the first: another run
     assert_bad_input(cli("summary", first, second), "2 different runs", os.path.basename(first))
@@ -355,7 +356,11 @@ def test_split_by_steps_and_time(loop, tmp_path):
     assert perfetto_tp.error_stats(part) == []
     assert summary_json(part)["steps"]["steady"]["steps"] == 3
     assert cli("convert", loop, "--split", "--time", "0:0.01", "-o", tmp_path).returncode == 0
+    assert cli("convert", loop, "--split", "--steps", "10-", "-o", tmp_path).returncode == 0
+    (tail,) = tmp_path.glob("*-steps-10-end.pfw.gz")
+    assert {e["args"]["step"] for e in read_events(str(tail)) if e.get("cat") == "step"} == {10, 11}
     assert_bad_input(cli("convert", loop, "--split", "--steps", "50-60", "-o", tmp_path), "no step slices")
+    assert_bad_input(cli("convert", loop, "--split", "--steps", "5-3", "-o", tmp_path), "A <= B")
     assert_bad_input(cli("convert", loop, "--split", "-o", tmp_path), "exactly one of")
     assert_bad_input(cli("convert", loop, "--split", "--time", "5", "-o", tmp_path), "--time")
     assert_bad_input(cli("convert", loop, "--max-events", "5", "-o", tmp_path / "x.pfw"), "go with --split")

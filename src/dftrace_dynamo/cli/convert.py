@@ -33,8 +33,8 @@ def register(subparsers):
 
 def _pair(text, sep, option, kind):
     lo, mid, hi = text.partition(sep)
-    try:
-        pair = (kind(lo), kind(hi or lo)) if mid or sep == "-" else None
+    try:  # "A" alone (steps: one step), "A<sep>" (to the end), "A<sep>B"
+        pair = (kind(lo), kind(hi) if hi else float("inf") if mid else kind(lo)) if mid or sep == "-" else None
     except ValueError:
         pair = None
     if pair is None or pair[0] > pair[1]:

@@ -16,7 +16,6 @@ from .steps import CATEGORIES
 from .summary import summarize
 
 VIEWS = ("op", "module", "phase")
-_FIELDS = ("count", "total_us", "mean_us")
 
 
 def _side(paths, include_warmup, progress):

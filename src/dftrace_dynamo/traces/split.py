@@ -109,13 +109,13 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
         if steps:
             chosen = [(t, e) for s, t, e in step_slices if steps[0] <= s <= steps[1]]
             if not chosen:
-                raise TraceError(f"{src}: no step slices numbered {steps[0]}-{steps[1]} (cat 'step', args.step)")
+                raise TraceError(f"{src}: no step slices numbered {steps[0]} to {steps[1]} (cat 'step', args.step)")
             lo, hi = min(t for t, _ in chosen), max(e for _, e in chosen)
-            label = f"steps-{steps[0]}-{steps[1]}"
+            label = f"steps-{steps[0]}-{steps[1] if steps[1] != float('inf') else 'end'}"
         else:
             first = starts.min() if len(starts) else 0.0
             lo, hi = first + time[0] * 1e6, first + time[1] * 1e6
-            label = f"time-{time[0]:g}-{time[1]:g}s"
+            label = f"time-{time[0]:g}-{time[1]:g}s".replace("inf", "end")
         part_of_group = np.where((starts >= lo) & (starts < hi), 0, -2)  # -2: left out
         n_parts = 1
         if not (part_of_group == 0).any():

@@ -282,7 +282,8 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     if step_info["warmup_keys"] and not include_warmup:
         con.execute("CREATE TEMP TABLE warm (file BIGINT, pid BIGINT, step BIGINT)")
         con.executemany("INSERT INTO warm VALUES (?, ?, ?)", step_info["warmup_keys"])
-        warm_filter = "AND NOT EXISTS (SELECT 1 FROM warm w WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)"
+        warm_filter = ("AND NOT EXISTS (SELECT 1 FROM warm w "
+                       "WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)")
     columns, sql = _views_sql([v for v in views if v in OP_VIEWS], warm_filter)
     rows = con.execute(sql).fetchall()
     unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
