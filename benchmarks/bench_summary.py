@@ -1,12 +1,16 @@
-"""Wall time of ``dftrace-dynamo summary`` on large traces, end to end (the
-command as a user runs it: interpreter start, DuckDB scan, all five views).
+"""Wall time of ``dftrace-dynamo summary`` and ``diff`` on large traces, end to
+end (the command as a user runs it: interpreter start, DuckDB scan, all views).
 
-    python benchmarks/bench_summary.py [--ops 10000000] [--repeat 3] [--dir DIR]
+    python benchmarks/bench_summary.py [--ops 10000000] [--repeat 3] [--dir DIR] [--only NAME]
 
-Traces are synthetic (tests/scripts/tracegen.py: the documented layout, ~245
-bytes per op event, graph and compile events around them) and cached in DIR.
-Variants: one gzip file, the same events as 8 rank files, one zstd file.
-Prints an RST table (best and median wall time, CPU time, load average).
+Traces are synthetic and cached in DIR. Without steps (tests/scripts/tracegen.py:
+the documented layout, ~245 bytes per op event, graph and compile events around
+them): one gzip file, the same events as 8 rank files, one zstd file. With
+steps (tests/scripts/stepgen.py, written by the C writer: step slices holding
+data, forward graph with module slices and ops, backward, optimizer; --ops
+events in all): summary with the step view, and diff of two such traces (the
+second with an injected cost). Prints an RST table (best and median wall
+time, CPU time, load average).
 """
 
 import argparse
@@ -22,12 +26,31 @@ from scripts import tracegen  # noqa: E402
 from scripts.clitools import CLI  # noqa: E402
 
 
-def variants(ops, directory):
-    """name -> list of trace files, written once."""
+STEP_LAYERS = 60  # 8 * 60 + 7 events per step
+
+
+def step_trace(ops, directory, name, *extra):
+    """A stepgen trace of about ``ops`` events (cached)."""
+    path = os.path.join(directory, f"steps-{ops}-{name}.pfw.gz")
+    if not os.path.exists(path):
+        print(f"writing {path}", file=sys.stderr)
+        steps = max(ops // (8 * STEP_LAYERS + 7), 2)
+        gen = os.path.join(os.path.dirname(tracegen.__file__), "stepgen.py")
+        written = subprocess.run([sys.executable, gen, os.path.join(directory, "partial-" + name), "--steps",
+                                  str(steps), "--layers", str(STEP_LAYERS), *extra],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        os.rename(written, path)
+    return path
+
+
+def variants(ops, directory, only=None):
+    """name -> (subcommand and arguments, trace files), written once."""
     os.makedirs(directory, exist_ok=True)
     out = {}
     for name, suffix, files in (("1 file, gzip", ".pfw.gz", 1), ("8 rank files, gzip", ".pfw.gz", 8),
                                 ("1 file, zstd", ".pfw.zst", 1)):
+        if only and only not in name:
+            continue
         paths = [os.path.join(directory, f"trace-{ops}-rank{r}-of{files}{suffix}") for r in range(files)]
         for rank, path in enumerate(paths):
             if not os.path.exists(path):
@@ -35,15 +58,21 @@ def variants(ops, directory):
                 partial = os.path.join(directory, "partial-" + os.path.basename(path))  # same suffix
                 tracegen.write(partial, ops // files, pid=1000 + rank, rank=rank if files > 1 else None)
                 os.rename(partial, path)
-        out[name] = paths
+        out[name] = (["summary"], paths)
+    if only and only not in "steps, diff":
+        return out
+    base = step_trace(ops, directory, "base", "--seed", "1")
+    new = step_trace(ops, directory, "new", "--seed", "2", "--slow", "0-999999:1")
+    out["steps, 1 file, gzip (step view)"] = (["summary"], [base])
+    out["diff of 2 step traces, gzip"] = (["diff"], [base, new])
     return out
 
 
-def run(paths):
-    """(wall seconds, CPU seconds of the child) of one summary."""
+def run(command, paths):
+    """(wall seconds, CPU seconds of the child) of one summary or diff."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    p = subprocess.run([*CLI, "summary", "--format", "json", *paths], capture_output=True, text=True)
+    p = subprocess.run([*CLI, *command, "--format", "json", *paths], capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
@@ -57,12 +86,15 @@ def main():
     ap.add_argument("--ops", type=int, default=10_000_000, help="op events per variant")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=os.path.join("/tmp", "dftrace-bench-summary"))
+    ap.add_argument("--only", metavar="TEXT", help="only the variants whose name holds TEXT")
     a = ap.parse_args()
     rows = []
-    for name, paths in variants(a.ops, a.dir).items():
+    for name, (command, paths) in variants(a.ops, a.dir, a.only).items():
+        if a.only and a.only not in name:
+            continue
         size = sum(os.path.getsize(p) for p in paths) / 2**20
         load = os.getloadavg()[0]
-        runs = [run(paths) for _ in range(a.repeat)]
+        runs = [run(command, paths) for _ in range(a.repeat)]
         walls = [w for w, _ in runs]
         rows.append((name, f"{size:,.0f} MiB", f"{min(walls):.2f}", f"{statistics.median(walls):.2f}",
                      f"{min(c for _, c in runs):.2f}", f"{load:.1f}"))
@@ -70,7 +102,7 @@ def main():
     head = ("trace", "size", "best wall s", "median wall s", "CPU s", "load avg")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     line = " ".join("=" * w for w in widths)
-    print(f"{a.ops:,} op events, {os.cpu_count()} CPUs, {a.repeat} runs each\n")
+    print(f"{a.ops:,} events per trace, {os.cpu_count()} CPUs, {a.repeat} runs each\n")
     print(line)
     for r in [head, None, *rows]:
         print(line if r is None else " ".join(str(c).ljust(w) for c, w in zip(r, widths)))

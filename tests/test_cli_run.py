@@ -12,7 +12,9 @@ EAGER = os.path.join(SCRIPTS, "compile_eager.py")
 
 
 def only_trace(directory):
-    (path,) = [os.path.join(directory, n) for n in os.listdir(directory)]
+    """The one trace file, in the one run directory that ``run`` made under ``directory``."""
+    (run_dir,) = [os.path.join(directory, n) for n in os.listdir(directory)]
+    (path,) = [os.path.join(run_dir, n) for n in os.listdir(run_dir)]
     return path
 
 
@@ -27,7 +29,8 @@ def test_compile_all_replaces_the_scripts_backend_and_traces_aten_ops(tmp_path):
     assert p.stderr.startswith("to stderr\n")
     trace = only_trace(tmp_path)
     assert os.path.basename(trace).startswith("compile_eager-")
-    assert f"dftrace-dynamo summary {tmp_path}" in p.stderr and trace in p.stderr
+    assert f"dftrace-dynamo summary {os.path.dirname(trace)}" in p.stderr and trace in p.stderr
+    assert os.path.basename(os.path.dirname(trace)).startswith("compile_eager-")
     events = ops(trace)
     assert {"function.addmm.default", "function.threshold_backward.default"} <= {e["name"] for e in events}
     assert {e["args"]["phase"] for e in events} == {"forward", "backward"}

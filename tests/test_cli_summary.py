@@ -228,7 +228,7 @@ def test_real_trace_from_the_backend(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "scripts", "compile_eager.py")
     p = cli("run", "--out", tmp_path, "--compile-all", script, "0")
     assert p.returncode == 0, p.stderr
-    (trace,) = [tmp_path / n for n in os.listdir(tmp_path)]
+    (trace,) = tmp_path.glob("*/*.pfw*")
     result, _ = summary_json(trace)
     durs = expected_ops(trace)
     assert result["op_events"] == sum(map(len, durs.values())) > 0

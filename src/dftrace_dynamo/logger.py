@@ -138,6 +138,8 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     }
     if rank:
         start_args["rank"] = rank
+    if os.environ.get("DFTRACER_RUN_ID"):  # set by dftrace-dynamo run: tells runs apart in summary
+        start_args["run_id"] = os.environ["DFTRACER_RUN_ID"]
     records = [
         string_hash("HH", host),
         meta("process_name", {"name": _clean(proc_name)}),

@@ -13,7 +13,7 @@ import sys
 
 from dftrace_dynamo.traces.reader import TraceError
 
-SUBCOMMANDS = ["demo", "run", "summary", "merge", "convert", "validate", "profile", "explore", "graph"]
+SUBCOMMANDS = ["demo", "run", "summary", "diff", "merge", "convert", "validate", "profile", "explore", "graph"]
 
 
 class Parser(argparse.ArgumentParser):

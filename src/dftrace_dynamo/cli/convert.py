@@ -14,12 +14,56 @@ def register(subparsers):
                     "viewers. Lines that are not valid JSON (a cut last line, a cut gzip member) "
                     "are left out, so the output always loads.")
     p.add_argument("input", metavar="IN", help="trace file")
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write (with --split: a directory)")
     p.add_argument("--format", choices=FORMATS,
                    help="pfw: [ + one object per line + ] (default); json-array: strict JSON "
                         "(default when OUT ends in .json, .json.gz or .json.zst)")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    split = p.add_argument_group(
+        "splitting a big trace", "--split writes parts (.pfw.gz) into the directory OUT; each keeps the metadata "
+                                 "records, no slice is cut in half, and together they hold every event")
+    split.add_argument("--split", action="store_true", help="write parts instead of one copy; pick one of:")
+    split.add_argument("--steps", metavar="A-B", help="the steps A to B (step slices, args.step)")
+    split.add_argument("--time", metavar="START:END", help="the events starting between START and END seconds "
+                                                           "after the first event")
+    split.add_argument("--max-events", type=int, metavar="N",
+                       help="every event, in parts of at most N events (8000000 loads well in the Perfetto UI)")
     p.set_defaults(func=run)
+
+
+def _pair(text, sep, option, kind):
+    lo, mid, hi = text.partition(sep)
+    try:  # "A" alone (steps: one step), "A<sep>" (to the end), "A<sep>B"
+        pair = (kind(lo), kind(hi) if hi else float("inf") if mid else kind(lo)) if mid or sep == "-" else None
+    except ValueError:
+        pair = None
+    if pair is None or pair[0] > pair[1]:
+        _error(f"{option} {text!r}: expected A{sep}B with A <= B")
+    return pair
+
+
+def _error(message):
+    from dftrace_dynamo.traces.reader import TraceError
+
+    raise TraceError(message)
+
+
+def run_split(args, src):
+    from dftrace_dynamo.traces.split import split
+
+    chosen = [o for o in ("steps", "time", "max_events") if getattr(args, o) is not None]
+    if len(chosen) != 1:
+        _error("--split needs exactly one of --steps A-B, --time START:END, --max-events N")
+    if args.max_events is not None and args.max_events < 1:
+        _error("--max-events must be at least 1")
+    steps = _pair(args.steps, "-", "--steps", int) if args.steps else None
+    window = _pair(args.time, ":", "--time", float) if args.time else None
+    parts, warnings = split(src, args.output, steps, window, args.max_events, args.force)
+    for note in warnings:
+        warn("convert", note)
+    for path, events in parts:
+        print(f"wrote {path}: {events:,} events")
+    return 0
 
 
 def run(args):
@@ -30,6 +74,10 @@ def run(args):
     if len(found) != 1:
         raise TraceError(f"convert takes one trace file; {args.input} holds {len(found)}")
     src = found[0]
+    if args.split:
+        return run_split(args, src)
+    if args.steps or args.time or args.max_events:
+        raise TraceError("--steps, --time and --max-events go with --split")
     fmt = args.format or ("json-array" if ".json" in args.output.lower().rsplit("/", 1)[-1] else "pfw")
     events, warnings = convert(src, args.output, fmt == "json-array", args.force)
     for note in warnings:

@@ -1,10 +1,12 @@
 """``dftrace-dynamo run``: run an unmodified script or module with tracing on."""
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 
 from ._common import warn
 
@@ -17,12 +19,13 @@ def register(subparsers):
         usage="dftrace-dynamo run [-h] [--out DIR] [--level {aten,torch}] [--compile-all [--keep-backend]] "
               "[--steps SPEC] (script.py | -m module) [ARGS ...]",
         description="Runs the script in a child Python process with DFTRACER_ENABLE=1 and "
-                    "DFTRACER_LOG_FILE=DIR/<script name>, so code that already uses the dftrace "
-                    "backend or decorator traces into DIR. With --compile-all every torch.compile() "
+                    "DFTRACER_LOG_FILE=DIR/<script>-<date>-<time>/<script>: each run gets a new "
+                    "directory of its own (printed at the end), so code that already uses the dftrace "
+                    "backend or decorator traces there. With --compile-all every torch.compile() "
                     "of the script uses the tracer as well. The script's stdout, stderr and exit "
                     "status pass through unchanged; where the traces went is printed on stderr.")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"directory for the traces (default ./{DEFAULT_OUT})")
+                   help=f"directory under which each run gets its own directory (default ./{DEFAULT_OUT})")
     p.add_argument("--level", choices=("aten", "torch"), default="aten",
                    help="with --compile-all: trace ATen ops of forward and backward (default) "
                         "or torch-level ops of the Dynamo graph")
@@ -52,6 +55,20 @@ def _steps_spec(text):
     return text
 
 
+def _run_directory(parent, name):
+    """A new directory ``parent/<name>-<date>-<time>[-k]`` for this run's traces, so runs never mix."""
+    os.makedirs(parent, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for k in range(1, 1000):
+        path = os.path.join(parent, f"{name}-{stamp}" + (f"-{k}" if k > 1 else ""))
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"too many runs named {name}-{stamp} in {parent}")
+
+
 def _traces(directory):
     if not os.path.isdir(directory):
         return set()
@@ -73,9 +90,9 @@ def run(args):
         args.argv = args.argv[1:]
     else:
         raise TraceError("give a script to run (or -m module)")
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
-    env = dict(os.environ, DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=os.path.join(out, name))
+    out = _run_directory(os.path.abspath(args.out), name)
+    env = dict(os.environ, DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=os.path.join(out, name),
+               DFTRACER_RUN_ID=os.path.basename(out))
     if args.steps is not None:
         env["DFTRACER_STEPS"] = args.steps
     cmd = [sys.executable, "-m", "dftrace_dynamo.cli._launch"]
@@ -89,10 +106,12 @@ def run(args):
     rc = child.wait()
     new = sorted(_traces(out) - before)
     if new:
-        print(f"dftrace-dynamo run: {len(new)} trace file(s) in {out}:", file=sys.stderr)
+        print(f"dftrace-dynamo run: run directory {out}: {len(new)} trace file(s):", file=sys.stderr)
         for path in new:
             print(f"  {path}", file=sys.stderr)
         print(f"  summary: dftrace-dynamo summary {out}", file=sys.stderr)
     else:
+        with contextlib.suppress(OSError):  # leave no empty run directory behind
+            os.rmdir(out)
         warn("run", "no trace written (did the script call torch.compile? try --compile-all)")
     return rc if rc >= 0 else 128 - rc

@@ -5,7 +5,8 @@ def register(subparsers):
     p = subparsers.add_parser(
         "validate", help="check traces against what Perfetto's JSON importer relies on",
         description="Checks each trace: valid JSON on every line, the first-bytes sniff, pid/tid "
-                    "range, X events with dur that nest per thread, complete gzip/zstd members. "
+                    "range, X events with dur that nest per thread, complete gzip/zstd members; warns when a file "
+                    "holds more events than the Perfetto web UI loads (16 M) and names the command that cuts it. "
                     "Exit status 1 when a problem is found, 0 when all files are clean.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files, directories or glob patterns")
     p.add_argument("--max-problems", type=int, default=20, metavar="N",
@@ -27,6 +28,8 @@ def run(args):
             print(f"  {'line ' + str(line) if line else 'file'}: {message}")
         if n > args.max_problems:
             print(f"  ... and {n - args.max_problems} more")
+        for note in report.warnings:
+            print(f"  warning: {note}")
         for note in report.notes:
             print(f"  note: {note}")
         failed += bool(n)

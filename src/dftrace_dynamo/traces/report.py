@@ -6,14 +6,19 @@ import json
 
 from .reader import TraceError
 
-VIEWS = ("op", "module", "phase", "graph", "process")
+OP_VIEWS = ("op", "module", "phase", "graph", "process")  # op statistics grouped by a key
+VIEWS = ("step", *OP_VIEWS, "graphs", "rank")
 TITLES = {
+    "step": "Steps (ms; warm-up steps marked)",
     "op": "Top ops by total time",
     "module": "By module path",
     "phase": "By phase",
     "graph": "By graph",
     "process": "By process",
+    "graphs": "Compiles, graph breaks and recompiles",
+    "rank": "By rank (steady-state step time, ms)",
 }
+STEP_COLUMNS = ("wall", "data", "forward", "backward", "optimizer", "other")
 _STATS = ("count", "total_us", "mean_us", "p50_us", "p99_us", "share")
 
 
@@ -39,9 +44,123 @@ def headline(result):
     return line
 
 
-def to_table(result):
-    out = [headline(result)]
-    for view, rows in result["views"].items():
+def _ms(us):
+    return "-" if us is None else f"{us / 1e3:,.3f}"
+
+
+def _one_line(text, width=200):
+    """A multi-line reason (Dynamo's explanations and hints) as one line of at most ``width``."""
+    text = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def compile_lines(result):
+    """Header lines: graphs compiled, graph breaks, recompiles, each with reason and location."""
+    comp = result["compile"]
+    breaks = sum(b["count"] for b in comp["graph_breaks"])
+    recompiles = sum(r["count"] for r in comp["recompiles"])
+    if not (comp["graphs_compiled"] or breaks or recompiles):
+        return []
+    out = [f"compiled: {comp['graphs_compiled']} graph{'s' * (comp['graphs_compiled'] != 1)}, "
+           f"{breaks} graph break{'s' * (breaks != 1)}, {recompiles} recompile{'s' * (recompiles != 1)}"]
+    for what, entries in (("graph break", comp["graph_breaks"]), ("recompile", comp["recompiles"])):
+        for e in entries:
+            steps = f", step {', '.join(map(str, e['steps']))}" if e["steps"] else ""
+            out.append(f"  {what} at {e['location']} ({e['count']}x{steps}): {_one_line(e['reason'])}")
+    return out
+
+
+def step_lines(result):
+    """Header lines on the steps: how many, which are warm-up, the steady-state series."""
+    steps = result["steps"]
+    if not steps:
+        return []
+    warm = steps["warmup_steps"]
+    line = f"steps: {len(steps['rows'])}"
+    if warm:
+        shown = ", ".join(str(w["step"]) for w in warm[:10]) + (" ..." if len(warm) > 10 else "")
+        line += (f", {len(warm)} warm-up ({shown}) "
+                 + ("included in the statistics" if steps["include_warmup"]
+                    else "left out of every statistic (--include-warmup counts them)"))
+    out = [line]
+    st = steps["steady"]
+    if st is None:
+        out.append("  no steady-state step: every step is a warm-up step (--include-warmup shows them)")
+    else:
+        out.append(f"  step time over {st['steps']} step{'s' * (st['steps'] != 1)}: min {_ms(st['min_us'])} ms, "
+                   f"median {_ms(st['median_us'])} ms, p90 {_ms(st['p90_us'])} ms, max {_ms(st['max_us'])} ms; "
+                   + ", ".join(f"{c} {_ms(st[f'{c}_mean_us'])}" for c in STEP_COLUMNS[1:])
+                   + f" ms on average, coverage {100 * st['coverage']:.1f}%")
+    return out
+
+
+def _step_table(result, top):
+    steps = result["steps"]
+    rows = steps["rows"]
+    warm = [r for r in rows if r["warmup"]]
+    steady = [r for r in rows if not r["warmup"]]
+    shown = warm + steady[:top]
+    out = [f"{'step':>8}  " + "  ".join(f"{c:>10}" for c in STEP_COLUMNS) + f"  {'coverage':>8}"]
+    for r in sorted(shown, key=lambda r: r["step"]):
+        out.append(f"{r['step']:>8}  " + "  ".join(f"{_ms(r[f'{c}_us']):>10}" for c in STEP_COLUMNS)
+                   + f"  {100 * r['coverage']:>7.1f}%" + (f"  warm-up: {r['warmup']}" if r["warmup"] else ""))
+    if len(steady) > top:
+        out.append(f"  ... {len(steady) - top} more steady-state steps (--top, or --format json for all)")
+    return out
+
+
+def _rank_table(result):
+    ranks = result["steps"]["ranks"]
+    width = max(len("process"), *(len(r["process"]) for r in ranks))
+    out = [f"{'process':<{width}}  {'steps':>6}  {'min':>10}  {'median':>10}  {'p90':>10}  {'max':>10}"]
+    for r in ranks:
+        out.append(f"{r['process']:<{width}}  {r['steps']:>6}  " + "  ".join(
+            f"{_ms(r.get(k)):>10}" for k in ("min_us", "median_us", "p90_us", "max_us")))
+    spread = result["steps"]["rank_spread"]
+    if spread:
+        out.append(f"slowest: {spread['slowest']}, {_ms(spread['spread_us'])} ms "
+                   f"({100 * spread['spread']:.1f}%) above the fastest ({spread['fastest']}) in median step time")
+    return out
+
+
+def _graphs_table(result):
+    comp = result["compile"]
+    out = []
+    for c in comp["compiles"]:
+        where = f" at {c['location']}" if c["location"] else ""
+        step = "" if c["step"] is None else f", step {c['step']}"
+        out.append(f"  compile {c['name']!r}{where}: {_ms(c['dur_us'])} ms ({c['process']}{step})")
+    for what, entries in (("graph break", comp["graph_breaks"]), ("recompile", comp["recompiles"])):
+        for e in entries:
+            steps = f", steps {', '.join(map(str, e['steps']))}" if e["steps"] else ""
+            out.append(f"  {what} at {e['location']} in {e['frame'] or '?'} ({e['count']}x{steps}; "
+                       f"{', '.join(e['processes'])}): {_one_line(e['reason'], 1000)}")
+    return out or ["  (no compile events)"]
+
+
+def _special_view(result, view, top):
+    """Lines of the step, graphs or rank view, or None when the traces hold nothing for it."""
+    if view == "graphs":
+        return _graphs_table(result)
+    if not result["steps"]:
+        return None
+    return _step_table(result, top) if view == "step" else _rank_table(result)
+
+
+def to_table(result, views=None, top=15):
+    """The table report. ``views``: the views to show in order (default: those in
+    the result, after the step view when there are steps)."""
+    out = [headline(result), *compile_lines(result), *step_lines(result)]
+    for view in views or ["step", *result["views"]]:
+        if view not in OP_VIEWS:
+            lines = _special_view(result, view, top)
+            if lines is None:
+                if views:
+                    out += ["", TITLES[view], "  (no step slices in these traces)"]
+                continue
+            out += ["", TITLES[view], *lines]
+            continue
+        rows = result["views"][view]
         out += ["", TITLES[view]]
         if not rows:
             out.append("  (no op events)")
@@ -56,9 +175,23 @@ def to_table(result):
     return "\n".join(out) + "\n"
 
 
-def to_csv(result):
+def to_csv(result, views=None, top=None):
+    """The op views as one table; the step, rank or graphs view, asked for alone, as its own table."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    if views == ["graphs"]:
+        w.writerow(("kind", "location", "frame", "count", "steps", "processes", "reason"))
+        for kind in ("graph_breaks", "recompiles"):
+            for e in result["compile"][kind]:
+                w.writerow((kind[:-1], e["location"], e["frame"], e["count"], " ".join(map(str, e["steps"])),
+                            "; ".join(e["processes"]), e["reason"]))
+        return buf.getvalue()
+    if views in (["step"], ["rank"]):
+        rows = (result["steps"] or {}).get("rows" if views == ["step"] else "ranks", [])
+        if rows:
+            w.writerow(rows[0].keys())
+            w.writerows(r.values() for r in rows)
+        return buf.getvalue()
     w.writerow(("view", "key", *_STATS))
     for view, rows in result["views"].items():
         for r in rows:
@@ -67,12 +200,55 @@ def to_csv(result):
     return buf.getvalue()
 
 
-def to_json(result):
+def to_json(result, views=None, top=None):
     return json.dumps(result, indent=1) + "\n"
 
 
+STEP_COLORS = {"data": "#8c6bb1", "forward": "#3b75af", "backward": "#e1812c", "optimizer": "#3a923a",
+               "other": "#bbbbbb"}
+
+
+def _step_timeline(ax, result):
+    """Stacked bars per step (time by category); warm-up steps hatched."""
+    rows = result["steps"]["rows"]
+    steps = [r["step"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for c, color in STEP_COLORS.items():
+        values = [r[f"{c}_us"] / 1e3 for r in rows]
+        bars = ax.bar(steps, values, bottom=bottom, color=color, label=c, width=0.8, linewidth=0)
+        for bar, r in zip(bars, rows):
+            if r["warmup"]:
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=color, label=c) for c, color in STEP_COLORS.items()]  # plain: bar 0 may be hatched
+    st = result["steps"]["steady"]
+    if st:
+        handles.append(ax.axhline(st["median_us"] / 1e3, color="black", linewidth=0.8, linestyle="--",
+                                  label=f"steady median {st['median_us'] / 1e3:.3f} ms"))
+        ax.set_ylim(0, max(st["max_us"] / 1e3 * 1.3, st["median_us"] / 1e3 * 2))  # warm-up steps may go off scale
+    ax.set_xlabel("step (hatched: warm-up, left out of the statistics)" if result["steps"]["warmup_steps"] else "step")
+    ax.set_ylabel("time (ms)")
+    ax.set_title("Step timeline: where each step's time went", fontsize=10)
+    ax.legend(handles=handles, fontsize=8, ncol=3, loc="upper right")
+
+
+def _bar_chart(ax, result, view):
+    rows = result["views"][view][::-1]  # largest at the top
+    ax.barh([r["key"] for r in rows], [r["total_us"] / 1e3 for r in rows], color="#3b75af")
+    for i, r in enumerate(rows):
+        ax.text(r["total_us"] / 1e3, i, f" {100 * r['share']:.1f}%  ({r['count']:,})",
+                va="center", fontsize=8)
+    ax.set_xlabel("total time (ms)   [labels: share of op time, (calls)]")
+    ax.set_title(f"{TITLES[view]}: {headline(result).split(': ', 1)[1].split(';')[0]}", fontsize=10)
+    ax.margins(x=0.25)
+
+
 def plot(result, view, path):
-    """Horizontal bar chart of total time per key of ``view`` into ``path``."""
+    """Into ``path``: the step timeline when the traces have steps, and a
+    horizontal bar chart of total time per key of ``view`` (an op view)."""
     try:
         import matplotlib
     except ImportError:
@@ -81,15 +257,13 @@ def plot(result, view, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["views"][view][::-1]  # largest at the top
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.35 * max(len(rows), 1)))
-    ax.barh([r["key"] for r in rows], [r["total_us"] / 1e3 for r in rows], color="#3b75af")
-    for i, r in enumerate(rows):
-        ax.text(r["total_us"] / 1e3, i, f" {100 * r['share']:.1f}%  ({r['count']:,})",
-                va="center", fontsize=8)
-    ax.set_xlabel("total time (ms)   [labels: share of op time, (calls)]")
-    ax.set_title(f"{TITLES[view]}: {headline(result).split(': ', 1)[1].split(';')[0]}", fontsize=10)
-    ax.margins(x=0.25)
+    n_bars = max(len(result["views"].get(view, [])), 1)
+    heights = ([4.0] if result["steps"] else []) + [1.2 + 0.35 * n_bars]
+    fig, axes = plt.subplots(len(heights), 1, figsize=(10, sum(heights) + 0.5),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    if result["steps"]:
+        _step_timeline(axes[0][0], result)
+    _bar_chart(axes[-1][0], result, view)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,21 +1,25 @@
-"""Op statistics over one or many trace files, computed by DuckDB.
+"""Statistics over one or many trace files, computed by DuckDB.
 
 DuckDB parses the NDJSON lines itself (multi-member gzip and multi-frame zstd
-included), and everything is computed in one parallel scan with grouping
-sets: no Python code runs per event and nothing is materialised. A large
-compressed file is cut at member/frame boundaries into pieces that DuckDB
-reads in parallel. The ``[``/``]`` lines and a cut last line are skipped
-(``ignore_errors``). A file DuckDB cannot decompress (cut inside a gzip member
-or zstd frame) is decoded by :mod:`.reader` into a temporary plain file first,
-keeping what is readable.
+included) in one parallel scan into an in-memory table of the events the
+views need (no Python code runs per event). A large compressed file is cut at
+member/frame boundaries into pieces that DuckDB reads in parallel. The
+``[``/``]`` lines and a cut last line are skipped (``ignore_errors``). A file
+DuckDB cannot decompress (cut inside a gzip member or zstd frame) is decoded by
+:mod:`.reader` into a temporary plain file first, keeping what is readable.
 
-What counts as an *op event*: a complete event (``"ph":"X"``) whose args
-carry a ``node`` (one executed FX node); traces written by pydftracer's
-Dynamo backend, which have no ``node``, count their ``cat:"dynamo"`` events
-without a ``graph`` arg. Graph-call events (``cat:"dynamo_graph"``), compile
-events (``cat:"dynamo_compile"``), ``start``/``end`` and metadata are not ops;
-graph calls and compile events are reported in the totals only (compile time
-counts only compile events not nested in another one of the same thread).
+What counts as an *op event*: a complete event (``"ph":"X"``) of category
+``dynamo`` whose args carry a ``node`` (one executed FX node); traces written
+by pydftracer's Dynamo backend, which have no ``node``, count their
+``cat:"dynamo"`` events without a ``graph`` arg. Graph-call events
+(``cat:"dynamo_graph"``), compile events (``cat:"dynamo_compile"``), step
+structure (``step``, ``data``, ``backward``, ``optimizer``), module slices,
+kernels, ``start``/``end`` and metadata are not ops; graph calls and compile
+events are reported in the totals (compile time counts only compile events not
+nested in another one of the same thread).
+
+When the traces hold step slices, warm-up steps (see :mod:`.steps`) are left
+out of every statistic unless ``include_warmup``.
 """
 
 import mmap
@@ -25,18 +29,23 @@ import threading
 
 import duckdb
 
+from . import compiles, runs, steps
 from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
                      rank_of, starts_a_line, tail_damage)
-from .report import VIEWS
+from .report import OP_VIEWS, VIEWS
 
 # Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
 CAT_OP, CAT_GRAPH, CAT_COMPILE = "dynamo", "dynamo_graph", "dynamo_compile"
-UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME = 0, 1, 2, 3, 4
+UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME, STEP, DATA, BACKWARD, OPTIMIZER, START = range(10)
+# step-structure categories -> kind (the step vocabulary, see docs/design.rst)
+STEP_KINDS = {"step": STEP, "data": DATA, "backward": BACKWARD, "optimizer": OPTIMIZER}
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
+# args fields read as text (a value of another JSON type must not make DuckDB drop the line);
+# each one costs parsing time on every event: only those a view uses
+_ARGS = ("graph", "node", "module", "phase", "name", "step", "kind", "reason", "location", "frame", "run_id")
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
-            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(graph VARCHAR, node VARCHAR, module VARCHAR, "
-            "phase VARCHAR, name VARCHAR)'}")
+            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f"{a} VARCHAR" for a in _ARGS) + ")'}")
 _KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns, in result order
 _SETS = {
     "op": ("name",),
@@ -94,32 +103,44 @@ def _source_sql(sources):
     return " UNION ALL ".join(parts), params
 
 
-def _query(views, module_depth, source_sql):
-    """(key columns of the result, SQL): one row per group of each grouping set."""
+def _load_sql(module_depth, source_sql):
+    """SQL that fills table ``ev`` with the events any view needs, one row each."""
     module = "nullif(e.args.module, '')"
     if module_depth:
         module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
+    step_kinds = " ".join(f"WHEN e.ph = 'X' AND e.cat = '{cat}' THEN {kind}" for cat, kind in STEP_KINDS.items())
+    info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in ("graph", *_ARGS[6:])) + ")"
+    return f"""
+CREATE TEMP TABLE ev AS
+SELECT * FROM (
+    SELECT CASE WHEN e.ph = 'X' AND e.cat = '{CAT_OP}' AND (e.args.node IS NOT NULL OR e.args.graph IS NULL) THEN {OP}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
+                {step_kinds}
+                WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
+                WHEN e.ph = 'X' AND e.name = 'start' AND e.cat = 'dftracer' THEN {START}
+                WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind,
+           e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
+           TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
+           coalesce({module}, '(top level)') AS module,
+           coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
+           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN {info} END AS info
+    FROM ({source_sql}) e
+) WHERE kind IS NOT NULL
+"""
+
+
+def _views_sql(views, warm_filter):
+    """(key columns of the result, SQL): one row per group of each grouping set over table ``ev``."""
     sets = [_SETS[v] for v in dict.fromkeys(["phase", "process", *views])]
     grouping = ", ".join("(kind, " + ", ".join(s) + ")" for s in sets)
     keys = [k for k in _KEYS if any(k in s for s in sets)]
     return keys, f"""
-WITH ev AS (
-    SELECT e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
-           e.args.name AS aname, coalesce({module}, '(top level)') AS module,
-           coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
-           CASE WHEN e.ph = 'X' AND (e.args.node IS NOT NULL OR (e.cat = '{CAT_OP}' AND e.args.graph IS NULL)) THEN {OP}
-                WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
-                WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
-                WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
-                WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind
-    FROM ({source_sql}) e
-)
 SELECT kind, grouping({", ".join(keys)}) AS set_mask, {", ".join(keys)},
        count(*), coalesce(sum(dur), 0), avg(dur),
        quantile_cont(dur, [0.5, 0.99]) FILTER (WHERE kind = {OP}),
-       list([pid, tid, ts, dur]) FILTER (WHERE kind = {COMPILE}),
        any_value(aname) FILTER (WHERE kind = {PROCESS_NAME})
-FROM ev WHERE kind IS NOT NULL
+FROM ev e WHERE kind IN ({OP}, {GRAPH}, {PROCESS_NAME}) {warm_filter}
 GROUP BY GROUPING SETS ({grouping})
 """
 
@@ -197,50 +218,87 @@ def _repair(con, sources):
     return fixed, notes
 
 
-def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
+def _load(con, paths, module_depth, progress, tmpdir):
+    """Scans the files into table ``ev``; returns the warnings (what could not be read)."""
+    sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
+    for index, path in enumerate(paths):
+        layout, kind = check_trace(path), compression_of(path)
+        directory = os.path.join(tmpdir, f"file={index}")
+        os.mkdir(directory)
+        pieces = _pieces(path, kind, directory)
+        sources += [(p, index, layout, kind or "none", path) for p, _ in pieces]
+        if kind is None:
+            continue
+        damage = Damage(path)
+        tail_damage(path, kind, damage)
+        if damage.notes and kind == "gzip":  # DuckDB fails on a cut gzip member: decode the last piece here
+            damage, (last, offset) = Damage(path), pieces[-1]
+            plain = _decode(last, os.path.join(directory, "last.pfw"), damage, offset, os.path.getsize(path))
+            sources[-1] = (plain, index, layout, "none", path)
+        warnings += damage.notes  # DuckDB reads a cut zstd frame without a word
+    for attempt in range(2):
+        source_sql, params = _source_sql(sources)
+        try:
+            _run(con, _load_sql(module_depth, source_sql), params, progress)
+            return warnings
+        except (duckdb.IOException, duckdb.InvalidInputException) as e:
+            if attempt:
+                raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
+            con.execute("DROP TABLE IF EXISTS ev")
+            sources, notes = _repair(con, sources)
+            warnings += notes
+
+
+def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, include_warmup=False,
+              all_runs=False):
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
-    document): totals, ``views`` (view -> rows sorted by total time, at most
-    ``top`` each) and ``warnings`` (what could not be read). ``progress(n)``
-    is called with percent steps."""
+    document): totals, ``steps`` (the step analysis, see :mod:`.steps`),
+    ``compile`` (graphs compiled, graph breaks, recompiles), ``views`` (view ->
+    rows sorted by total time, at most ``top`` each; all with ``top=None``)
+    and ``warnings`` (what could not be read). Raises :class:`TraceError`
+    when the files hold several runs, unless ``all_runs``. ``progress(n)`` is
+    called with percent steps."""
     views = list(dict.fromkeys(views))
     con = duckdb.connect()
     if progress:  # query_progress() needs DuckDB's progress tracking, not its printing
         con.execute("SET enable_progress_bar = true")
         con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
-        sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
-        for index, path in enumerate(paths):
-            layout, kind = check_trace(path), compression_of(path)
-            directory = os.path.join(tmpdir, f"file={index}")
-            os.mkdir(directory)
-            pieces = _pieces(path, kind, directory)
-            sources += [(p, index, layout, kind or "none", path) for p, _ in pieces]
-            if kind is None:
-                continue
-            damage = Damage(path)
-            tail_damage(path, kind, damage)
-            if damage.notes and kind == "gzip":  # DuckDB fails on a cut gzip member: decode the last piece here
-                damage, (last, offset) = Damage(path), pieces[-1]
-                plain = _decode(last, os.path.join(directory, "last.pfw"), damage, offset, os.path.getsize(path))
-                sources[-1] = (plain, index, layout, "none", path)
-            warnings += damage.notes  # DuckDB reads a cut zstd frame without a word
-        for attempt in range(2):
-            source_sql, params = _source_sql(sources)
-            columns, sql = _query(views, module_depth, source_sql)
-            try:
-                rows = _run(con, sql, params, progress)
-                break
-            except (duckdb.IOException, duckdb.InvalidInputException) as e:
-                if attempt:
-                    raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
-                sources, notes = _repair(con, sources)
-                warnings += notes
+        warnings = _load(con, paths, module_depth, progress, tmpdir)
+    found = runs.find_runs(paths, con.execute(runs.SQL.format(start=START)).fetchall())
+    if len(found) > 1 and not all_runs:
+        raise TraceError(runs.mixed_message(found, paths))
+    records = [_record(r) for r in con.execute(
+        f"SELECT file, pid, tid, ts, dur, name, step, info FROM ev WHERE kind = {COMPILE}").fetchall()]
+    slices = con.execute(f"SELECT file, pid, tid, step, ts, dur FROM ev WHERE kind = {STEP} AND step IS NOT NULL"
+                         ).fetchall()
+    parts = con.execute(f"""
+        SELECT file, pid, step, kind, phase = 'backward', sum(dur) FROM ev
+        WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}) AND step IS NOT NULL GROUP BY ALL""").fetchall()
+    step_info = steps.analyse(slices, parts, records, {GRAPH: "graph", DATA: "data", BACKWARD: "backward",
+                                                      OPTIMIZER: "optimizer"}, include_warmup)
+    warm_filter = ""
+    if step_info["warmup_keys"] and not include_warmup:
+        con.execute("CREATE TEMP TABLE warm (file BIGINT, pid BIGINT, step BIGINT)")
+        con.executemany("INSERT INTO warm VALUES (?, ?, ?)", step_info["warmup_keys"])
+        warm_filter = ("AND NOT EXISTS (SELECT 1 FROM warm w "
+                       "WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)")
+    columns, sql = _views_sql([v for v in views if v in OP_VIEWS], warm_filter)
+    rows = con.execute(sql).fetchall()
+    unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
     con.close()
-    return _result(paths, views, top, columns, rows, warnings)
+    return _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
 
 
-def _result(paths, views, top, columns, rows, warnings):
+def _record(row):
+    """A compile event as a dict: where it ran, its args (kind, reason, location...) and step."""
+    file, pid, tid, ts, dur, name, step, info = row
+    return dict({k: v for k, v in (info or {}).items() if v is not None}, file=file, pid=pid, tid=tid, ts=ts,
+                dur=dur or 0.0, name=name, step=step)
+
+
+def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found):
     by_set = {}
     for kind, mask, *rest in rows:
         by_set.setdefault((kind, mask), []).append(rest)
@@ -251,31 +309,38 @@ def _result(paths, views, top, columns, rows, warnings):
 
     def total(kind):
         phase_rows = group_rows(kind, "phase")
-        return sum(r[n_keys] for r in phase_rows), sum(r[n_keys + 1] for r in phase_rows), phase_rows
+        return sum(r[n_keys] for r in phase_rows), sum(r[n_keys + 1] for r in phase_rows)
 
-    n_ops, op_time, _ = total(OP)
-    n_graph, graph_time, _ = total(GRAPH)
-    n_comp, _, comp_rows = total(COMPILE)
-    compile_events = [e for r in comp_rows for e in (r[n_keys + 4] or [])]
+    n_ops, op_time = total(OP)
+    n_graph, graph_time = total(GRAPH)
     # DuckDB skips lines it cannot parse; '[', ']' and a cut last line are expected
-    unparsed = total(UNPARSED)[0] - 2 * len(paths)
+    unparsed -= 2 * len(paths)
     if unparsed > 0:
         warnings.append(f"{unparsed:,} lines that are not JSON events were skipped "
                         "(corrupt data? dftrace-dynamo validate lists them)")
-    labels = _process_labels(paths, group_rows(OP, "process"), group_rows(PROCESS_NAME, "process"), columns)
+    f_i, p_i = columns.index("file"), columns.index("pid")
+    names = {(r[f_i], r[p_i]): r[-1] for r in group_rows(PROCESS_NAME, "process")}
+    labels = _process_labels(paths, [(r[f_i], r[p_i]) for r in group_rows(OP, "process")], names)
+    step_labels = _process_labels(paths, {(r["file"], r["pid"]) for r in records} | set(step_info["processes"]),
+                                  names)
     result = {
         "files": list(paths),
+        "runs": [{"run": r["label"], "files": [paths[i] for i in r["files"]]} for r in found],
         "processes": len(group_rows(OP, "process")),
         "op_events": n_ops,
         "op_time_us": op_time,
         "graph_calls": n_graph,
         "graph_time_us": graph_time,
-        "compile_events": n_comp,
-        "compile_time_us": _outer_time(compile_events),
+        "compile_events": len(records),
+        "compile_time_us": _outer_time([(r["pid"], r["tid"], r["ts"], r["dur"]) for r in records]),
+        "compile": compiles.report(records, lambda r: step_labels[(r["file"], r["pid"])]),
+        "steps": steps.public(step_info, lambda key: step_labels[key]),
         "views": {},
         "warnings": warnings,
     }
     for view in views:
+        if view not in OP_VIEWS:
+            continue
         keys = _SETS[view]
         out = []
         for r in group_rows(OP, view):
@@ -293,13 +358,11 @@ def _result(paths, views, top, columns, rows, warnings):
     return result
 
 
-def _process_labels(paths, op_rows, name_rows, columns):
-    """One display label per (input, pid): process name, rank, pid."""
-    f_i, p_i = columns.index("file"), columns.index("pid")
-    names = {(r[f_i], r[p_i]): r[-1] for r in name_rows}
+def _process_labels(paths, processes, names):
+    """One display label per (input, pid) of ``processes``: process name, rank, pid.
+    ``names``: (input, pid) -> process_name."""
     labels = {}
-    for r in op_rows:
-        f, p = r[f_i], r[p_i]
+    for f, p in processes:
         label = names.get((f, p)) or os.path.basename(paths[f]).split(".")[0]
         rank = rank_of(paths[f])
         if rank is not None and f"rank{rank}" not in label.replace(" ", ""):

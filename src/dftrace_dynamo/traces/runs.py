@@ -1,0 +1,62 @@
+"""Telling the runs in a set of trace files apart, so they are never added up silently.
+
+A *run* is one launch of a job: one process, or all ranks and workers of
+one. Two files belong to the same run when their ``start`` records carry the
+same ``run_id`` (written when ``DFTRACER_RUN_ID`` is set, as ``dftrace-dynamo
+run`` does). Files without a ``run_id`` (traces written outside ``run``,
+older traces, pydftracer's) are grouped by time: the processes of one job run
+at the same time, while running a script again starts after the previous run
+ended, so files whose time spans (first to last event) overlap, directly or
+through other files, are one run.
+"""
+
+import datetime
+
+# per input: first and last event time, and the start record's args (table ev, see summary)
+SQL = """SELECT file, min(ts), max(ts + coalesce(dur, 0)), any_value(info) FILTER (WHERE kind = {start})
+FROM ev WHERE ts IS NOT NULL GROUP BY file ORDER BY file"""
+
+
+def _when(ts_us):
+    return datetime.datetime.fromtimestamp(ts_us / 1e6).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def find_runs(paths, rows):
+    """Runs as ``[{"label", "files": [input index...], "start_us"}]`` in start order,
+    from ``rows`` of :data:`SQL`."""
+    runs, by_id, timed = [], {}, []
+    for file, first, last, start in rows:
+        run_id = (start or {}).get("run_id")
+        if run_id:
+            if run_id not in by_id:
+                by_id[run_id] = {"label": f"run {run_id}", "files": [], "start_us": first}
+                runs.append(by_id[run_id])
+            by_id[run_id]["files"].append(file)
+            by_id[run_id]["start_us"] = min(by_id[run_id]["start_us"], first)
+        else:
+            timed.append((first, last, file))
+    end = None
+    for first, last, file in sorted(timed):
+        if end is None or first > end:
+            runs.append({"label": None, "files": [], "start_us": first})
+            end = last
+        runs[-1]["files"].append(file)
+        end = max(end, last)
+    seen = {f for r in runs for f in r["files"]}
+    if runs and len(seen) < len(paths):  # files without any timed event go with the first run
+        runs[0]["files"] += [i for i in range(len(paths)) if i not in seen]
+    runs.sort(key=lambda r: r["start_us"])
+    for r in runs:
+        r["label"] = r["label"] or f"run started {_when(r['start_us'])}"
+    return runs
+
+
+def mixed_message(runs, paths):
+    """One line naming the runs found in the inputs."""
+    def files(r):
+        names = [paths[i] for i in r["files"]]
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    listed = "; ".join(f"{r['label']}: {files(r)}" for r in runs)
+    return (f"the traces hold {len(runs)} different runs, which would be mixed ({listed}); "
+            "summarise one run at a time (dftrace-dynamo run writes each run to its own directory), "
+            "or add --all-runs to count them together")

@@ -1,0 +1,172 @@
+"""Where each training step's time goes, with warm-up steps apart.
+
+Input: the step slices (cat ``step``, ``args.step = N``), the per-step sums
+of the step-structure events (``data``, graph calls, ``backward``,
+``optimizer``, all carrying ``args.step``) and the compile records. Pure
+Python over rows already aggregated by DuckDB (one row per step and
+category), so its cost does not grow with the number of events.
+
+Per step: wall time (the step slice), data, forward (forward/inference graph
+calls), backward (``backward`` events; the backward graph calls when a trace
+has no ``backward`` events), optimizer (``<Optimizer>.step`` and
+``zero_grad``), other (wall time minus those four: loss, logging, Python
+between the phases, untraced code) and coverage (share of the wall time in
+the four).
+
+Warm-up rule (:data:`WARMUP_RULE`), per process: a step is warm-up when a
+compile event (Dynamo frame compile, recompile, backend compile, lazy
+backward compile) ran in it, or when it comes before the first step in which
+nothing compiled. A compile event belongs to the step slice of its process
+that contains its start; outside every slice, to its ``args.step``.
+"""
+
+import bisect
+import statistics
+
+WARMUP_RULE = ("warm-up steps: those in which something compiled (Dynamo compile, recompile, "
+               "backend or lazy backward compile) and those before the first step without compilation")
+CATEGORIES = ("data", "forward", "backward", "optimizer", "other")
+
+
+def quantile(values, q):
+    """Linear interpolation between closest ranks (as DuckDB's quantile_cont)."""
+    values = sorted(values)
+    if not values:
+        return None
+    pos = (len(values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def series_stats(values):
+    """min, p10, p25, median, p75, p90, max, mean of step times (µs); None when empty."""
+    if not values:
+        return None
+    out = {"steps": len(values), "min_us": min(values), "max_us": max(values),
+           "mean_us": statistics.fmean(values)}
+    for name, q in (("p10_us", 0.1), ("p25_us", 0.25), ("median_us", 0.5), ("p75_us", 0.75), ("p90_us", 0.9)):
+        out[name] = quantile(values, q)
+    return out
+
+
+def _compiled_steps(slices, records):
+    """(file, pid) -> {step: set of compile kinds} for the compile records."""
+    by_proc = {}
+    for file, pid, _, step, ts, dur in slices:
+        by_proc.setdefault((file, pid), []).append((ts, ts + (dur or 0), step))
+    for spans in by_proc.values():
+        spans.sort()
+    out = {}
+    for r in records:
+        spans = by_proc.get((r["file"], r["pid"]))
+        if spans is None:
+            continue
+        i = bisect.bisect_right(spans, (r["ts"], float("inf"), float("inf"))) - 1
+        step = spans[i][2] if i >= 0 and r["ts"] < spans[i][1] else r["step"]
+        if step is not None:
+            kind = r.get("kind") or ("recompile" if r["name"] == "recompile" else "compile")
+            out.setdefault((r["file"], r["pid"]), {}).setdefault(step, set()).add(kind)
+    return out
+
+
+def _warmup(steps_of_proc, compiled):
+    """step -> reason, for the warm-up steps of one process."""
+    clean = [s for s in steps_of_proc if s not in compiled]
+    first_clean = min(clean) if clean else float("inf")
+    reasons = {}
+    for s in steps_of_proc:
+        if s in compiled:
+            reasons[s] = "recompiled" if "recompile" in compiled[s] else "compiled"
+        elif s < first_clean:
+            reasons[s] = "before the first step without compilation"
+    return reasons
+
+
+def analyse(slices, parts, records, kind_names, include_warmup=False):
+    """The step analysis. ``slices``: (file, pid, tid, step, ts, dur) of step
+    slices; ``parts``: (file, pid, step, kind, is_backward_phase, total dur);
+    ``records``: compile records (dicts with file, pid, ts, step, kind, name);
+    ``kind_names``: kind -> "graph", "data", "backward", "optimizer"."""
+    wall = {}
+    for file, pid, _, step, _, dur in slices:
+        key = (file, pid, step)
+        wall[key] = max(wall.get(key, 0.0), dur or 0.0)
+    sums, has_backward = {}, set()
+    for file, pid, step, kind, backward_phase, total in parts:
+        name = kind_names[kind]
+        if name == "graph":
+            name = "backward_graph" if backward_phase else "forward"
+        elif name == "backward":
+            has_backward.add((file, pid))
+        key = (file, pid, step)
+        sums.setdefault(key, {}).setdefault(name, 0.0)
+        sums[key][name] += total
+    compiled = _compiled_steps(slices, records)
+    procs = sorted({(f, p) for f, p, _ in wall})
+    rows, warm_keys = [], []
+    for proc in procs:
+        proc_steps = sorted(s for f, p, s in wall if (f, p) == proc)
+        reasons = _warmup(proc_steps, compiled.get(proc, {}))
+        warm_keys += [(*proc, s) for s in reasons]
+        for s in proc_steps:
+            got = sums.get((*proc, s), {})
+            row = {"file": proc[0], "pid": proc[1], "step": s, "wall_us": wall[(*proc, s)],
+                   "data_us": got.get("data", 0.0), "forward_us": got.get("forward", 0.0),
+                   "backward_us": got.get("backward" if proc in has_backward else "backward_graph", 0.0),
+                   "optimizer_us": got.get("optimizer", 0.0), "warmup": reasons.get(s)}
+            inside = sum(row[f"{c}_us"] for c in CATEGORIES[:-1])
+            row["other_us"] = max(row["wall_us"] - inside, 0.0)
+            row["coverage"] = min(inside / row["wall_us"], 1.0) if row["wall_us"] else 0.0
+            rows.append(row)
+    return {"processes": procs, "rows": rows, "warmup_keys": warm_keys, "include_warmup": include_warmup}
+
+
+def _per_step(rows):
+    """Rows of several processes merged per step number: the mean of each time."""
+    by_step = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    out = []
+    for step, group in sorted(by_step.items()):
+        merged = {"step": step, "processes": len(group)}
+        for c in ("wall", *CATEGORIES):
+            merged[f"{c}_us"] = statistics.fmean(r[f"{c}_us"] for r in group)
+        merged["coverage"] = statistics.fmean(r["coverage"] for r in group)
+        merged["warmup"] = next((r["warmup"] for r in group if r["warmup"]), None)
+        out.append(merged)
+    return out
+
+
+def public(info, label):
+    """The step analysis as the summary's ``steps`` document (JSON-ready).
+    ``label((file, pid))`` names a process."""
+    if not info["rows"]:
+        return None
+    use = (lambda r: True) if info["include_warmup"] else (lambda r: not r["warmup"])
+    per_step = _per_step(info["rows"])
+    steady = [r for r in per_step if use(r)]
+    stats = series_stats([r["wall_us"] for r in steady])
+    if stats:
+        stats.update({f"{c}_mean_us": statistics.fmean(r[f"{c}_us"] for r in steady) for c in CATEGORIES})
+        stats["coverage"] = statistics.fmean(r["coverage"] for r in steady)
+    ranks = []
+    for proc in info["processes"]:
+        own = [r["wall_us"] for r in info["rows"] if (r["file"], r["pid"]) == proc and use(r)]
+        ranks.append(dict(process=label(proc), **(series_stats(own) or {"steps": 0})))
+    timed = [r for r in ranks if r["steps"]]
+    spread = None
+    if len(timed) > 1:
+        fast, slow = min(timed, key=lambda r: r["median_us"]), max(timed, key=lambda r: r["median_us"])
+        spread = {"slowest": slow["process"], "fastest": fast["process"],
+                  "spread_us": slow["median_us"] - fast["median_us"],
+                  "spread": (slow["median_us"] - fast["median_us"]) / fast["median_us"] if fast["median_us"] else 0}
+    return {
+        "warmup_rule": WARMUP_RULE,
+        "include_warmup": info["include_warmup"],
+        "warmup_steps": [{"step": r["step"], "reason": r["warmup"]} for r in per_step if r["warmup"]],
+        "steady": stats,
+        "rows": per_step,
+        "ranks": ranks,
+        "rank_spread": spread,
+    }
