@@ -6,13 +6,14 @@ import json
 
 from .reader import TraceError
 
-VIEWS = ("op", "module", "phase", "graph", "process")
+VIEWS = ("op", "module", "phase", "graph", "process", "kernel")
 TITLES = {
     "op": "Top ops by total time",
     "module": "By module path",
     "phase": "By phase",
     "graph": "By graph",
     "process": "By process",
+    "kernel": "By Inductor kernel (fused ATen ops)",
 }
 _STATS = ("count", "total_us", "mean_us", "p50_us", "p99_us", "share")
 
@@ -44,7 +45,8 @@ def to_table(result):
     for view, rows in result["views"].items():
         out += ["", TITLES[view]]
         if not rows:
-            out.append("  (no op events)")
+            out.append("  (no kernel events: record them with level=\"inductor\")" if view == "kernel"
+                       else "  (no op events)")
             continue
         width = max(len(view), *(len(r["key"]) for r in rows))
         out.append(f"{view:<{width}}  {'count':>11}  {'total ms':>11}  {'mean us':>10}  "
@@ -52,7 +54,7 @@ def to_table(result):
         for r in rows:
             out.append(f"{r['key']:<{width}}  {r['count']:>11,}  {r['total_us'] / 1e3:>11,.3f}  "
                        f"{r['mean_us']:>10,.3f}  {r['p50_us']:>10,.3f}  {r['p99_us']:>10,.3f}  "
-                       f"{100 * r['share']:>5.1f}%")
+                       f"{100 * r['share']:>5.1f}%" + (f"  {r['fused_ops']}" if r.get("fused_ops") else ""))
     return "\n".join(out) + "\n"
 
 

@@ -27,6 +27,7 @@ import duckdb
 
 from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
                      rank_of, starts_a_line, tail_damage)
+from . import kernels
 from .report import VIEWS
 
 # Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
@@ -79,7 +80,7 @@ def _pieces(path, kind, directory):
     return pieces
 
 
-def _source_sql(sources):
+def _source_sql(sources, columns=_COLUMNS):
     """UNION ALL of one read_json per (layout, compression) group of files."""
     groups = {}
     for src, _, layout, comp, _ in sources:
@@ -89,7 +90,7 @@ def _source_sql(sources):
         fmt = "array" if layout == "array" else "newline_delimited"
         # hive_partitioning: the input index comes from the directory name file=N, for free
         parts.append(f"SELECT * FROM read_json(?, format='{fmt}', compression='{comp}', "
-                     f"ignore_errors=true, hive_partitioning=true, columns={_COLUMNS})")
+                     f"ignore_errors=true, hive_partitioning=true, columns={columns})")
         params.append(files)
     return " UNION ALL ".join(parts), params
 
@@ -99,7 +100,7 @@ def _query(views, module_depth, source_sql):
     module = "nullif(e.args.module, '')"
     if module_depth:
         module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
-    sets = [_SETS[v] for v in dict.fromkeys(["phase", "process", *views])]
+    sets = [_SETS[v] for v in dict.fromkeys(["phase", "process", *views]) if v in _SETS]
     grouping = ", ".join("(kind, " + ", ".join(s) + ")" for s in sets)
     keys = [k for k in _KEYS if any(k in s for s in sets)]
     return keys, f"""
@@ -107,7 +108,8 @@ WITH ev AS (
     SELECT e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
            e.args.name AS aname, coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
-           CASE WHEN e.ph = 'X' AND (e.args.node IS NOT NULL OR (e.cat = '{CAT_OP}' AND e.args.graph IS NULL)) THEN {OP}
+           CASE WHEN e.ph = 'X' AND (e.args.node IS NOT NULL OR e.cat = '{kernels.CAT_KERNEL}'
+                                     OR (e.cat = '{CAT_OP}' AND e.args.graph IS NULL)) THEN {OP}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
                 WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
@@ -230,6 +232,7 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
             columns, sql = _query(views, module_depth, source_sql)
             try:
                 rows = _run(con, sql, params, progress)
+                kernel_rows = kernels.view(con, *_source_sql(sources, kernels.COLUMNS), top) if "kernel" in views else []
                 break
             except (duckdb.IOException, duckdb.InvalidInputException) as e:
                 if attempt:
@@ -237,7 +240,10 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
                 sources, notes = _repair(con, sources)
                 warnings += notes
     con.close()
-    return _result(paths, views, top, columns, rows, warnings)
+    result = _result(paths, [v for v in views if v in _SETS], top, columns, rows, warnings)
+    if "kernel" in views:
+        result["views"] = {v: kernel_rows if v == "kernel" else result["views"][v] for v in views}
+    return result
 
 
 def _result(paths, views, top, columns, rows, warnings):
