@@ -213,7 +213,7 @@ _warned: set = set()
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        config.log.warning("dftrace: %s", message)
+        config.log.warning("%s", message)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,

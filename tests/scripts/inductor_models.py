@@ -48,6 +48,14 @@ def bert():
     return BertModel(cfg).eval()
 
 
+def mlp_a(model, x):
+    return model(x)
+
+
+def mlp_b(model, x):
+    return model(x)
+
+
 def main(prefix, result_path):
     dftrace_dynamo.initialize_log(prefix)
     torch.manual_seed(0)
@@ -90,16 +98,16 @@ def main(prefix, result_path):
         ref = torch.compile(model, backend="inductor")(ids).last_hidden_state
     result["bert_equal"] = torch.equal(out, ref)
 
-    # two graphs sharing one generated module: called once and twice
+    # two graphs (two functions, same code) sharing one generated module: called once and twice
     cfx.compile_fx_inner = spy
     first = len(graphs)
-    a, b = MLP(), MLP()
-    ca, cb = (torch.compile(m, backend="dftrace", options={"level": "inductor"}) for m in (a, b))
+    mlp = MLP()
+    ca, cb = (torch.compile(f, backend="dftrace", options={"level": "inductor"}) for f in (mlp_a, mlp_b))
     y = torch.randn(4, 16)
     with torch.no_grad():
-        ca(y)
-        cb(y)
-        cb(y)
+        ca(mlp, y)
+        cb(mlp, y)
+        cb(mlp, y)
     result["models"]["mlp_pair"] = graphs[first:]
     cfx.compile_fx_inner = real_inner
 
