@@ -10,7 +10,7 @@ cost = paired difference / kernel calls per call). Compile time: first call of
 each backend with Inductor's caches off, alternating, median ratio.
 
 Run pinned to one core, as in results_inductor.rst:
-    DFTRACER_ENABLE=1 DFTRACER_LOG_FILE=/tmp/bench_inductor/t taskset -c 1 python benchmarks/bench_inductor.py
+    DFTRACER_LOG_FILE=/tmp/bench_inductor/t taskset -c 1 python benchmarks/bench_inductor.py
 """
 
 import argparse
@@ -112,8 +112,7 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    if not dftrace_dynamo.logger.enabled():
-        dftrace_dynamo.initialize_log(os.environ.get("DFTRACER_LOG_FILE", "/tmp/bench_inductor/trace"))
+    dftrace_dynamo.initialize_log(os.environ.get("DFTRACER_LOG_FILE", "/tmp/bench_inductor/trace"))
     cases = args.cases.split(",")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}")
     with torch.no_grad():

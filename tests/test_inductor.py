@@ -8,8 +8,10 @@ compiles are slow."""
 
 import collections
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -153,7 +155,45 @@ def test_summary_kernel_view_consistent_with_graph_slices(runs):
 def test_trace_loads_in_perfetto_and_dftracer_validate(runs):
     (path, _), _ = runs
     assert perfetto_tp.error_stats(path) == []
-    if shutil.which("dftracer_validate") is None:
+    # installed with the test extras, next to this interpreter when its venv is not activated
+    tool = shutil.which("dftracer_validate") or shutil.which("dftracer_validate", path=os.path.dirname(sys.executable))
+    if tool is None:
         pytest.skip("dftracer-utils not installed")
-    v = subprocess.run(["dftracer_validate", "--files", path], capture_output=True, text=True, timeout=300)
+    v = subprocess.run([tool, "--files", path], capture_output=True, text=True, timeout=300)
     assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
+
+
+def test_run_level_inductor_traces_kernels_with_metadata_and_guards_cpp_wrapper(tmp_path):
+    from scripts.clitools import cli
+
+    script = os.path.join(os.path.dirname(SCRIPT), "compile_inductor.py")
+    p = cli("run", "--out", tmp_path, "--compile-all", "--level", "inductor", script, timeout=1200,
+            env={"DFTRACER_INC_METADATA": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "close True\n"
+    # the C++ wrapper cannot be intercepted: one warning, its graph calls still recorded
+    assert "kernels are not traced, only the graph call" in p.stderr
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    first, second = sorted(graph_calls(events), key=lambda g: g["ts"])
+    assert first["args"]["level"] == "inductor" and first["args"]["kernels"] == 3
+    assert "kernels" not in second["args"]
+    ks = kernels(events)
+    assert [k["name"] for k in ks].count("extern_kernels.addmm") == 2
+    assert all(k["args"]["phase"] == "inference" and k["args"]["grad_enabled"] == 0 for k in ks)
+    mm = next(k for k in ks if k["args"].get("module") == "0")
+    assert mm["name"] == "extern_kernels.addmm" and mm["args"]["flops"] == 2 * 4 * 16 * 8
+    assert mm["args"]["bytes"] > 0
+
+
+def test_bad_level_option_is_one_clear_error():
+    import torch
+
+    from dftrace_dynamo import create_backend
+
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="level='fused' is not valid"):
+        create_backend(level="fused")
+    with pytest.raises(Exception, match="level='fused' is not valid"):
+        torch.compile(lambda x: x + 1, backend="dftrace", options={"level": "fused"})(torch.ones(2))
+    torch._dynamo.reset()
