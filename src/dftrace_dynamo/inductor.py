@@ -97,13 +97,13 @@ def _comment_provenance(lines: list, lineno: int) -> tuple[list, list]:
     return [], []
 
 
-def _kernel_kind(callee: str) -> tuple[str, str]:
-    """(event name, kernel_type) of a call site's callee expression."""
+def _kernel_kind(callee: str, target) -> tuple[str, str]:
+    """(event name, kernel_type) of a call site: its callee expression and what it calls."""
     if callee.startswith("extern_kernels."):
         return callee, "extern"
-    if callee.startswith("torch.ops."):
-        name = callee.removeprefix("torch.ops.").removesuffix(".default")
-        return name, "fallback"
+    if isinstance(target, torch._ops.OpOverload):  # an ATen (or other namespace) fallback
+        name = f"{target.namespace}.{target._opname}"
+        return (name if target._overloadname == "default" else f"{name}.{target._overloadname}"), "fallback"
     if callee.endswith(".run"):  # Triton launcher (CachingAutotuner.run)
         return callee.removesuffix(".run"), "triton"
     return callee, "cpp" if callee.startswith("cpp_") else "extern"
@@ -129,7 +129,8 @@ def _find_call_def(tree: ast.Module) -> ast.FunctionDef:
 
 
 class _Sites(ast.NodeTransformer):
-    """Replaces the callee of each kernel call with ``_dft_k<i>``; records (i, callee, node)."""
+    """Replaces the callee of each kernel call with ``_dft_k<i>``; records
+    ``(name, callee text, callee expression)`` per call site, in source order."""
 
     def __init__(self, kernels: set):
         self.kernels = kernels
@@ -175,11 +176,12 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     for name, callee, expr in finder.found:
         keys = queue.get(callee) or queue.get(callee.removesuffix(".run")) or []
         key = keys.pop(0) if keys else None
-        event, kind = _kernel_kind(callee)
+        target = _resolve(expr, module_globals)
+        event, kind = _kernel_kind(callee, target)
         args = kernel_args(gm, graph_id, kind, mapping.get(key, []), with_metadata,
                            _comment_provenance(lines, expr.lineno))
         site = _core.intern_site(event, CAT_KERNEL, args)
-        namespace[name] = _core.Interceptor(_resolve(expr, module_globals), site, cell, _core.CALL,
+        namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
                                             _core.GRAD_INHERIT, name=name)
     code = compile(ast.fix_missing_locations(ast.Module(body=[call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
