@@ -12,7 +12,8 @@ keeping what is readable.
 What counts as an *op event*: a complete event (``"ph":"X"``) whose args
 carry a ``node`` (one executed FX node); traces written by pydftracer's
 Dynamo backend, which have no ``node``, count their ``cat:"dynamo"`` events
-without a ``graph`` arg. Graph-call events (``cat:"dynamo_graph"``), compile
+without a ``graph`` arg; Inductor kernel events (``cat:"kernel"``, see
+:mod:`.kernels`) count as op events too. Graph-call events (``cat:"dynamo_graph"``), compile
 events (``cat:"dynamo_compile"``), ``start``/``end`` and metadata are not ops;
 graph calls and compile events are reported in the totals only (compile time
 counts only compile events not nested in another one of the same thread).
