@@ -44,7 +44,7 @@ def paired(traced, plain, call_args, blocks, per_block):
     return statistics.median(diffs), statistics.median(base)
 
 
-def compile_pair(model, train=False):
+def compile_pair(model):
     other = copy.deepcopy(model)
     return (torch.compile(model, backend="dftrace", options={"level": "inductor"}),
             torch.compile(other, backend="inductor"))

@@ -118,8 +118,8 @@ class TracerBackend:
         self._notify(gm, example_inputs, graph_id, "torch", self._torch_phase(), "dynamo",
                      (start - frame["start_ns"]) if "start_ns" in frame else None)
         if self.inner is not None:
-            inner_kwargs = {**kwargs, **({"options": options} if options else {}), **({"mode": mode} if mode else {})}
-            compiled = self._compile_inner(gm, example_inputs, graph_id, **inner_kwargs)
+            extra = {k: v for k, v in (("options", options), ("mode", mode)) if v}  # for the inner backend
+            compiled = self._compile_inner(gm, example_inputs, graph_id, **kwargs, **extra)
         elif level == "torch":
             compiled = self._graph_call(gm, example_inputs, graph_id, self._torch_phase(), "torch",
                                         torch.is_grad_enabled)

@@ -13,7 +13,6 @@ import re
 import sys
 
 import torch
-import torch.nn as nn
 from torch._dynamo.utils import counters
 from torch._inductor import compile_fx as cfx
 

@@ -233,7 +233,8 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None):
             columns, sql = _query(views, module_depth, source_sql)
             try:
                 rows = _run(con, sql, params, progress)
-                kernel_rows = kernels.view(con, *_source_sql(sources, kernels.COLUMNS), top) if "kernel" in views else []
+                if "kernel" in views:
+                    kernel_rows = kernels.view(con, *_source_sql(sources, kernels.COLUMNS), top)
                 break
             except (duckdb.IOException, duckdb.InvalidInputException) as e:
                 if attempt:
