@@ -12,6 +12,12 @@ Levels:
     ops (``function.linear``, ``method.view``), lower overhead, no compile-time
     AOT tracing, but backward runs in eager autograd and is not traced.
 
+``"inductor"``
+    The graph is compiled by Inductor, as ``backend="inductor"``, and every kernel
+    call of the generated code (``cpp_fused_*``, ``extern_kernels.*``, ATen
+    fallbacks, Triton launches) records one ``kernel`` event (see :mod:`.inductor`).
+    ``options={"level": "inductor", ...}`` passes the other options to Inductor.
+
 ``inner="inductor"`` (any backend name or callable) compiles with that backend
 and only wraps each compiled graph in a graph event; ops are not traced.
 """
@@ -27,7 +33,7 @@ import torch
 
 from . import _core, compile_events, config, cuda_events, instrument, logger, sites, steps
 
-LEVELS = ("aten", "torch")
+LEVELS = ("aten", "torch", "inductor")
 DEFAULT_LEVEL = "aten"
 BACKEND_NAME = "dftrace"
 
@@ -105,6 +111,12 @@ class TracerBackend:
         return self
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        # torch.compile(backend="dftrace", options={"level": ...}, mode=...) passes these
+        options = dict(kwargs.pop("options", None) or {})
+        level = options.pop("level", self.level)
+        if level not in LEVELS:
+            raise ValueError(f"level={level!r} is not valid (accepted: {', '.join(map(repr, LEVELS))})")
+        mode = kwargs.pop("mode", None)
         graph_id = _next_graph_id()
         if not self.enable or tracing_disabled():
             # graph tools still see the graph; the graph itself runs untouched
@@ -117,14 +129,17 @@ class TracerBackend:
         self._notify(gm, example_inputs, graph_id, "torch", self._torch_phase(), "dynamo",
                      (start - frame["start_ns"]) if "start_ns" in frame else None)
         if self.inner is not None:
-            compiled = self._compile_inner(gm, example_inputs, graph_id, **kwargs)
-        elif self.level == "torch":
+            extra = {k: v for k, v in (("options", options), ("mode", mode)) if v}  # for the inner backend
+            compiled = self._compile_inner(gm, example_inputs, graph_id, **kwargs, **extra)
+        elif level == "torch":
             compiled = self._graph_call(gm, example_inputs, graph_id, self._torch_phase(), "torch",
                                         torch.is_grad_enabled)
+        elif level == "inductor":
+            compiled = self._compile_inductor(gm, example_inputs, graph_id, start, options, mode)
         else:
             compiled = self._compile_aot(gm, example_inputs, graph_id, start)
         compile_events.emit("backend", f"backend graph {graph_id}", start, _core.now_ns(), graph=graph_id,
-                            level="torch" if self.inner is not None else self.level,
+                            level="torch" if self.inner is not None else level,
                             inner=self._inner_name(), frame=frame.get("frame"), location=frame.get("location"),
                             compile_id=frame.get("compile_id"))
         return compiled
@@ -202,6 +217,22 @@ class TracerBackend:
             partition_fn=min_cut_rematerialization_partition,
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
+
+    def _compile_inductor(self, gm, example_inputs, graph_id: int, start: int, options: dict, mode):
+        from torch._inductor import list_mode_options
+
+        from . import inductor
+
+        def wrap(fn, phase, grad_fn, args):
+            site = _core.intern_site(f"graph {graph_id} {phase}", sites.CAT_GRAPH, args)
+            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], grad_fn)
+
+        def notify(fx_g, inputs, phase):
+            self._notify(fx_g, inputs, graph_id, "inductor", phase, "aot",
+                         None if phase == "backward" else _core.now_ns() - start)
+
+        patches = {**(list_mode_options(mode) if mode else {}), **options} or None
+        return inductor.compile_graph(gm, example_inputs, graph_id, self.tags.cell, wrap, notify, patches)
 
     def _compile_inner(self, gm, example_inputs, graph_id: int, **kwargs):
         from torch._dynamo import lookup_backend

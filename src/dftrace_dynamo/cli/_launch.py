@@ -31,6 +31,8 @@ def compile_all(level, keep_backend):
     def traced_compile(model=None, *, backend=None, mode=None, options=None, **kwargs):
         if isinstance(backend, TracerBackend) or backend == BACKEND_NAME:
             return original(model, backend=backend, mode=mode, options=options, **kwargs)
+        if level == "inductor" and not keep_backend:  # Inductor compiles: its mode/options apply
+            return original(model, backend=shared, mode=mode, options=options, **kwargs)
         if mode is not None or options is not None:
             print(f"dftrace-dynamo run: torch.compile(mode={mode!r}, options={options!r}) "
                   "ignored: the tracer compiles this graph", file=sys.stderr)

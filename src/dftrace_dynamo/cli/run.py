@@ -16,7 +16,7 @@ DEFAULT_OUT = "traces"
 def register(subparsers):
     p = subparsers.add_parser(
         "run", help="run a script (or -m module) with tracing on",
-        usage="dftrace-dynamo run [-h] [--out DIR] [--level {aten,torch}] [--compile-all [--keep-backend]] "
+        usage="dftrace-dynamo run [-h] [--out DIR] [--level {aten,torch,inductor}] [--compile-all [--keep-backend]] "
               "[--steps SPEC] (script.py | -m module) [ARGS ...]",
         description="Runs the script in a child Python process with DFTRACER_ENABLE=1 and "
                     "DFTRACER_LOG_FILE=DIR/<script>-<date>-<time>/<script>: each run gets a new "
@@ -26,9 +26,10 @@ def register(subparsers):
                     "status pass through unchanged; where the traces went is printed on stderr.")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"directory under which each run gets its own directory (default ./{DEFAULT_OUT})")
-    p.add_argument("--level", choices=("aten", "torch"), default="aten",
-                   help="with --compile-all: trace ATen ops of forward and backward (default) "
-                        "or torch-level ops of the Dynamo graph")
+    p.add_argument("--level", choices=("aten", "torch", "inductor"), default="aten",
+                   help="with --compile-all: trace ATen ops of forward and backward (default), "
+                        "torch-level ops of the Dynamo graph, or the kernels of Inductor's "
+                        "compiled code (inductor)")
     p.add_argument("--compile-all", action="store_true",
                    help="make every torch.compile() use the tracer, whatever backend the script "
                         "chose (that backend is replaced: ops run eagerly and are all traced)")

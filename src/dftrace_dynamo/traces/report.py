@@ -7,7 +7,8 @@ import json
 from .reader import TraceError
 
 OP_VIEWS = ("op", "module", "phase", "graph", "process")  # op statistics grouped by a key
-VIEWS = ("step", *OP_VIEWS, "graphs", "rank")
+ROW_VIEWS = (*OP_VIEWS, "kernel")  # views whose rows are statistics of op (or kernel) events
+VIEWS = ("step", *OP_VIEWS, "kernel", "graphs", "rank")
 TITLES = {
     "step": "Steps (ms; warm-up steps marked)",
     "op": "Top ops by total time",
@@ -17,6 +18,7 @@ TITLES = {
     "process": "By process",
     "graphs": "Compiles, graph breaks and recompiles",
     "rank": "By rank (steady-state step time, ms)",
+    "kernel": "By Inductor kernel (fused ATen ops)",
 }
 STEP_COLUMNS = ("wall", "data", "forward", "backward", "optimizer", "other")
 _STATS = ("count", "total_us", "mean_us", "p50_us", "p99_us", "share")
@@ -152,7 +154,7 @@ def to_table(result, views=None, top=15):
     the result, after the step view when there are steps)."""
     out = [headline(result), *compile_lines(result), *step_lines(result)]
     for view in views or ["step", *result["views"]]:
-        if view not in OP_VIEWS:
+        if view not in ROW_VIEWS:
             lines = _special_view(result, view, top)
             if lines is None:
                 if views:
@@ -160,10 +162,11 @@ def to_table(result, views=None, top=15):
                 continue
             out += ["", TITLES[view], *lines]
             continue
-        rows = result["views"][view]
+        rows = result["views"].get(view, [])
         out += ["", TITLES[view]]
         if not rows:
-            out.append("  (no op events)")
+            out.append("  (no kernel events: record them with level=\"inductor\")" if view == "kernel"
+                       else "  (no op events)")
             continue
         width = max(len(view), *(len(r["key"]) for r in rows))
         out.append(f"{view:<{width}}  {'count':>11}  {'total ms':>11}  {'mean us':>10}  "
@@ -171,7 +174,7 @@ def to_table(result, views=None, top=15):
         for r in rows:
             out.append(f"{r['key']:<{width}}  {r['count']:>11,}  {r['total_us'] / 1e3:>11,.3f}  "
                        f"{r['mean_us']:>10,.3f}  {r['p50_us']:>10,.3f}  {r['p99_us']:>10,.3f}  "
-                       f"{100 * r['share']:>5.1f}%")
+                       f"{100 * r['share']:>5.1f}%" + (f"  {r['fused_ops']}" if r.get("fused_ops") else ""))
     return "\n".join(out) + "\n"
 
 

@@ -32,6 +32,7 @@ import duckdb
 from . import compiles, runs, steps
 from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
                      rank_of, starts_a_line, tail_damage)
+from . import kernels
 from .report import OP_VIEWS, VIEWS
 
 # Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
@@ -43,9 +44,11 @@ PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
 # each one costs parsing time on every event: only those a view uses
-_ARGS = ("graph", "node", "module", "phase", "name", "step", "kind", "reason", "location", "frame", "run_id")
+_INFO = ("kind", "reason", "location", "frame", "run_id")  # of compile events and the start record
+_ARGS = ("graph", "node", "module", "phase", "name", "step", "kernel_type", *_INFO)
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
-            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f"{a} VARCHAR" for a in _ARGS) + ")'}")
+            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f"{a} VARCHAR" for a in _ARGS)
+            + ", aten_ops VARCHAR[])'}")
 _KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns, in result order
 _SETS = {
     "op": ("name",),
@@ -88,7 +91,7 @@ def _pieces(path, kind, directory):
     return pieces
 
 
-def _source_sql(sources):
+def _source_sql(sources, columns=_COLUMNS):
     """UNION ALL of one read_json per (layout, compression) group of files."""
     groups = {}
     for src, _, layout, comp, _ in sources:
@@ -98,7 +101,7 @@ def _source_sql(sources):
         fmt = "array" if layout == "array" else "newline_delimited"
         # hive_partitioning: the input index comes from the directory name file=N, for free
         parts.append(f"SELECT * FROM read_json(?, format='{fmt}', compression='{comp}', "
-                     f"ignore_errors=true, hive_partitioning=true, columns={_COLUMNS})")
+                     f"ignore_errors=true, hive_partitioning=true, columns={columns})")
         params.append(files)
     return " UNION ALL ".join(parts), params
 
@@ -109,11 +112,12 @@ def _load_sql(module_depth, source_sql):
     if module_depth:
         module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
     step_kinds = " ".join(f"WHEN e.ph = 'X' AND e.cat = '{cat}' THEN {kind}" for cat, kind in STEP_KINDS.items())
-    info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in ("graph", *_ARGS[6:])) + ")"
+    info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in ("graph", *_INFO)) + ")"
     return f"""
 CREATE TEMP TABLE ev AS
 SELECT * FROM (
     SELECT CASE WHEN e.ph = 'X' AND e.cat = '{CAT_OP}' AND (e.args.node IS NOT NULL OR e.args.graph IS NULL) THEN {OP}
+                WHEN e.ph = 'X' AND e.cat = '{kernels.CAT_KERNEL}' THEN {OP}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
                 {step_kinds}
@@ -124,7 +128,8 @@ SELECT * FROM (
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
            coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
-           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN {info} END AS info
+           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN {info} END AS info,
+           CASE WHEN e.cat = '{kernels.CAT_KERNEL}' THEN {kernels.INFO} END AS kernel
     FROM ({source_sql}) e
 ) WHERE kind IS NOT NULL
 """
@@ -286,9 +291,13 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
                        "WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)")
     columns, sql = _views_sql([v for v in views if v in OP_VIEWS], warm_filter)
     rows = con.execute(sql).fetchall()
+    kernel_rows = kernels.view(con, warm_filter, top) if "kernel" in views else []
     unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
     con.close()
-    return _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
+    result = _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
+    if kernel_rows:
+        result["views"]["kernel"] = kernel_rows
+    return result
 
 
 def _record(row):

@@ -1,0 +1,162 @@
+"""Cost of level="inductor" against the same model compiled with plain Inductor.
+
+Each case compiles the model twice in this process (``backend="dftrace",
+options={"level": "inductor"}`` and ``backend="inductor"``), then times blocks of
+calls alternating between the two; the overhead is the median of the paired
+per-call differences over the median plain time. Cases: BERT-base and GPT-2 small
+inference (transformers configs, random weights), a small training step (MLP,
+forward + backward + SGD), and a kernel-bound chain of tiny matmuls (per-kernel
+cost = paired difference / kernel calls per call). Compile time: first call of
+each backend with Inductor's caches off, alternating, median ratio.
+
+Run pinned to one core, as in results_inductor.rst:
+    DFTRACER_LOG_FILE=/tmp/bench_inductor/t taskset -c 1 python benchmarks/bench_inductor.py
+"""
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+import dftrace_dynamo
+
+
+def paired(traced, plain, call_args, blocks, per_block):
+    """Median per-call (traced - plain) and median plain, in ns of process CPU time (the
+    trace writer thread included; other jobs on a shared machine delay us but do not add)."""
+    diffs, base = [], []
+    for f in (traced, plain):  # warm up
+        for _ in range(3):
+            f(*call_args)
+    for b in range(blocks):
+        t = {}
+        for name, f in (("t", traced), ("p", plain)) if b % 2 == 0 else (("p", plain), ("t", traced)):
+            start = time.process_time_ns()
+            for _ in range(per_block):
+                f(*call_args)
+            t[name] = (time.process_time_ns() - start) / per_block
+        diffs.append(t["t"] - t["p"])
+        base.append(t["p"])
+    return statistics.median(diffs), statistics.median(base)
+
+
+def compile_pair(model):
+    other = copy.deepcopy(model)
+    return (torch.compile(model, backend="dftrace", options={"level": "inductor"}),
+            torch.compile(other, backend="inductor"))
+
+
+def transformer(kind, batch, seq):
+    if kind == "bert":
+        from transformers import BertConfig, BertModel
+
+        model, vocab = BertModel(BertConfig()), 30522
+    else:
+        from transformers import GPT2Config, GPT2Model
+
+        model, vocab = GPT2Model(GPT2Config()), 50257
+    return model.eval(), torch.randint(0, vocab, (batch, seq))
+
+
+class Chain(nn.Module):
+    """n tiny matmuls Inductor cannot fuse: one extern_kernels.mm each."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.ParameterList(nn.Parameter(torch.randn(4, 4) / 2) for _ in range(n))
+
+    def forward(self, x):
+        for w in self.w:
+            x = x @ w
+        return x
+
+
+def step_fn(compiled, params):
+    opt = torch.optim.SGD(params, lr=1e-3)
+
+    def step(x):
+        opt.zero_grad(set_to_none=True)
+        compiled(x).sum().backward()
+        opt.step()
+
+    return step
+
+
+def compile_time(make, inputs, repeats):
+    from torch._inductor import config as inductor_config
+
+    ratios = []
+    with inductor_config.patch(force_disable_caches=True):
+        for r in range(repeats):
+            times = {}
+            for backend in (("dftrace", "inductor") if r % 2 == 0 else ("inductor", "dftrace")):
+                torch._dynamo.reset()
+                opts = {"level": "inductor"} if backend == "dftrace" else None
+                f = torch.compile(make(), backend=backend, options=opts)
+                start = time.perf_counter()
+                f(inputs).sum().backward()  # forward and backward graphs
+                times[backend] = time.perf_counter() - start
+            ratios.append(times["dftrace"] / times["inductor"])
+    return statistics.median(ratios)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--blocks", type=int, default=20)
+    p.add_argument("--chain", type=int, default=200)
+    p.add_argument("--cases", default="bert,gpt2,train,kernel,compile")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dftrace_dynamo.initialize_log(os.environ.get("DFTRACER_LOG_FILE", "/tmp/bench_inductor/trace"))
+    cases = args.cases.split(",")
+    # how loaded the machine is: one perf_counter_ns() call costs about 50 ns on this machine idle
+    start = time.perf_counter_ns()
+    for _ in range(100_000):
+        time.perf_counter_ns()
+    clock = (time.perf_counter_ns() - start) / 100_000
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}, "
+          f"perf_counter_ns() {clock:.0f} ns")
+    with torch.no_grad():
+        for kind in ("bert", "gpt2"):
+            if kind in cases:
+                model, ids = transformer(kind, args.batch, args.seq)
+                traced, plain = compile_pair(model)
+                d, base = paired(traced, plain, (ids,), args.blocks, 3)
+                print(f"{kind} inference: plain {base / 1e6:.2f} ms/call, overhead {d / 1e3:+.1f} us "
+                      f"({100 * d / base:+.2f}%)")
+        if "kernel" in cases:
+            chain = Chain(args.chain)
+            traced, plain = compile_pair(chain)
+            x = torch.randn(4, 4)
+            d, base = paired(traced, plain, (x,), args.blocks * 20, 2)
+            print(f"kernel-bound chain ({args.chain} extern_kernels.mm per call): plain {base / 1e3:.1f} us/call, "
+                  f"{d / args.chain:+.1f} ns per kernel call")
+    if "train" in cases:
+        model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+        other = copy.deepcopy(model)
+        traced = step_fn(torch.compile(model, backend="dftrace", options={"level": "inductor"}), model.parameters())
+        plain = step_fn(torch.compile(other, backend="inductor"), other.parameters())
+        x = torch.randn(64, 256)
+        d, base = paired(traced, plain, (x,), args.blocks, 20)
+        print(f"training step (MLP 256, batch 64): plain {base / 1e3:.1f} us/step, overhead {d / 1e3:+.2f} us "
+              f"({100 * d / base:+.2f}%)")
+    if "compile" in cases:
+        def make():
+            return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                                 nn.Linear(8 * 14 * 14, 10))
+
+        ratio = compile_time(make, torch.randn(2, 3, 16, 16), 5)
+        print(f"compile time (CNN forward+backward graphs, caches off): traced/plain = {ratio:.3f} "
+              f"({100 * (ratio - 1):+.1f}%)")
+    dftrace_dynamo.finalize()
+
+
+if __name__ == "__main__":
+    main()

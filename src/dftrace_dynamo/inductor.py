@@ -1,0 +1,254 @@
+"""Kernel-level tracing of Inductor-compiled graphs (``level="inductor"``).
+
+The graph is compiled by Inductor (``compile_fx``) with our ``inner_compile``,
+which sees every forward, backward and inference graph Inductor compiles,
+whether its code was generated now or loaded from the FX graph cache. The
+generated module is never modified: each compiled graph gets its own copy of
+the module's ``call`` function, compiled from the same source with every kernel
+call site's callee replaced by a name bound, in that copy's own globals, to a
+``_core.Interceptor`` (one per call site). So the kernels run unchanged, the hot
+path is the C interceptor, and two graphs sharing one generated module (same
+code, same cache key) keep separate interceptors.
+
+Provenance comes from torch's provenance tracking, switched on for our compiles
+(``trace.provenance_tracking_level=1``, part of Inductor's cache key): the
+generated code marks each kernel call with ``# [Provenance debug handles]
+<kernel>:<handle>`` and the compiled graph carries ``cppCodeToPost`` (handle ->
+post-grad FX nodes) in ``inductor_provenance_mapping_str``; both are stored in
+the FX graph cache, so a graph loaded from it is traced like a fresh one. The
+nodes' ``original_aten``, ``from_node`` and module stack give the event args.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import re
+import types
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import _core, config, sites
+
+CAT_KERNEL = "kernel"
+_HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
+
+
+def _fused_nodes(gm: torch.fx.GraphModule, names: list) -> list:
+    by_name = {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
+    return [by_name[n] for n in names if n in by_name]
+
+
+def _aten_op(node: torch.fx.Node) -> Optional[str]:
+    op = node.meta.get("original_aten")
+    if isinstance(op, torch._ops.OpOverload):
+        return str(op._overloadpacket)
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        return op.name()
+    return None
+
+
+def _source_node(node: torch.fx.Node) -> str:
+    # as Inductor's "Source Nodes" comment: the Dynamo graph node the op came from
+    # (backward nodes have none and name themselves)
+    origin = node.meta.get("from_node")
+    return origin[0].name if origin else node.name
+
+
+def kernel_args(gm: torch.fx.GraphModule, graph_id: int, kind: str, post_grad: list, with_metadata: bool,
+                comment: tuple = ((), ())) -> dict:
+    """Static args of one kernel call site from the post-grad nodes it fused (or, without
+    them, from Inductor's comment: source nodes and ATen ops)."""
+    nodes = _fused_nodes(gm, post_grad)
+    args: dict[str, Any] = {
+        "graph": graph_id, "kernel_type": kind,
+        "aten_ops": list(dict.fromkeys(op for op in map(_aten_op, nodes) if op)),
+        "source_nodes": list(dict.fromkeys(map(_source_node, nodes))),
+    }
+    if not nodes:
+        args["source_nodes"], args["aten_ops"] = list(comment[0]), list(comment[1])
+        nodes = _fused_nodes(gm, args["source_nodes"])
+    modules = {sites.module_of(n)[0] for n in nodes} - {None}
+    if len(modules) == 1:
+        args["module"] = modules.pop()
+    if with_metadata and nodes:
+        # upper estimates: the sum over the fused ops, as if each ran alone
+        meta = [sites.metadata(n, None) for n in nodes]
+        for key in ("flops", "bytes"):
+            if all(key in m for m in meta):
+                args[key] = sum(m[key] for m in meta)
+    return args
+
+
+_COMMENT = re.compile(r"Source Nodes: \[(.*?)\], Original ATen: \[(.*?)\]")
+
+
+def _comment_provenance(lines: list, lineno: int) -> tuple[list, list]:
+    """(source nodes, ATen ops) from Inductor's comment just above a call line; used for
+    call sites the provenance mapping lacks (a cache entry written without it)."""
+    i = lineno - 2
+    while i >= 0 and lines[i].lstrip().startswith("#"):
+        found = _COMMENT.search(lines[i])
+        if found:
+            return [x for x in found.group(1).split(", ") if x], [x for x in found.group(2).split(", ") if x]
+        i -= 1
+    return [], []
+
+
+def _kernel_kind(callee: str, target) -> tuple[str, str]:
+    """(event name, kernel_type) of a call site: its callee expression and what it calls."""
+    if callee.startswith("extern_kernels."):
+        return callee, "extern"
+    if isinstance(target, torch._ops.OpOverload):  # an ATen (or other namespace) fallback
+        name = f"{target.namespace}.{target._opname}"
+        return (name if target._overloadname == "default" else f"{name}.{target._overloadname}"), "fallback"
+    if callee.endswith(".run"):  # Triton launcher (CachingAutotuner.run)
+        return callee.removesuffix(".run"), "triton"
+    return callee, "cpp" if callee.startswith("cpp_") else "extern"
+
+
+def _resolve(expr: ast.expr, namespace: dict):
+    if isinstance(expr, ast.Name):
+        return namespace[expr.id]
+    if isinstance(expr, ast.Attribute):
+        return getattr(_resolve(expr.value, namespace), expr.attr)
+    raise TypeError(f"unexpected callee {ast.unparse(expr)}")
+
+
+def _find_call_def(tree: ast.Module) -> ast.FunctionDef:
+    for stmt in tree.body:
+        if isinstance(stmt, ast.FunctionDef) and stmt.name == "call":
+            return stmt
+        if isinstance(stmt, ast.ClassDef) and stmt.name == "Runner":
+            for item in stmt.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "call":
+                    return item
+    raise LookupError("no call function in the generated module")
+
+
+class _Sites(ast.NodeTransformer):
+    """Replaces the callee of each kernel call with ``_dft_k<i>``; records
+    ``(name, callee text, callee expression)`` per call site, in source order."""
+
+    def __init__(self, kernels: set):
+        self.kernels = kernels
+        self.found: list = []
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        callee = ast.unparse(node.func)
+        if callee in self.kernels or callee.removesuffix(".run") in self.kernels:
+            name = f"_dft_k{len(self.found)}"
+            self.found.append((name, callee, node.func))
+            node.func = ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node.func)
+        return node
+
+
+def _handles(source: str) -> list:
+    """``(kernel, handle)`` of each provenance comment, in source order."""
+    return [m.groups() for m in map(_HANDLE.search, source.splitlines()) if m]
+
+
+def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool) -> int:
+    """Gives ``compiled`` (a ``CompiledFxGraph``) its own ``call`` whose kernel calls
+    are intercepted; returns the number of call sites. Raises if the compiled graph is
+    not a Python wrapper module (CUDA graphs, C++ wrapper, AOTInductor)."""
+    current = compiled.current_callable
+    func = getattr(current, "__func__", current)
+    if not isinstance(func, types.FunctionType) or func.__name__ != "call":
+        raise TypeError(f"the compiled graph runs {type(current).__name__}, not a generated call function")
+    source = compiled.source_code
+    handles = _handles(source)
+    mapping = json.loads(compiled.inductor_provenance_mapping_str or "{}").get("cppCodeToPost", {})
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    call_def = _find_call_def(tree)
+    finder = _Sites({kernel for kernel, _ in handles})
+    call_def = finder.visit(call_def)
+    module_globals = func.__globals__
+    namespace = dict(module_globals)
+    # the k-th call of a kernel in the code is the k-th provenance handle naming it
+    queue: dict = {}
+    for kernel, handle in handles:
+        queue.setdefault(kernel, []).append(f"{kernel}:{handle}")
+    for name, callee, expr in finder.found:
+        keys = queue.get(callee) or queue.get(callee.removesuffix(".run")) or []
+        key = keys.pop(0) if keys else None
+        target = _resolve(expr, module_globals)
+        event, kind = _kernel_kind(callee, target)
+        args = kernel_args(gm, graph_id, kind, mapping.get(key, []), with_metadata,
+                           _comment_provenance(lines, expr.lineno))
+        site = _core.intern_site(event, CAT_KERNEL, args)
+        namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
+                                            _core.GRAD_INHERIT, name=name)
+    code = compile(ast.fix_missing_locations(ast.Module(body=[call_def], type_ignores=[])),
+                   func.__code__.co_filename, "exec")
+    local: dict = {}
+    exec(code, namespace, local)
+    call = local["call"]
+    compiled.current_callable = types.MethodType(call, current.__self__) if hasattr(current, "__self__") else call
+    return len(finder.found)
+
+
+@contextlib.contextmanager
+def _provenance(is_backward: bool, gm: torch.fx.GraphModule):
+    """Inductor's provenance tracking on for one compile. A backward graph is compiled
+    after the forward's compile context ended: it gets fresh provenance globals of its
+    own and a graph id, so that torch records its kernel -> node mapping too."""
+    from torch._inductor import config as inductor_config, debug
+
+    level = max(inductor_config.trace.provenance_tracking_level, 1)
+    with inductor_config.patch({"trace.provenance_tracking_level": level}):
+        if not is_backward:
+            yield
+            return
+        with debug.reset_provenance_globals():
+            debug._pre_grad_graph_id = id(gm.graph)
+            yield
+
+
+_warned: set = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        config.log.warning("%s", message)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
+                  wrap: Callable[[Any, str, Callable[[], bool], dict], Any],
+                  notify: Callable[[Any, Any, str], None], config_patches: Optional[dict] = None):
+    """Compiles the Dynamo graph ``gm`` with Inductor, tracing each kernel call.
+
+    ``wrap(fn, phase, grad_fn, args)`` returns ``fn`` wrapped in the graph event;
+    ``notify(gm, inputs, phase)`` reports each AOT graph to ``on_graph``.
+    """
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
+    with_metadata = config.get().inc_metadata
+
+    def inner_compile(aot_gm, inputs, **kwargs):
+        backward = bool(kwargs.get("is_backward"))
+        phase = "backward" if backward else "inference" if kwargs.get("is_inference") else "forward"
+        notify(aot_gm, inputs, phase)
+        with _provenance(backward, aot_gm):
+            compiled = compile_fx_inner(aot_gm, inputs, **kwargs)
+        grad_fn = torch.is_grad_enabled if backward else (lambda: True) if grad else (lambda: False)
+        args = {"graph": graph_id, "level": "inductor"}
+        try:
+            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata)
+        except Exception as e:  # never break the user's program: the graph event still records
+            _warn_once(type(e).__name__, f"graph {graph_id} {phase}: kernels are not traced, only "
+                       f"the graph call ({type(e).__name__}: {e})")
+        if compiled.current_callable is not None:
+            compiled.current_callable = wrap(compiled.current_callable, phase, grad_fn, args)
+        return compiled
+
+    # An AOTAutograd cache hit would skip inner_compile; the FX graph cache below it
+    # still serves the generated code.
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=config_patches)

@@ -1,0 +1,24 @@
+"""The ``summary --by kernel`` view: per Inductor kernel (``cat:"kernel"`` events written
+with ``level="inductor"``) its count, total, mean, p50, p99, share of all kernel time and
+the ATen ops it fused (``aten_ops``, joined over its call sites). Kernel events are op
+events for the other views (module, phase, graph, process); this view reads the
+``kernel`` column that :mod:`.summary` keeps for them in its event table."""
+
+CAT_KERNEL = "kernel"
+# what summary's event table keeps of a kernel event (NULL for other events)
+INFO = "struct_pack(kernel_type := e.args.kernel_type, aten_ops := coalesce(e.args.aten_ops, []))"
+
+
+def view(con, warm_filter, top):
+    """Rows of the kernel view, largest total first, at most ``top``; ``warm_filter``
+    leaves out the warm-up steps as the other views do."""
+    rows = con.execute(f"""
+SELECT name, any_value(kernel.kernel_type), count(*), sum(dur), avg(dur), quantile_cont(dur, [0.5, 0.99]),
+       list_sort(list_distinct(flatten(list(kernel.aten_ops)))), sum(sum(dur)) OVER ()
+FROM ev e WHERE kernel IS NOT NULL {warm_filter}
+GROUP BY name ORDER BY sum(dur) DESC, name LIMIT ?
+""", [top]).fetchall()
+    return [{"key": name, "kernel_type": kind, "count": count, "total_us": total, "mean_us": mean,
+             "p50_us": quant[0], "p99_us": quant[1], "share": total / grand if grand else 0.0,
+             "fused_ops": ", ".join(ops)}
+            for name, kind, count, total, mean, quant, ops, grand in rows]
