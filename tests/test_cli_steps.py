@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -223,6 +224,7 @@ def test_two_runs_land_in_two_directories_and_are_not_mixed(tmp_path):
 
 def test_runs_without_run_id_are_told_apart_by_time(tmp_path):
     first = stepgen(tmp_path / "a", "--steps", 3)
+    time.sleep(0.5)  # stepgen's events run ~0.1 s past its own exit: start the next run after them
     second = stepgen(tmp_path / "b", "--steps", 3)  # written after the first: another run
     assert_bad_input(cli("summary", first, second), "2 different runs", os.path.basename(first))
 
@@ -287,6 +289,9 @@ def test_rank_view_names_the_slowest_rank(tmp_path):
     assert spread["slowest"].startswith("rank 1") and spread["fastest"].startswith("rank 0")
     assert spread["spread_us"] == pytest.approx(3000, rel=0.05)
     assert spread["spread"] == pytest.approx(3000 / ranks[0]["median_us"], rel=0.05)
+    # the slow relu is op time: rank 1 is also the straggler, by 3 ms of ops per step
+    assert spread["straggler"].startswith("rank 1") and spread["straggler_ops_us"] == pytest.approx(3000, rel=0.05)
+    assert ranks[1]["ops_median_us"] - ranks[0]["ops_median_us"] == pytest.approx(3000, rel=0.05)
     csv_rows = cli("summary", tmp_path, "--by", "rank", "--format", "csv").stdout.splitlines()
     assert csv_rows[0].startswith("process,steps,min_us") and len(csv_rows) == 3
 

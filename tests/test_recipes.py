@@ -80,11 +80,12 @@ def op_events(events):
 def test_steps_100_to_110(tmp_path):
     run_recipe("recipe-steps", tmp_path)
     events = events_under(tmp_path / "steps-run")
-    steps = sorted(e["args"]["step"] for e in events if e.get("cat") == "step")
-    assert steps == sorted(set(steps)) and 10 <= len(steps) <= 11, steps
-    assert steps[0] >= 100 and steps[-1] <= 110, steps
+    # every step keeps its step slice (the step-time series covers the run); ops only in the window
+    all_steps = sorted(e["args"]["step"] for e in events if e.get("cat") == "step")
+    assert all_steps == list(range(len(all_steps))) and len(all_steps) >= 111, all_steps
+    steps = list(range(100, 111))
     ops = op_events(events)
-    assert ops and {e["args"]["step"] for e in ops} <= set(steps)
+    assert {e["args"]["step"] for e in ops} == set(steps)
     # forward and backward of each traced step, nothing of the 189 others
     assert len({(e["args"]["step"], e["args"]["phase"]) for e in ops}) == 2 * len(steps)
     for name, cat in (("backward", "backward"), ("SGD.step", "optimizer")):
@@ -101,18 +102,19 @@ def test_slowest_module(tmp_path):
 def test_compare_two_runs(tmp_path):
     outputs = run_recipe("recipe-diff", tmp_path)
     assert "function.addmm.default" in outputs[2] or "function.mm.default" in outputs[2], outputs[2]
-    # 32x wider layers: far more than 20 % slower, so --fail-above fails
-    assert outputs[3].strip() == "slower by more than 20 %", outputs[3]
+    # 256x wider layers: far more than 20 % slower, so --fail-above fails
+    assert outputs[3].strip().endswith("slower by more than 20 %"), outputs[3]
 
 
 def test_torchrun_straggler(tmp_path):
     run_recipe("recipe-torchrun", tmp_path)
     names = [os.path.basename(p) for p in traces_under(tmp_path / "ddp-run")]
     assert sorted(re.search(r"-rank(\d)-", n).group(1) for n in names) == ["0", "1"], names
-    rows = json.loads((tmp_path / "ranks.json").read_text())["views"]["rank"]
-    assert len(rows) == 2, rows
-    slowest = max(rows, key=lambda r: r["total_us"])
-    assert re.match(r"(rank\s*)?1(\D|$)", slowest["key"]), rows
+    steps = json.loads((tmp_path / "ranks.json").read_text())["steps"]
+    assert len(steps["ranks"]) == 2, steps["ranks"]
+    # the straggler: the rank that spends the most time in ops (its steps and the others' last as long)
+    assert re.match(r"rank 1\D", steps["rank_spread"]["straggler"]), steps
+    assert steps["rank_spread"]["straggler_ops_us"] > 0
 
 
 def test_inductor_kernels(tmp_path):

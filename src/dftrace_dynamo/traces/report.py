@@ -114,14 +114,17 @@ def _step_table(result, top):
 def _rank_table(result):
     ranks = result["steps"]["ranks"]
     width = max(len("process"), *(len(r["process"]) for r in ranks))
-    out = [f"{'process':<{width}}  {'steps':>6}  {'min':>10}  {'median':>10}  {'p90':>10}  {'max':>10}"]
+    out = [f"{'process':<{width}}  {'steps':>6}  {'min':>10}  {'median':>10}  {'p90':>10}  {'max':>10}"
+           f"  {'ops/step':>10}"]
     for r in ranks:
         out.append(f"{r['process']:<{width}}  {r['steps']:>6}  " + "  ".join(
-            f"{_ms(r.get(k)):>10}" for k in ("min_us", "median_us", "p90_us", "max_us")))
+            f"{_ms(r.get(k)):>10}" for k in ("min_us", "median_us", "p90_us", "max_us", "ops_median_us")))
     spread = result["steps"]["rank_spread"]
     if spread:
         out.append(f"slowest: {spread['slowest']}, {_ms(spread['spread_us'])} ms "
                    f"({100 * spread['spread']:.1f}%) above the fastest ({spread['fastest']}) in median step time")
+        out.append(f"straggler: {spread['straggler']}, {_ms(spread['straggler_ops_us'])} ms more time in ops "
+                   "per step (median) than the least busy rank; in a synchronous job the others wait for it")
     return out
 
 

@@ -86,8 +86,10 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
     (start s, end s) from the first event; ``max_events``: events per part.
     Returns ``(parts as (path, events), warnings)``."""
     check_trace(src)
-    if not os.path.isdir(out_dir):
-        raise TraceError(f"output directory {out_dir} does not exist")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise TraceError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
     ts, end, thread, everywhere, step_slices, lines = _scan(src)
     group, starts = _groups(ts, end, thread, everywhere)
     warnings = []

@@ -114,7 +114,8 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
             row = {"file": proc[0], "pid": proc[1], "step": s, "wall_us": wall[(*proc, s)],
                    "data_us": got.get("data", 0.0), "forward_us": got.get("forward", 0.0),
                    "backward_us": got.get("backward" if proc in has_backward else "backward_graph", 0.0),
-                   "optimizer_us": got.get("optimizer", 0.0), "warmup": reasons.get(s)}
+                   "optimizer_us": got.get("optimizer", 0.0), "ops_us": got.get("ops", 0.0),
+                   "warmup": reasons.get(s)}
             inside = sum(row[f"{c}_us"] for c in CATEGORIES[:-1])
             row["other_us"] = max(row["wall_us"] - inside, 0.0)
             row["coverage"] = min(inside / row["wall_us"], 1.0) if row["wall_us"] else 0.0
@@ -152,15 +153,20 @@ def public(info, label):
         stats["coverage"] = statistics.fmean(r["coverage"] for r in steady)
     ranks = []
     for proc in info["processes"]:
-        own = [r["wall_us"] for r in info["rows"] if (r["file"], r["pid"]) == proc and use(r)]
-        ranks.append(dict(process=label(proc), **(series_stats(own) or {"steps": 0})))
+        own = [r for r in info["rows"] if (r["file"], r["pid"]) == proc and use(r)]
+        row = dict(process=label(proc), **(series_stats([r["wall_us"] for r in own]) or {"steps": 0}))
+        if own:  # time in ops: in a synchronous job every rank's step lasts as long as the slowest one's
+            row["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)
+        ranks.append(row)
     timed = [r for r in ranks if r["steps"]]
     spread = None
     if len(timed) > 1:
         fast, slow = min(timed, key=lambda r: r["median_us"]), max(timed, key=lambda r: r["median_us"])
+        idle, busy = min(timed, key=lambda r: r["ops_median_us"]), max(timed, key=lambda r: r["ops_median_us"])
         spread = {"slowest": slow["process"], "fastest": fast["process"],
                   "spread_us": slow["median_us"] - fast["median_us"],
-                  "spread": (slow["median_us"] - fast["median_us"]) / fast["median_us"] if fast["median_us"] else 0}
+                  "spread": (slow["median_us"] - fast["median_us"]) / fast["median_us"] if fast["median_us"] else 0,
+                  "straggler": busy["process"], "straggler_ops_us": busy["ops_median_us"] - idle["ops_median_us"]}
     return {
         "warmup_rule": WARMUP_RULE,
         "include_warmup": info["include_warmup"],

@@ -278,11 +278,15 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
         f"SELECT file, pid, tid, ts, dur, name, step, info FROM ev WHERE kind = {COMPILE}").fetchall()]
     slices = con.execute(f"SELECT file, pid, tid, step, ts, dur FROM ev WHERE kind = {STEP} AND step IS NOT NULL"
                          ).fetchall()
+    stepped = {(f, p) for f, p, *_ in slices}
+    for r in records:  # every event carries a step; it means something only where steps were marked
+        if (r["file"], r["pid"]) not in stepped:
+            r["step"] = None
     parts = con.execute(f"""
         SELECT file, pid, step, kind, phase = 'backward', sum(dur) FROM ev
-        WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}) AND step IS NOT NULL GROUP BY ALL""").fetchall()
+        WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall()
     step_info = steps.analyse(slices, parts, records, {GRAPH: "graph", DATA: "data", BACKWARD: "backward",
-                                                      OPTIMIZER: "optimizer"}, include_warmup)
+                                                      OPTIMIZER: "optimizer", OP: "ops"}, include_warmup)
     warm_filter = ""
     if step_info["warmup_keys"] and not include_warmup:
         con.execute("CREATE TEMP TABLE warm (file BIGINT, pid BIGINT, step BIGINT)")
