@@ -107,3 +107,50 @@ def test_every_worker_event_is_written_and_every_file_closed(tmp_path, method):
     if method != "forkserver":
         assert len([n for n, _ in per_file if "loader_per_epoch" in n]) <= 4
     assert all(closed for n, closed in per_file if n)
+
+
+GLOBAL_LOADER = """
+    import sys
+    from torch.utils.data import DataLoader
+    from dftrace_dynamo import dftracer, region
+
+
+    class Items:
+        def __init__(self, name):
+            self.name = name
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            with region(self.name, i=i):
+                return i
+
+
+    if __name__ == "__main__":
+        dftracer.initialize_log("trace")
+        # alive until exit: multiprocessing would terminate its workers there
+        loader = DataLoader(Items("persistent"), num_workers=2, persistent_workers=True,
+                            multiprocessing_context=sys.argv[1])
+        for epoch in range(2):
+            assert [int(b) for b in loader] == [0, 1, 2, 3]
+        left = iter(DataLoader(Items("left"), num_workers=2, multiprocessing_context=sys.argv[1]))
+        assert int(next(left)) == 0  # a loop left early: its workers are alive at exit too
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_dataloader_workers_alive_at_exit_keep_their_events(tmp_path, method):
+    (tmp_path / "main.py").write_text(textwrap.dedent(GLOBAL_LOADER))
+    p = subprocess.run([sys.executable, "main.py", method], cwd=tmp_path, env=clean_env(), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    items = collections.defaultdict(list)
+    for path in traces(tmp_path):
+        events = read_events(path)
+        assert read_lines(path)[-1] == "]" and events[-1]["name"] == "end", path
+        for e in events:
+            if e.get("cat") == "region":
+                items[e["name"]].append(e["args"]["i"])
+    assert sorted(items["persistent"]) == [0, 0, 1, 1, 2, 2, 3, 3]  # 2 epochs
+    assert 0 in items["left"]  # and what the other loader's workers had fetched

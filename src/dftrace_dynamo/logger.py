@@ -190,6 +190,10 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     _prefix, _source, _p_idx = path_prefix, source, p_idx
     _bind_signals(cfg)
     _hook_worker_exit()
+    if "torch.utils.data" in sys.modules:  # never imports torch itself; step tracking installs it too
+        from . import dataloaders
+
+        dataloaders.install()
     for hook in _open_hooks:
         hook()
     return True

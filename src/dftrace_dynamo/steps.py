@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from . import _core, config, logger
+from . import _core, config, dataloaders, logger
 
 CAT_DATA = "data"
 CAT_BACKWARD = "backward"
@@ -291,6 +291,7 @@ def _install() -> None:
     it = dataloader._BaseDataLoaderIter
     it.__next__ = _wrap_next(it.__next__)
     torch.optim.Optimizer.zero_grad = _wrap_zero_grad(torch.optim.Optimizer.zero_grad)
+    dataloaders.install()
 
 
 logger.add_hooks(_on_open, _on_close)
