@@ -79,8 +79,10 @@ Trace: {path}
 
 Open it in Perfetto: go to https://ui.perfetto.dev, click "Open trace file" in the
 left menu and pick the file above (the .pfw.gz loads as it is; nothing is uploaded,
-Perfetto runs in the browser). Each op is a slice under its "graph N forward/backward"
-slice; click one to see its module, node, phase and step in the details panel.
+Perfetto runs in the browser). Each training step is a "step N" slice holding its
+"graph N forward" slice, its "backward" slice (with "graph N backward" inside) and its
+optimizer slice; ops sit in the slices of the modules that issued them (conv1, fc...).
+Click an op to see its module, node, phase and step in the details panel.
 
 More: dftrace-dynamo summary {path} --plot ops.png
       dftrace-dynamo validate {path}""")
