@@ -110,7 +110,7 @@ def test_op_args(ours):
     _, _, events = ours
     for e in ops(events):
         assert {"hhash", "graph", "node", "grad_enabled", "phase"} <= set(e["args"]) <= \
-            {"hhash", "graph", "node", "module", "grad_enabled", "phase"}, e
+            {"hhash", "graph", "node", "module", "step", "grad_enabled", "phase"}, e
         # a training forward: the real grad mode, not pydftracer's constant 0
         assert (e["args"]["grad_enabled"], e["args"]["phase"]) == (1, "forward")
     modules = {e["name"]: e["args"].get("module") for e in ops(events)}
@@ -119,7 +119,7 @@ def test_op_args(ours):
 
 def test_other_categories_and_end(ours):
     _, _, events = ours
-    assert {e["cat"] for e in events} == {"dftracer", "dynamo", "dynamo_graph", "dynamo_compile"}
+    assert {e["cat"] for e in events} == {"dftracer", "dynamo", "dynamo_graph", "dynamo_compile", "module"}
     (end,) = records(events, "end")
     written = [e for e in events if e["ph"] == "X" and e["name"] not in ("start", "end")]
     assert end["args"]["num_events"] == len(written) and end["args"]["dropped"] == 0
