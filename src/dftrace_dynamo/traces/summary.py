@@ -22,6 +22,7 @@ When the traces hold step slices, warm-up steps (see :mod:`.steps`) are left
 out of every statistic unless ``include_warmup``.
 """
 
+import json
 import mmap
 import os
 import tempfile
@@ -128,8 +129,8 @@ SELECT * FROM (
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
            coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
-           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN {info} END AS info,
-           CASE WHEN e.cat = '{kernels.CAT_KERNEL}' THEN {kernels.INFO} END AS kernel
+           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN to_json({info})::VARCHAR
+                WHEN e.cat = '{kernels.CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR END AS extra
     FROM ({source_sql}) e
 ) WHERE kind IS NOT NULL
 """
@@ -274,11 +275,12 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
         con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
         warnings = _load(con, paths, module_depth, progress, tmpdir)
-    found = runs.find_runs(paths, con.execute(runs.SQL.format(start=START)).fetchall())
+    found = runs.find_runs(paths, [(f, first, last, json.loads(start) if start else None) for f, first, last, start
+                                   in con.execute(runs.SQL.format(start=START)).fetchall()])
     if len(found) > 1 and not all_runs:
         raise TraceError(runs.mixed_message(found, paths))
     records = [_record(r) for r in con.execute(
-        f"SELECT file, pid, tid, ts, dur, name, step, info FROM ev WHERE kind = {COMPILE} "
+        f"SELECT file, pid, tid, ts, dur, name, step, extra FROM ev WHERE kind = {COMPILE} "
         "ORDER BY file, pid, tid, ts, dur DESC, name").fetchall()]
     slices = con.execute(f"SELECT file, pid, tid, step, ts, dur FROM ev WHERE kind = {STEP} AND step IS NOT NULL "
                          "ORDER BY file, pid, ts, tid, step").fetchall()
@@ -295,7 +297,7 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
                        "WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)")
     columns, sql = _views_sql([v for v in views if v in OP_VIEWS], warm_filter)
     rows = con.execute(sql).fetchall()
-    kernel_rows = kernels.view(con, warm_filter, top) if "kernel" in views else []
+    kernel_rows = kernels.view(con, f"kind = {OP} {warm_filter}", top) if "kernel" in views else []
     unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
     con.close()
     result = _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
@@ -307,7 +309,7 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
 def _record(row):
     """A compile event as a dict: where it ran, its args (kind, reason, location...) and step."""
     file, pid, tid, ts, dur, name, step, info = row
-    return dict({k: v for k, v in (info or {}).items() if v is not None}, file=file, pid=pid, tid=tid, ts=ts,
+    return dict({k: v for k, v in json.loads(info or "{}").items() if v is not None}, file=file, pid=pid, tid=tid, ts=ts,
                 dur=dur or 0.0, name=name, step=step)
 
 
