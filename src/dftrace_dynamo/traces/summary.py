@@ -323,8 +323,8 @@ def _warm_filter(con, keys, inline_max=256):
 def _record(row):
     """A compile event as a dict: where it ran, its args (kind, reason, location...) and step."""
     file, pid, tid, ts, dur, name, step, info = row
-    return dict({k: v for k, v in json.loads(info or "{}").items() if v is not None}, file=file, pid=pid, tid=tid, ts=ts,
-                dur=dur or 0.0, name=name, step=step)
+    args = {k: v for k, v in json.loads(info or "{}").items() if v is not None}
+    return dict(args, file=file, pid=pid, tid=tid, ts=ts, dur=dur or 0.0, name=name, step=step)
 
 
 def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found):
