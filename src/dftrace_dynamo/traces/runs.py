@@ -12,8 +12,8 @@ through other files, are one run.
 
 import datetime
 
-# per input: first and last event time, and the start record's args (table ev, see summary)
-SQL = """SELECT file, min(ts), max(ts + coalesce(dur, 0)), any_value(info) FILTER (WHERE kind = {start})
+# per input: first and last event time, and the start record's args as JSON text (table ev, see summary)
+SQL = """SELECT file, min(ts), max(ts + coalesce(dur, 0)), any_value(extra) FILTER (WHERE kind = {start})
 FROM ev WHERE ts IS NOT NULL GROUP BY file ORDER BY file"""
 
 

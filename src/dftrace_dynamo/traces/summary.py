@@ -22,6 +22,7 @@ When the traces hold step slices, warm-up steps (see :mod:`.steps`) are left
 out of every statistic unless ``include_warmup``.
 """
 
+import json
 import mmap
 import os
 import tempfile
@@ -128,8 +129,8 @@ SELECT * FROM (
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
            coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
-           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN {info} END AS info,
-           CASE WHEN e.cat = '{kernels.CAT_KERNEL}' THEN {kernels.INFO} END AS kernel
+           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN to_json({info})::VARCHAR
+                WHEN e.cat = '{kernels.CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR END AS extra
     FROM ({source_sql}) e
 ) WHERE kind IS NOT NULL
 """
@@ -266,18 +267,23 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     called with percent steps."""
     views = list(dict.fromkeys(views))
     con = duckdb.connect()
+    # rows in any order: the table is filled by both threads without keeping the file order
+    # (queries that need an order say so), which makes loading it markedly faster
+    con.execute("SET preserve_insertion_order = false")
     if progress:  # query_progress() needs DuckDB's progress tracking, not its printing
         con.execute("SET enable_progress_bar = true")
         con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
         warnings = _load(con, paths, module_depth, progress, tmpdir)
-    found = runs.find_runs(paths, con.execute(runs.SQL.format(start=START)).fetchall())
+    found = runs.find_runs(paths, [(f, first, last, json.loads(start) if start else None) for f, first, last, start
+                                   in con.execute(runs.SQL.format(start=START)).fetchall()])
     if len(found) > 1 and not all_runs:
         raise TraceError(runs.mixed_message(found, paths))
     records = [_record(r) for r in con.execute(
-        f"SELECT file, pid, tid, ts, dur, name, step, info FROM ev WHERE kind = {COMPILE}").fetchall()]
-    slices = con.execute(f"SELECT file, pid, tid, step, ts, dur FROM ev WHERE kind = {STEP} AND step IS NOT NULL"
-                         ).fetchall()
+        f"SELECT file, pid, tid, ts, dur, name, step, extra FROM ev WHERE kind = {COMPILE} "
+        "ORDER BY file, pid, tid, ts, dur DESC, name").fetchall()]
+    slices = con.execute(f"SELECT file, pid, tid, step, ts, dur FROM ev WHERE kind = {STEP} AND step IS NOT NULL "
+                         "ORDER BY file, pid, ts, tid, step").fetchall()
     stepped = {(f, p) for f, p, *_ in slices}
     for r in records:  # every event carries a step; it means something only where steps were marked
         if (r["file"], r["pid"]) not in stepped:
@@ -287,15 +293,10 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall()
     step_info = steps.analyse(slices, parts, records, {GRAPH: "graph", DATA: "data", BACKWARD: "backward",
                                                       OPTIMIZER: "optimizer", OP: "ops"}, include_warmup)
-    warm_filter = ""
-    if step_info["warmup_keys"] and not include_warmup:
-        con.execute("CREATE TEMP TABLE warm (file BIGINT, pid BIGINT, step BIGINT)")
-        con.executemany("INSERT INTO warm VALUES (?, ?, ?)", step_info["warmup_keys"])
-        warm_filter = ("AND NOT EXISTS (SELECT 1 FROM warm w "
-                       "WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)")
+    warm_filter = _warm_filter(con, step_info["warmup_keys"]) if not include_warmup else ""
     columns, sql = _views_sql([v for v in views if v in OP_VIEWS], warm_filter)
     rows = con.execute(sql).fetchall()
-    kernel_rows = kernels.view(con, warm_filter, top) if "kernel" in views else []
+    kernel_rows = kernels.view(con, f"kind = {OP} {warm_filter}", top) if "kernel" in views else []
     unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
     con.close()
     result = _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
@@ -304,11 +305,30 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     return result
 
 
+def _warm_filter(con, keys, inline_max=256):
+    """SQL condition (``AND ...``) leaving out the events of the warm-up steps ``keys``
+    ((file, pid, step) tuples): per process, its warm-up steps as an IN list (a filter
+    on each row, much cheaper than an anti-join over 10 M rows); a table and an
+    anti-join when more than ``inline_max`` processes have warm-up steps."""
+    by_proc = {}
+    for file, pid, step in keys:
+        by_proc.setdefault((int(file), int(pid)), set()).add(int(step))
+    if not by_proc:
+        return ""
+    if len(by_proc) <= inline_max:
+        procs = " OR ".join(f"(file = {f} AND pid = {p} AND step IN ({', '.join(map(str, sorted(s)))}))"
+                            for (f, p), s in sorted(by_proc.items()))
+        return f"AND NOT coalesce({procs}, false)"  # a row without a step is kept
+    con.execute("CREATE TEMP TABLE warm (file BIGINT, pid BIGINT, step BIGINT)")
+    con.executemany("INSERT INTO warm VALUES (?, ?, ?)", keys)
+    return "AND NOT EXISTS (SELECT 1 FROM warm w WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)"
+
+
 def _record(row):
     """A compile event as a dict: where it ran, its args (kind, reason, location...) and step."""
     file, pid, tid, ts, dur, name, step, info = row
-    return dict({k: v for k, v in (info or {}).items() if v is not None}, file=file, pid=pid, tid=tid, ts=ts,
-                dur=dur or 0.0, name=name, step=step)
+    args = {k: v for k, v in json.loads(info or "{}").items() if v is not None}
+    return dict(args, file=file, pid=pid, tid=tid, ts=ts, dur=dur or 0.0, name=name, step=step)
 
 
 def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found):
