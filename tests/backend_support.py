@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -84,3 +85,20 @@ def run_python(argv, cwd, env=None, timeout=300):
 def run_py(code, cwd, env=None, timeout=300):
     """Runs ``code`` in a fresh interpreter (see ``run_python``)."""
     return run_python(["-c", textwrap.dedent(code)], cwd, env, timeout)
+
+
+# fixtures of the backend tests: import them by name
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Dynamo's caches emptied around each test (autouse in the modules that import it)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def rec(tmp_path):
+    """A trace open under tmp_path for the test, closed after it."""
+    recorder = Recorder(tmp_path)
+    yield recorder
+    recorder._logger.finalize()

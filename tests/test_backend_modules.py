@@ -14,22 +14,9 @@ import torch.nn.functional as F
 
 import perfetto_tp
 from backend_support import Recorder, executed_nodes, ops, run_py
+from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import _core, config, create_backend, modules
 from tracefile import read_events, traces
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.fixture
-def rec(tmp_path):
-    recorder = Recorder(tmp_path)
-    yield recorder
-    recorder._logger.finalize()
 
 
 # every op and module slice with its module arg and the names of the slices enclosing it

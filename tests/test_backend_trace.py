@@ -10,22 +10,9 @@ import torch
 
 import perfetto_tp
 from tracefile import read_events, traces
-from backend_support import CNN, MLP, Recorder, compile_records, executed_nodes, graphs, ops, run_py
+from backend_support import CNN, MLP, compile_records, executed_nodes, graphs, ops, run_py
+from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import Dynamo, compile_events, config, create_backend
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.fixture
-def rec(tmp_path):
-    recorder = Recorder(tmp_path)
-    yield recorder
-    recorder._logger.finalize()
 
 
 def capture(level="torch", **kw):
