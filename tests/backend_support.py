@@ -82,6 +82,13 @@ def run_python(argv, cwd, env=None, timeout=300):
     return proc
 
 
+def run_torchrun(script, cwd, log_prefix, timeout=600):
+    """``script`` as a 2-rank torchrun job on this host, tracing into ``log_prefix``-*."""
+    return run_python(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)], cwd,
+                      {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(log_prefix), "OMP_NUM_THREADS": "1"},
+                      timeout=timeout)
+
+
 def run_py(code, cwd, env=None, timeout=300):
     """Runs ``code`` in a fresh interpreter (see ``run_python``)."""
     return run_python(["-c", textwrap.dedent(code)], cwd, env, timeout)

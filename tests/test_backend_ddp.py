@@ -5,7 +5,7 @@ import os
 import textwrap
 
 import perfetto_tp
-from backend_support import run_python
+from backend_support import run_torchrun
 from tracefile import read_events, traces
 
 SCRIPT = """
@@ -48,9 +48,7 @@ SCRIPT = """
 def test_torchrun_two_ranks_write_one_trace_each(tmp_path):
     script = tmp_path / "train_ddp.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    run_python(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)], tmp_path,
-               {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "ddp"), "OMP_NUM_THREADS": "1"},
-               timeout=600)
+    run_torchrun(script, tmp_path, tmp_path / "ddp")
     files = traces(tmp_path, "ddp-*.pfw*")
     assert len(files) == 2
     for rank, path in enumerate(files):
