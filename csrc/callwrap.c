@@ -143,8 +143,7 @@ static binaryfunc find_binop(PyObject *target) {
 static PyObject *icpt_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     Interceptor *self = (Interceptor *)self_;
-    /* outside the step windows (dft_ops_on 0) this is the untraced path */
-    int on = atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on;
+    int on = dft_ops_recording();
     uint64_t t0 = on ? dft_now() : 0;
     PyObject *r;
     if (self->binop && PyVectorcall_NARGS(nargsf) == 2 && !kwnames) {
@@ -326,7 +325,7 @@ typedef struct {
 static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
     GraphCall *self = (GraphCall *)self_;
-    if (!(atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on))
+    if (!dft_ops_recording())
         return PyObject_Vectorcall(self->plain ? self->plain : self->fn, args, nargsf, kwnames);
     PyObject *g = PyObject_CallNoArgs(self->grad_fn);
     if (!g)

@@ -147,6 +147,11 @@ extern _Atomic int dft_open_flag;
  * dft_step_tag: current step + 1 (0: none), copied into every record.
  * Both are read and written with the GIL held. */
 extern int dft_ops_on;
+/* Whether op-level events are recorded now: a file is open and the current
+ * step is inside the step windows (one load and an and, on every op). */
+static inline int dft_ops_recording(void) {
+    return atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on;
+}
 extern uint32_t dft_step_tag;
 extern PyMethodDef dft_step_methods[];
 

@@ -3,10 +3,6 @@
  * spans"). One call per boundary, never per op. */
 #include "core.h"
 
-/* Whether op-level events are recorded now: a file is open and the current
- * step is inside the step windows. */
-#define SPANS_ON() (atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on)
-
 PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || !(nargs & 1)) {
         PyErr_SetString(PyExc_TypeError, "span() takes a cell and (start_ns, site) pairs");
@@ -17,7 +13,7 @@ PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "cell must be a TagCell or None");
         return NULL;
     }
-    if (!SPANS_ON())
+    if (!dft_ops_recording())
         return PyLong_FromLong(0); /* spans opened now are never recorded */
     uint64_t now = dft_now();
     uint32_t tags = cell == Py_None ? 0 : ((dft_TagCell *)cell)->id;
