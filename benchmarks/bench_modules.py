@@ -20,7 +20,6 @@ import copy
 import dataclasses
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import Tool, clock_call_ns, ops_per_call, run, workload  # noqa: E402
+from bench_overhead import Tool, clock_call_ns, measure_in_child, ops_per_call, run, workload  # noqa: E402
 
 LEVELS = ("torch", "aten")
 
@@ -131,11 +130,7 @@ def main(argv=None):
         for level in args.levels.split(","):
             if wname == "mlp_train" and level == "torch":
                 continue  # its backward runs in eager autograd: no module slices there
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", wname, level, *passed],
-                                  capture_output=True, text=True)
-            rows = [line for line in proc.stdout.splitlines() if line.startswith(wname)]
-            print(rows[-1] if proc.returncode == 0 and rows else
-                  f"{wname:<10} {level:<6} failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+            print(measure_in_child(__file__, wname, level, passed, 6), flush=True)
     return 0
 
 

@@ -197,6 +197,16 @@ def measure_one(wname, tool_name, args):
           f"{mean / n:>10.0f} {ratio:>7.3f}", flush=True)
 
 
+def measure_in_child(script, wname, what, passed, width):
+    """Runs ``script --one wname what *passed`` in a fresh process; its result row, or why it failed."""
+    proc = subprocess.run([sys.executable, os.path.abspath(script), "--one", wname, what, *passed],
+                          capture_output=True, text=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(wname)]
+    if proc.returncode == 0 and rows:
+        return rows[-1]
+    return f"{wname:<10} {what:<{width}} failed: {proc.stderr.strip().splitlines()[-1:]}"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="A,B block pairs per measurement")
@@ -225,11 +235,7 @@ def main(argv=None):
         for tool_name in args.tools.split(","):
             if tool_name == "pydftracer" and wname == "mlp_train":
                 continue  # its ATen backend has no bw_compiler: backward runs untraced
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", wname, tool_name, *passed],
-                                  capture_output=True, text=True)
-            rows = [line for line in proc.stdout.splitlines() if line.startswith(wname)]
-            print(rows[-1] if proc.returncode == 0 and rows else
-                  f"{wname:<10} {tool_name:<15} failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+            print(measure_in_child(__file__, wname, tool_name, passed, 15), flush=True)
     return 0
 
 
