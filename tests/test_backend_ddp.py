@@ -41,6 +41,7 @@ SCRIPT = """
     gathered = [None, None]
     dist.all_gather_object(gathered, [w.sum().item() for w in weights])
     assert gathered[0] == gathered[1], gathered  # DDP kept the replicas in sync
+    dist.barrier()  # no rank tears its connections down while the other is still gathering
     dist.destroy_process_group()
 """
 
