@@ -7,11 +7,13 @@ second one loads every graph from the FX graph cache); module-scoped, as Inducto
 compiles are slow."""
 
 import collections
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -113,6 +115,75 @@ def test_provenance_names_real_aten_ops(runs):
     assert convs and all(k["args"]["aten_ops"] == ["aten.convolution"] and k["args"]["module"] == "conv"
                          for k in convs)
     assert any(k["args"].get("module", "").startswith("encoder.layer.") for k in ks)
+
+
+KERNEL_CHAINS_SQL = """
+select s.name, extract_arg(s.arg_set_id, 'args.module') module, extract_arg(s.arg_set_id, 'args.phase') phase,
+       (select group_concat(category || ':' || name, '|') from (select * from ancestor_slice(s.id) order by depth)) chain
+from slice s where s.category = 'kernel'
+"""
+
+
+def test_kernels_nest_in_the_module_slices_of_their_fused_ops(runs):
+    (path, _), _ = runs
+    assert perfetto_tp.error_stats(path) == []
+    rows = perfetto_tp.rows(path, KERNEL_CHAINS_SQL)
+    assert len(rows) == len(kernels(read_events(path)))
+    depths = collections.Counter()
+    for r in rows:
+        chain = r["chain"].split("|")
+        graph = next(i for i, a in enumerate(chain) if a.startswith("dynamo_graph:"))
+        mods = [a.removeprefix("module:") for a in chain[graph + 1:]]
+        assert all(a != m for a, m in zip(chain[graph + 1:], mods)), r  # only module slices in between
+        # in the slice of its module, inside those of the calls enclosing it; none without one
+        assert mods[-1:] == ([r["module"]] if r["module"] else []), r
+        # paths are relative to the compiled root, which is named by its variable or class
+        paths = mods[1:] if mods[:1] == ["model"] else mods
+        assert all(inner.startswith(outer + ".") for outer, inner in zip(paths, paths[1:])), r
+        depths[len(mods)] += 1
+    assert depths[0] and depths[1] and max(depths) >= 3  # BERT: encoder.layer.<i>.attention...
+    conv = [r for r in rows if r["name"] == "extern_kernels.convolution"]
+    assert conv and all(r["chain"].endswith("|module:conv") for r in conv)
+    # backward kernels nest under the forward module they differentiate
+    assert any(r["phase"] == "backward" and r["module"] == "fc" for r in rows)
+
+
+def test_kernel_module_slices_follow_the_straight_line_code():
+    import ast
+
+    from dftrace_dynamo import inductor
+
+    source = """
+        def call(args):
+            a = _dft_k0(1)
+            with ctx():
+                _dft_k1(a)
+                _dft_k2(a)
+            for _ in range(2):
+                _dft_k3(a)
+            _dft_k4(a)
+            return a
+    """
+    call_def = ast.parse(textwrap.dedent(source)).body[0]
+    a, b = ("ka", "a", "A"), ("kb", "a.b", "B")
+    assert inductor.add_spans(call_def, [(a,), (a, b), (a,), (a,), ()], graph_id=0) == 3
+    log = []
+
+    def span(*pairs):
+        log.append(("span", pairs))
+        return len(log)
+
+    namespace = {"ctx": contextlib.nullcontext, "_dft_span": span}
+    namespace.update({f"_dft_k{i}": (lambda i: lambda x: log.append(i) or x)(i) for i in range(5)})
+    exec(compile(ast.fix_missing_locations(ast.Module(body=[call_def], type_ignores=[])), "<call>", "exec"),
+         namespace)
+    namespace["call"](None)
+    site_a, site_b = log[8][1][1], log[4][1][1]
+    assert site_a != site_b
+    # a with body continues the sequence around it; a loop body opens and closes its own
+    assert log == [("span", ()), 0, ("span", ()), 1, ("span", (3, site_b)), 2,
+                   ("span", ()), 3, ("span", (7, site_a)), ("span", ()), 3, ("span", (10, site_a)),
+                   ("span", (1, site_a)), 4]
 
 
 def test_numerics_equal_plain_inductor(runs):

@@ -24,13 +24,14 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import operator
 import re
 import types
 from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, config, sites
+from . import _core, config, modules, sites
 
 CAT_KERNEL = "kernel"
 _HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
@@ -58,9 +59,10 @@ def _source_node(node: torch.fx.Node) -> str:
 
 
 def kernel_args(gm: torch.fx.GraphModule, graph_id: int, kind: str, post_grad: list, with_metadata: bool,
-                comment: tuple = ((), ())) -> dict:
+                comment: tuple = ((), ())) -> tuple[dict, list]:
     """Static args of one kernel call site from the post-grad nodes it fused (or, without
-    them, from Inductor's comment: source nodes and ATen ops)."""
+    them, from Inductor's comment: source nodes and ATen ops), and the module calls all
+    those ops ran in (outermost first): the kernel's ``module`` is the innermost."""
     nodes = _fused_nodes(gm, post_grad)
     args: dict[str, Any] = {
         "graph": graph_id, "kernel_type": kind,
@@ -70,16 +72,79 @@ def kernel_args(gm: torch.fx.GraphModule, graph_id: int, kind: str, post_grad: l
     if not nodes:
         args["source_nodes"], args["aten_ops"] = list(comment[0]), list(comment[1])
         nodes = _fused_nodes(gm, args["source_nodes"])
-    modules = {sites.module_of(n)[0] for n in nodes} - {None}
-    if len(modules) == 1:
-        args["module"] = modules.pop()
+    # getitem only picks an output of a multi-output op (and has no module stack of its own)
+    stack = _common_stack([sites.module_stack(n) for n in nodes if n.target is not operator.getitem])
+    if stack and stack[-1][1]:
+        args["module"] = stack[-1][1]
     if with_metadata and nodes:
         # upper estimates: the sum over the fused ops, as if each ran alone
         meta = [sites.metadata(n, None) for n in nodes]
         for key in ("flops", "bytes"):
             if all(key in m for m in meta):
                 args[key] = sum(m[key] for m in meta)
-    return args
+    return args, stack
+
+
+def _common_stack(stacks: list) -> tuple:
+    """The module calls that all ``stacks`` share (outermost first); ``()`` for none."""
+    common = min(stacks, key=len, default=())
+    for stack in stacks:
+        common = common[:next((i for i, (a, b) in enumerate(zip(common, stack)) if a[0] != b[0]), len(common))]
+    return common
+
+
+_SITE_NAME = re.compile(r"_dft_k(\d+)$")
+
+
+def _sequences(stmts: list, seq: Optional[list] = None):
+    """The straight-line statement sequences of a function body, as ``[(block, stmt)]``:
+    a ``with`` body runs once, in place, so it continues its enclosing sequence; the
+    blocks of other compound statements (run zero or many times) are sequences of their
+    own. Nested definitions are skipped."""
+    top = seq is None
+    seq = [] if top else seq
+    for stmt in stmts:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            yield from _sequences(stmt.body, seq)
+        elif isinstance(getattr(stmt, "body", None), list):
+            for inner in (stmt.body, getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None),
+                          *(h.body for h in getattr(stmt, "handlers", ())),
+                          *(c.body for c in getattr(stmt, "cases", ()))):
+                if inner:
+                    yield from _sequences(inner)
+        else:
+            seq.append((stmts, stmt))
+    if top:
+        yield seq
+
+
+def _site_ids(stmt: ast.stmt) -> list:
+    return [int(m.group(1)) for n in ast.walk(stmt) if isinstance(n, ast.Name) and (m := _SITE_NAME.match(n.id))]
+
+
+def add_spans(call_def: ast.FunctionDef, stacks: list, graph_id: int) -> int:
+    """Inserts module-slice boundary calls (``_dft_span``, see :mod:`.modules`) between the
+    kernel call statements of ``call_def``: a kernel call nests in the module calls all its
+    fused ops ran in (``stacks[i]``: those of call site ``i``). Each straight-line sequence
+    of statements closes the slices it opened. Returns the number of module slices a call
+    records when each statement runs once."""
+    inserts: dict = {}  # (id(block), statement) -> boundary statements before it ("after" for after)
+    slices = 0
+    for n, seq in enumerate(_sequences(call_def.body)):
+        at = [(block, stmt, _common_stack([stacks[i] for i in ids]))
+              for block, stmt in seq if (ids := _site_ids(stmt))]
+        for k, (i, closes) in enumerate(modules.span_plan([stack for *_, stack in at], graph_id)):
+            args = ", ".join(f"_dft_t{n}_{j}, {site}" for j, site in closes)
+            call = ast.parse(f"_dft_t{n}_{k} = _dft_span({args})").body[0]
+            block, stmt, _ = at[min(i, len(at) - 1)]
+            inserts.setdefault((id(block), id(stmt), i == len(at)), (block, stmt, []))[2].append(call)
+            slices += len(closes)
+    for (_, _, after), (block, stmt, calls) in inserts.items():
+        pos = next(p for p, s in enumerate(block) if s is stmt) + after
+        block[pos:pos] = calls
+    return slices
 
 
 _COMMENT = re.compile(r"Source Nodes: \[(.*?)\], Original ATen: \[(.*?)\]")
@@ -151,9 +216,11 @@ def _handles(source: str) -> list:
     return [m.groups() for m in map(_HANDLE.search, source.splitlines()) if m]
 
 
-def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool) -> int:
+def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool,
+               module_slices: bool) -> int:
     """Gives ``compiled`` (a ``CompiledFxGraph``) its own ``call`` whose kernel calls
-    are intercepted; returns the number of call sites. Raises if the compiled graph is
+    are intercepted (and, with ``module_slices``, framed by module slices); returns the
+    number of call sites. Raises if the compiled graph is
     not a Python wrapper module (CUDA graphs, C++ wrapper, AOTInductor)."""
     current = compiled.current_callable
     func = getattr(current, "__func__", current)
@@ -173,16 +240,21 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     queue: dict = {}
     for kernel, handle in handles:
         queue.setdefault(kernel, []).append(f"{kernel}:{handle}")
+    stacks = []
     for name, callee, expr in finder.found:
         keys = queue.get(callee) or queue.get(callee.removesuffix(".run")) or []
         key = keys.pop(0) if keys else None
         target = _resolve(expr, module_globals)
         event, kind = _kernel_kind(callee, target)
-        args = kernel_args(gm, graph_id, kind, mapping.get(key, []), with_metadata,
-                           _comment_provenance(lines, expr.lineno))
+        args, stack = kernel_args(gm, graph_id, kind, mapping.get(key, []), with_metadata,
+                                  _comment_provenance(lines, expr.lineno))
+        stacks.append(stack)
         site = _core.intern_site(event, CAT_KERNEL, args)
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
                                             _core.GRAD_INHERIT, name=name)
+    if module_slices:
+        add_spans(call_def, stacks, graph_id)
+    namespace["_dft_span"] = modules.span_function(cell)
     code = compile(ast.fix_missing_locations(ast.Module(body=[call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
     local: dict = {}
@@ -229,7 +301,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
-    with_metadata = config.get().inc_metadata
+    with_metadata, module_slices = config.get().inc_metadata, config.get().module_slices
 
     def inner_compile(aot_gm, inputs, **kwargs):
         backward = bool(kwargs.get("is_backward"))
@@ -240,7 +312,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
         grad_fn = torch.is_grad_enabled if backward else (lambda: True) if grad else (lambda: False)
         args = {"graph": graph_id, "level": "inductor"}
         try:
-            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata)
+            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices)
         except Exception as e:  # never break the user's program: the graph event still records
             _warn_once(type(e).__name__, f"graph {graph_id} {phase}: kernels are not traced, only "
                        f"the graph call ({type(e).__name__}: {e})")

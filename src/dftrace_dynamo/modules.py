@@ -47,16 +47,10 @@ def is_span(node: torch.fx.Node) -> bool:
     return getattr(node.target, "func", None) is _core.span
 
 
-def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Sequence[Sequence[Frame]],
-              graph_id: int, cell) -> int:
-    """Inserts the boundary calls for ``nodes`` (the executed nodes, in order, and their module
-    stacks) into ``graph``; returns the number of module slices a call of the graph records."""
-    changes = boundaries(stacks)
-    if not changes:
-        return 0
-    span = functools.partial(_core.span, cell)
-    # FX binds the call as a global of the generated code under this name
-    span.__name__, span.__module__ = "dft_module_span", _core.__name__
+def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """The boundary calls for ops with these module stacks: ``(i, closes)`` per boundary,
+    in order, where ``i`` is as in :func:`boundaries` and ``closes`` lists, for each call
+    closed there, ``(k, site id)``: ``k`` is the boundary whose return value is its start."""
     site_ids: dict[tuple[str, str], int] = {}
 
     def site(frame: Frame) -> int:
@@ -66,15 +60,31 @@ def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Seq
                                                       {"module_type": mtype, "graph": graph_id})
         return site_ids[path, mtype]
 
+    plan = []
+    opened_at: dict[str, int] = {}  # open call key -> the boundary that returned its start
+    for k, (i, closed, opened) in enumerate(boundaries(stacks)):
+        plan.append((i, [(opened_at.pop(frame[0]), site(frame)) for frame in closed]))
+        opened_at.update((frame[0], k) for frame in opened)
+    return plan
+
+
+def span_function(cell) -> functools.partial:
+    """``_core.span`` bound to the graph's tag cell: the boundary call."""
+    span = functools.partial(_core.span, cell)
+    # FX binds the call as a global of the generated code under this name
+    span.__name__, span.__module__ = "dft_module_span", _core.__name__
+    return span
+
+
+def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Sequence[Sequence[Frame]],
+              graph_id: int, cell) -> int:
+    """Inserts the boundary calls for ``nodes`` (the executed nodes, in order, and their module
+    stacks) into ``graph``; returns the number of module slices a call of the graph records."""
+    plan = span_plan(stacks, graph_id)
+    span = span_function(cell)
     anchors = [*nodes, next(n for n in reversed(graph.nodes) if n.op == "output")]
-    starts: dict[str, torch.fx.Node] = {}  # open call key -> the boundary node that returned its start
-    slices = 0
-    for i, closed, opened in changes:
-        args = []
-        for frame in closed:
-            args += [starts.pop(frame[0]), site(frame)]
+    calls: list[torch.fx.Node] = []
+    for i, closes in plan:
         with graph.inserting_before(anchors[i]):
-            start = graph.call_function(span, tuple(args))
-        starts.update((frame[0], start) for frame in opened)
-        slices += len(opened)
-    return slices
+            calls.append(graph.call_function(span, tuple(a for k, site in closes for a in (calls[k], site))))
+    return sum(len(closes) for _, closes in plan)
