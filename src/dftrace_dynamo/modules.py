@@ -12,6 +12,8 @@ slice per run of its ops, and an op without a module sits in no slice.
 At each boundary the graph gets one ``_core.span`` call: it records the calls
 closed there (from their start to now) and returns now, the start of the calls
 opened there. Ops run exactly as before; a slice costs one call per module call.
+At ``level="inductor"`` the same plan frames the kernel calls of Inductor's
+generated code (:func:`.inductor.add_spans`).
 """
 
 from __future__ import annotations
