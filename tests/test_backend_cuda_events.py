@@ -3,14 +3,13 @@ warning, and the device-timing machinery is checked with a stand-in event type w
 "device clock" is the trace clock (real CUDA runs were not possible here)."""
 
 import dataclasses
-import time
 
 import torch
 
 import perfetto_tp
 from tracefile import read_events, traces
 from backend_support import MLP, Recorder, executed_nodes, run_py
-from dftrace_dynamo import _core, config, cuda_events, instrument
+from dftrace_dynamo import _core, config, create_backend, cuda_events, instrument
 
 
 class ClockEvent:
@@ -42,11 +41,7 @@ def test_device_events_nest_on_their_own_track(tmp_path):
     x = torch.randn(2, 16)
     for _ in range(2):
         assert torch.equal(graph(x), model(x))
-    deadline = time.time() + 10
-    while not cuda_events._pending.empty() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # the resolver thread records the last call it took
-    path = rec.path()
+    path = rec.path()  # closing the file waits for the resolver
     device = perfetto_tp.rows(path, (
         "select s.name name, s.depth depth, t.name thread from slice s join thread_track tt on s.track_id = tt.id "
         "join thread t using(utid) where s.category = 'dynamo_cuda' order by s.ts"))
@@ -77,3 +72,29 @@ def test_cuda_events_without_cuda_warns_once_and_traces_normally(tmp_path):
 
 def test_cuda_events_off_by_default():
     assert dataclasses.replace(config.load({})).cuda_events is False
+
+
+def test_inductor_kernels_get_device_events(tmp_path, monkeypatch):
+    """level="inductor": each kernel call is bracketed like an op, each graph call too."""
+    monkeypatch.setattr(cuda_events, "wanted", lambda inputs: True)
+    monkeypatch.setattr(torch.cuda, "Event", ClockEvent)
+    torch._dynamo.reset()
+    rec = Recorder(tmp_path)
+    model = MLP()
+    compiled = torch.compile(model, backend=create_backend(level="inductor"))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(2):
+            compiled(x)
+    torch._dynamo.reset()
+    path = rec.path()
+    events = read_events(path)
+    kernels = [e["name"] for e in events if e.get("cat") == "kernel"]
+    assert len(kernels) >= 4 and len(kernels) % 2 == 0  # two calls of one graph
+    device = perfetto_tp.rows(path, (
+        "select s.name name, s.depth depth, t.name thread from slice s join thread_track tt on s.track_id = tt.id "
+        "join thread t using(utid) where s.category = 'dynamo_cuda' order by s.ts"))
+    assert {d["thread"] for d in device} == {"dftrace-cuda"}
+    assert [d["name"] for d in device if d["depth"] == 0] == ["graph 0 inference (cuda)"] * 2
+    assert [d["name"] for d in device if d["depth"] == 1] == [f"{k} (cuda)" for k in kernels]
+    assert perfetto_tp.error_stats(path) == []

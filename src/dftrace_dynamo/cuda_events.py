@@ -8,7 +8,9 @@ waits for a call's last event and records one ``<op name> (cuda)`` event per op 
 one per graph, category ``dynamo_cuda``, on its own track. Device times are placed on
 the trace clock through the graph's first event: ``cpu time when it was recorded +
 elapsed device time since``, so ordering and nesting hold, and the absolute offset
-is the queueing delay of the first kernel.
+is the queueing delay of the first kernel. Before the trace file closes, the calls
+submitted so far are resolved (waiting at most ``DRAIN_TIMEOUT_S``), so the last
+step's device events are not lost at exit.
 
 Costs a Python wrapper and two event records per op (microseconds): meant for GPU
 runs where kernels take longer than that.
@@ -16,18 +18,23 @@ runs where kernels take longer than that.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, config
+from . import _core, config, logger
 
 CAT_CUDA = "dynamo_cuda"
 
+DRAIN_TIMEOUT_S = 10.0
+
 _pending: "queue.SimpleQueue[_Call]" = queue.SimpleQueue()
 _resolver: Optional[threading.Thread] = None
+_idle = threading.Condition()
+_outstanding = 0  # calls submitted and not yet resolved
 _current = threading.local()  # the graph call whose ops are being timed on this thread
 _warned = False
 
@@ -99,7 +106,9 @@ class DeviceTimer:
 
 
 def _submit(call: _Call) -> None:
-    global _resolver
+    global _resolver, _outstanding
+    with _idle:
+        _outstanding += 1
     if _resolver is None:
         _resolver = threading.Thread(target=_resolve_forever, name="dftrace-cuda", daemon=True)
         _resolver.start()
@@ -119,9 +128,29 @@ def resolve(call: _Call) -> None:
 
 
 def _resolve_forever() -> None:
+    global _outstanding
     while True:
         call = _pending.get()
         try:
             resolve(call)
         except Exception as exc:  # a device error must not kill the resolver
             config.log.warning("CUDA event timing failed: %s", exc)
+        with _idle:
+            _outstanding -= 1
+            _idle.notify_all()
+
+
+def drain(timeout: float = DRAIN_TIMEOUT_S) -> bool:
+    """Waits until every graph call submitted so far is recorded; False if ``timeout`` passed."""
+    with _idle:
+        return _idle.wait_for(lambda: _outstanding == 0, timeout)
+
+
+def _after_fork_in_child() -> None:
+    # the resolver thread and the parent's pending calls do not exist in the child
+    global _pending, _resolver, _idle, _outstanding
+    _pending, _resolver, _idle, _outstanding = queue.SimpleQueue(), None, threading.Condition(), 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+logger.add_hooks(lambda: None, drain)

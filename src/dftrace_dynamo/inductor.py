@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, config, modules, sites
+from . import _core, config, cuda_events, modules, sites
 
 CAT_KERNEL = "kernel"
 _HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
@@ -217,10 +217,11 @@ def _handles(source: str) -> list:
 
 
 def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool,
-               module_slices: bool) -> int:
+               module_slices: bool, device_timer=None) -> int:
     """Gives ``compiled`` (a ``CompiledFxGraph``) its own ``call`` whose kernel calls
-    are intercepted (and, with ``module_slices``, framed by module slices); returns the
-    number of call sites. Raises if the compiled graph is
+    are intercepted (and, with ``module_slices``, framed by module slices; with
+    ``device_timer``, a ``cuda_events.DeviceTimer``, bracketed by CUDA events); returns
+    the number of call sites. Raises if the compiled graph is
     not a Python wrapper module (CUDA graphs, C++ wrapper, AOTInductor)."""
     current = compiled.current_callable
     func = getattr(current, "__func__", current)
@@ -250,6 +251,8 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
                                   _comment_provenance(lines, expr.lineno))
         stacks.append(stack)
         site = _core.intern_site(event, CAT_KERNEL, args)
+        if device_timer is not None:
+            target = device_timer.op(target, _core.CALL, event, args)
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
                                             _core.GRAD_INHERIT, name=name)
     if module_slices:
@@ -311,13 +314,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
             compiled = compile_fx_inner(aot_gm, inputs, **kwargs)
         grad_fn = torch.is_grad_enabled if backward else (lambda: True) if grad else (lambda: False)
         args = {"graph": graph_id, "level": "inductor"}
+        timer = cuda_events.DeviceTimer(f"graph {graph_id} {phase}", graph_id) if cuda_events.wanted(inputs) else None
         try:
-            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices)
+            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices, timer)
         except Exception as e:  # never break the user's program: the graph event still records
             _warn_once(type(e).__name__, f"graph {graph_id} {phase}: kernels are not traced, only "
                        f"the graph call ({type(e).__name__}: {e})")
         if compiled.current_callable is not None:
-            compiled.current_callable = wrap(compiled.current_callable, phase, grad_fn, args)
+            # a graph whose kernels are not traced (a CUDA graph replay) still gets its device time
+            call = compiled.current_callable if timer is None else timer.graph(compiled.current_callable)
+            compiled.current_callable = wrap(call, phase, grad_fn, args)
         return compiled
 
     # An AOTAutograd cache hit would skip inner_compile; the FX graph cache below it
