@@ -288,9 +288,11 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     for r in records:  # every event carries a step; it means something only where steps were marked
         if (r["file"], r["pid"]) not in stepped:
             r["step"] = None
+    # per-step sums matter only where steps were marked (every op of any trace carries a step)
     parts = con.execute(f"""
         SELECT file, pid, step, kind, phase = 'backward', sum(dur) FROM ev
-        WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall()
+        WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
+        if slices else []
     step_info = steps.analyse(slices, parts, records, {GRAPH: "graph", DATA: "data", BACKWARD: "backward",
                                                       OPTIMIZER: "optimizer", OP: "ops"}, include_warmup)
     warm_filter = _warm_filter(con, step_info["warmup_keys"]) if not include_warmup else ""
