@@ -59,7 +59,7 @@ def _source_node(node: torch.fx.Node) -> str:
 
 
 def kernel_args(gm: torch.fx.GraphModule, graph_id: int, kind: str, post_grad: list, with_metadata: bool,
-                comment: tuple = ((), ())) -> tuple[dict, list]:
+                comment: tuple = ((), ())) -> tuple[dict, tuple]:
     """Static args of one kernel call site from the post-grad nodes it fused (or, without
     them, from Inductor's comment: source nodes and ATen ops), and the module calls all
     those ops ran in (outermost first): the kernel's ``module`` is the innermost."""
@@ -130,7 +130,7 @@ def add_spans(call_def: ast.FunctionDef, stacks: list, graph_id: int) -> int:
     fused ops ran in (``stacks[i]``: those of call site ``i``). Each straight-line sequence
     of statements closes the slices it opened. Returns the number of module slices a call
     records when each statement runs once."""
-    inserts: dict = {}  # (id(block), statement) -> boundary statements before it ("after" for after)
+    inserts: dict = {}  # (block, statement, after it?) by identity -> the boundary calls there
     slices = 0
     for n, seq in enumerate(_sequences(call_def.body)):
         at = [(block, stmt, _common_stack([stacks[i] for i in ids]))
@@ -221,8 +221,8 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     """Gives ``compiled`` (a ``CompiledFxGraph``) its own ``call`` whose kernel calls
     are intercepted (and, with ``module_slices``, framed by module slices; with
     ``device_timer``, a ``cuda_events.DeviceTimer``, bracketed by CUDA events); returns
-    the number of call sites. Raises if the compiled graph is
-    not a Python wrapper module (CUDA graphs, C++ wrapper, AOTInductor)."""
+    the number of call sites. Raises if the compiled graph is not a Python wrapper
+    module (CUDA graphs, C++ wrapper, AOTInductor)."""
     current = compiled.current_callable
     func = getattr(current, "__func__", current)
     if not isinstance(func, types.FunctionType) or func.__name__ != "call":
@@ -255,9 +255,8 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
             target = device_timer.op(target, _core.CALL, event, args)
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
                                             _core.GRAD_INHERIT, name=name)
-    if module_slices:
-        add_spans(call_def, stacks, graph_id)
-    namespace["_dft_span"] = modules.span_function(cell)
+    if module_slices and add_spans(call_def, stacks, graph_id):
+        namespace["_dft_span"] = modules.span_function(cell)
     code = compile(ast.fix_missing_locations(ast.Module(body=[call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
     local: dict = {}
