@@ -235,11 +235,13 @@ def test_trace_loads_in_perfetto_and_dftracer_validate(runs):
 
 
 def test_run_level_inductor_traces_kernels_with_metadata_and_guards_cpp_wrapper(tmp_path):
+    """run --level inductor, with DFTRACER_INC_METADATA=1 and module slices off."""
     from scripts.clitools import cli
 
     script = os.path.join(os.path.dirname(SCRIPT), "compile_inductor.py")
     p = cli("run", "--out", tmp_path, "--compile-all", "--level", "inductor", script, timeout=1200,
-            env={"DFTRACER_INC_METADATA": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")})
+            env={"DFTRACER_INC_METADATA": "1", "DFTRACER_MODULE_SLICES": "0",
+                 "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")})
     assert p.returncode == 0, p.stderr
     assert p.stdout == "close True\n"
     # the C++ wrapper cannot be intercepted: one warning, its graph calls still recorded
@@ -252,6 +254,7 @@ def test_run_level_inductor_traces_kernels_with_metadata_and_guards_cpp_wrapper(
     ks = kernels(events)
     assert [k["name"] for k in ks].count("extern_kernels.addmm") == 2
     assert all(k["args"]["phase"] == "inference" and k["args"]["grad_enabled"] == 0 for k in ks)
+    assert not [e for e in events if e.get("cat") == "module"]  # DFTRACER_MODULE_SLICES=0
     mm = next(k for k in ks if k["args"].get("module") == "0")
     assert mm["name"] == "extern_kernels.addmm" and mm["args"]["flops"] == 2 * 4 * 16 * 8
     assert mm["args"]["bytes"] > 0
