@@ -1,6 +1,6 @@
 """Step analysis: summary's step, graphs and rank views, warm-up steps apart, diff between
 runs, runs kept apart, and big traces cut by convert --split. Traces with step structure
-are written by the real C writer (tests/scripts/stepgen.py)."""
+are written by the real C writer (tests/scripts/stepgen.py) and by real traced training loops."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import time
 import pytest
 
 import perfetto_tp
-from backend_support import run_torchrun
+from backend_support import run_py, run_torchrun
 from scripts.clitools import assert_bad_input, cli
 from subproc import clean_env
 from tracefile import read_events
@@ -75,6 +75,68 @@ def test_step_view_splits_each_step_and_leaves_warmup_out(loop):
     assert result["op_events"] == 240
     assert summary_json(loop, "--include-warmup")["op_events"] == 288
     assert max(r["total_us"] for r in result["views"]["op"]) < 100_000  # no compile-time op in the means
+
+
+SLOW_LOOP = """
+    import time
+    import torch
+    import torch.nn as nn
+    from dftrace_dynamo import create_backend, dftracer
+
+    state = {"step": 0}
+
+
+    @torch.compiler.disable
+    def straggle():  # the injected cost, run eagerly between the two graphs (no guard on the step)
+        if 3 <= state["step"] <= 5:
+            time.sleep(%(sleep)s)
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            x = self.fc1(x).relu()
+            straggle()
+            return self.fc2(x)
+
+
+    log = dftracer.initialize_log("loop", None, -1)
+    model = Net()
+    compiled = torch.compile(model, backend=create_backend())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(10):
+        state["step"] = step
+        opt.zero_grad()
+        compiled(torch.randn(8, 16)).sum().backward()
+        opt.step()
+    log.finalize()
+"""
+
+
+def test_traced_training_loop_with_a_slow_module_in_steps_3_to_5(tmp_path):
+    sleep_s = 0.05
+    run_py(SLOW_LOOP % {"sleep": sleep_s}, tmp_path)
+    (path,) = [str(p) for p in tmp_path.glob("loop*.pfw*")]
+    result = summary_json(path)
+    steps = result["steps"]
+    assert steps["warmup_steps"] == [{"step": 0, "reason": "compiled"}]  # forward, backward compiled
+    rows = {r["step"]: r for r in steps["rows"]}
+    assert sorted(rows) == list(range(10))
+    for n in range(1, 10):  # the sleep is outside every traced event: "other" of its step
+        if n in (3, 4, 5):
+            assert rows[n]["other_us"] >= 0.95 * sleep_s * 1e6, rows[n]
+        else:
+            assert rows[n]["other_us"] < 0.5 * sleep_s * 1e6, rows[n]
+        assert rows[n]["forward_us"] > 0 and rows[n]["backward_us"] > 0 and rows[n]["optimizer_us"] > 0
+    assert steps["steady"]["steps"] == 9 and steps["steady"]["max_us"] >= sleep_s * 1e6
+    # the op views leave step 0 out
+    ops = [e for e in read_events(path) if e.get("cat") == "dynamo" and "node" in e.get("args", {})]
+    assert result["op_events"] == len([e for e in ops if e["args"]["step"] != 0]) > 0
+    with_warmup = summary_json("--include-warmup", path)
+    assert with_warmup["op_events"] == len(ops) and with_warmup["steps"]["steady"]["steps"] == 10
 
 
 def test_step_view_with_warmup_included(loop):
