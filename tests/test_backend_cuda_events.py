@@ -95,6 +95,8 @@ def test_inductor_kernels_get_device_events(tmp_path, monkeypatch):
         "select s.name name, s.depth depth, t.name thread from slice s join thread_track tt on s.track_id = tt.id "
         "join thread t using(utid) where s.category = 'dynamo_cuda' order by s.ts"))
     assert {d["thread"] for d in device} == {"dftrace-cuda"}
-    assert [d["name"] for d in device if d["depth"] == 0] == ["graph 0 inference (cuda)"] * 2
+    calls = [e["name"] for e in events if e.get("cat") == "dynamo_graph"]
+    assert len(calls) == 2 and calls[0] == calls[1]  # "graph N inference": N counts the process's graphs
+    assert [d["name"] for d in device if d["depth"] == 0] == [f"{calls[0]} (cuda)"] * 2
     assert [d["name"] for d in device if d["depth"] == 1] == [f"{k} (cuda)" for k in kernels]
     assert perfetto_tp.error_stats(path) == []

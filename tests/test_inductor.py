@@ -271,3 +271,53 @@ def test_bad_level_option_is_one_clear_error():
     with pytest.raises(Exception, match="level='fused' is not valid"):
         torch.compile(lambda x: x + 1, backend="dftrace", options={"level": "fused"})(torch.ones(2))
     torch._dynamo.reset()
+
+
+def test_torch_cond_branch_kernels_are_traced_with_their_own_provenance(tmp_path):
+    """Inductor generates each torch.cond branch as a function of its own, before call: its
+    kernels are traced too, and provenance pairs each call site with the comment above it
+    (not with the first comment naming the same kernel, which is a branch's)."""
+    import torch
+
+    from backend_support import Recorder
+    from dftrace_dynamo import create_backend
+
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = torch.cond(x.sum() > 0, lambda x: self.a(x).relu(), lambda x: self.b(x).sigmoid(), (x,))
+            z = self.a(y)  # Dynamo names nodes after their variables
+            z2 = self.b(z)
+            return z2
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, rec = Branchy(), Recorder(tmp_path)
+    traced = torch.compile(model, backend=create_backend(level="inductor"))
+    x = torch.randn(2, 4).abs()
+    with torch.no_grad():
+        outs = [traced(x), traced(-x)]
+        torch._dynamo.reset()
+        plain = torch.compile(model, backend="inductor")
+        assert all(torch.equal(o, plain(v)) for o, v in zip(outs, (x, -x)))
+    torch._dynamo.reset()
+    events = read_events(rec.path())
+    first, second = sorted(graph_calls(events), key=lambda g: g["ts"])
+    assert first["args"]["kernels"] == 7  # 3 in call, 2 per branch
+
+    def inside(g):
+        return [(k["name"], k["args"].get("module"), k["args"]["source_nodes"]) for k in kernels(events)
+                if g["ts"] <= k["ts"] <= g["ts"] + g["dur"]]
+
+    true_branch, false_branch = inside(first), inside(second)
+    assert [n for n, *_ in true_branch] == ["cpp_fused_gt_sum_0", "extern_kernels.addmm", "cpp_fused_gt_relu_1",
+                                            "extern_kernels.addmm", "extern_kernels.addmm"]
+    assert true_branch[1][1] == "a" and false_branch[1][1] == "b"
+    assert "sigmoid" in false_branch[2][0]
+    # call's own addmms: each its own comment's nodes (the k-th handle naming addmm in the
+    # source would be a branch's, whose nodes share names with call's first addmm)
+    assert true_branch[3:] == [("extern_kernels.addmm", "a", ["z"]), ("extern_kernels.addmm", "b", ["z2"])]
+    assert false_branch[3:] == true_branch[3:]

@@ -4,7 +4,8 @@ The graph is compiled by Inductor (``compile_fx``) with our ``inner_compile``,
 which sees every forward, backward and inference graph Inductor compiles,
 whether its code was generated now or loaded from the FX graph cache. The
 generated module is never modified: each compiled graph gets its own copy of
-the module's ``call`` function, compiled from the same source with every kernel
+the module's ``call`` function (and of the functions ``call`` runs for
+``torch.cond`` branches), compiled from the same source with every kernel
 call site's callee replaced by a name bound, in that copy's own globals, to a
 ``_core.Interceptor`` (one per call site). So the kernels run unchanged, the hot
 path is the C interceptor, and two graphs sharing one generated module (same
@@ -194,26 +195,47 @@ def _find_call_def(tree: ast.Module) -> ast.FunctionDef:
 
 
 class _Sites(ast.NodeTransformer):
-    """Replaces the callee of each kernel call with ``_dft_k<i>``; records
-    ``(name, callee text, callee expression)`` per call site, in source order."""
+    """Replaces the callee of each kernel call with ``_dft_k<i>`` (numbered across all the
+    functions it visits); records ``(name, callee text, callee expression, function)`` per
+    call site, in source order."""
 
     def __init__(self, kernels: set):
         self.kernels = kernels
         self.found: list = []
+        self.function: Optional[ast.FunctionDef] = None
+
+    def visit_function(self, fdef: ast.FunctionDef) -> int:
+        """Visits ``fdef``; returns how many call sites it has."""
+        self.function, before = fdef, len(self.found)
+        self.visit(fdef)
+        return len(self.found) - before
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
         callee = ast.unparse(node.func)
         if callee in self.kernels or callee.removesuffix(".run") in self.kernels:
             name = f"_dft_k{len(self.found)}"
-            self.found.append((name, callee, node.func))
+            self.found.append((name, callee, node.func, self.function))
             node.func = ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node.func)
         return node
 
 
 def _handles(source: str) -> list:
-    """``(kernel, handle)`` of each provenance comment, in source order."""
-    return [m.groups() for m in map(_HANDLE.search, source.splitlines()) if m]
+    """``(line number, kernel, "<kernel>:<handle>")`` of each provenance comment."""
+    return [(i, m.group(1), f"{m.group(1)}:{m.group(2)}")
+            for i, m in enumerate(map(_HANDLE.search, source.splitlines()), 1) if m]
+
+
+def _handle_of(handles: list, used: set, callee: str, expr: ast.expr, fdef: ast.FunctionDef) -> Optional[str]:
+    """The provenance key of a call site: the nearest unused comment above it, in its own
+    function, naming its kernel (torch writes one just above each kernel call)."""
+    names = (callee, callee.removesuffix(".run"))
+    above = [h for h in handles if h[1] in names and h[2] not in used and fdef.lineno <= h[0] < expr.lineno]
+    if not above:
+        return None
+    key = max(above)[2]
+    used.add(key)
+    return key
 
 
 def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool,
@@ -221,8 +243,10 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     """Gives ``compiled`` (a ``CompiledFxGraph``) its own ``call`` whose kernel calls
     are intercepted (and, with ``module_slices``, framed by module slices; with
     ``device_timer``, a ``cuda_events.DeviceTimer``, bracketed by CUDA events); returns
-    the number of call sites. Raises if the compiled graph is not a Python wrapper
-    module (CUDA graphs, C++ wrapper, AOTInductor)."""
+    the number of call sites. The generated module's other functions with kernel calls
+    (the branches of ``torch.cond``, loop bodies) get copies too, which ``call`` then
+    calls. Raises if the compiled graph is not a Python wrapper module (CUDA graphs,
+    C++ wrapper, AOTInductor)."""
     current = compiled.current_callable
     func = getattr(current, "__func__", current)
     if not isinstance(func, types.FunctionType) or func.__name__ != "call":
@@ -233,34 +257,35 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     lines = source.splitlines()
     tree = ast.parse(source)
     call_def = _find_call_def(tree)
-    finder = _Sites({kernel for kernel, _ in handles})
-    call_def = finder.visit(call_def)
+    finder = _Sites({kernel for _, kernel, _ in handles})
+    finder.visit_function(call_def)
+    subgraphs = [d for d in tree.body if isinstance(d, ast.FunctionDef) and d is not call_def
+                 and finder.visit_function(d)]
     module_globals = func.__globals__
     namespace = dict(module_globals)
-    # the k-th call of a kernel in the code is the k-th provenance handle naming it
-    queue: dict = {}
-    for kernel, handle in handles:
-        queue.setdefault(kernel, []).append(f"{kernel}:{handle}")
+    used: set = set()
     stacks = []
-    for name, callee, expr in finder.found:
-        keys = queue.get(callee) or queue.get(callee.removesuffix(".run")) or []
-        key = keys.pop(0) if keys else None
+    for name, callee, expr, fdef in finder.found:
+        key = _handle_of(handles, used, callee, expr, fdef)
         target = _resolve(expr, module_globals)
         event, kind = _kernel_kind(callee, target)
-        args, stack = kernel_args(gm, graph_id, kind, mapping.get(key, []), with_metadata,
-                                  _comment_provenance(lines, expr.lineno))
+        # a subgraph function's provenance names nodes of the subgraph module of that name
+        sub = getattr(gm, fdef.name, None) if fdef is not call_def else None
+        args, stack = kernel_args(sub if isinstance(sub, torch.fx.GraphModule) else gm, graph_id, kind,
+                                  mapping.get(key, []), with_metadata, _comment_provenance(lines, expr.lineno))
         stacks.append(stack)
         site = _core.intern_site(event, CAT_KERNEL, args)
         if device_timer is not None:
             target = device_timer.op(target, _core.CALL, event, args)
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
                                             _core.GRAD_INHERIT, name=name)
-    if module_slices and add_spans(call_def, stacks, graph_id):
+    if module_slices and sum(add_spans(fdef, stacks, graph_id) for fdef in [call_def, *subgraphs]):
         namespace["_dft_span"] = modules.span_function(cell)
-    code = compile(ast.fix_missing_locations(ast.Module(body=[call_def], type_ignores=[])),
+    code = compile(ast.fix_missing_locations(ast.Module(body=[*subgraphs, call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
     local: dict = {}
     exec(code, namespace, local)
+    namespace.update((d.name, local[d.name]) for d in subgraphs)  # what call (a copy) calls by name
     call = local["call"]
     compiled.current_callable = types.MethodType(call, current.__self__) if hasattr(current, "__self__") else call
     return len(finder.found)
