@@ -31,6 +31,8 @@
  * NOSTEP an event whose own args hold "step" (log() with a step arg). */
 #define DFT_FLAG_STEP 64u
 #define DFT_FLAG_NOSTEP 128u
+/* the bits a caller of record() may set; the others are the writer's own */
+#define DFT_FLAGS_PUBLIC (DFT_FLAG_GRAD | DFT_PHASE_MASK | DFT_FLAG_FAILED)
 enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE };
 
 /* ---- growable byte buffer ---------------------------------------------- */

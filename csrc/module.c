@@ -316,7 +316,7 @@ static PyObject *py_record(PyObject *m, PyObject *const *args, size_t nargsf, Py
         PyErr_Format(PyExc_ValueError, "unknown tags id %llu", (unsigned long long)tags);
         return NULL;
     }
-    dft_push((uint32_t)site, s, e, (uint32_t)flags & ~(DFT_FLAG_NOCTX | DFT_FLAG_TIMED), (uint32_t)tags, NULL);
+    dft_push((uint32_t)site, s, e, (uint32_t)flags & DFT_FLAGS_PUBLIC, (uint32_t)tags, NULL);
     Py_RETURN_NONE;
 }
 

@@ -230,6 +230,8 @@ def test_timestamps_and_sub_microsecond_durations(tmp_path):
         (_core.PHASE_BACKWARD << _core.PHASE_SHIFT, {"grad_enabled": 0, "phase": "backward"}),
         ((_core.PHASE_INFERENCE << _core.PHASE_SHIFT) | _core.FLAG_FAILED,
          {"grad_enabled": 0, "phase": "inference", "failed": 1}),
+        # the writer's own bits (no context, caller's times, step slice, own step) are ignored
+        (_core.FLAG_GRAD | 16 | 32 | 64 | 128, {"grad_enabled": 1}),
     ],
 )
 def test_flags(tmp_path, flags, expect):
@@ -238,7 +240,7 @@ def test_flags(tmp_path, flags, expect):
     _core.record(site, 1000, 2000, flags)
     _core.close()
     (e,) = events(read_objects(path))
-    assert e["args"] == {"hhash": HHASH, **expect}
+    assert e["name"] == "op" and e["args"] == {"hhash": HHASH, **expect}
 
 
 def test_constants():
