@@ -177,6 +177,10 @@ def test_step_csv_and_plot(loop, tmp_path):
     png = tmp_path / "steps.png"
     assert cli("summary", loop, "--plot", png).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20000
+    only_steps = tmp_path / "only_steps.png"  # no op view asked for: the step timeline alone
+    p = cli("summary", loop, "--by", "step", "--plot", only_steps)
+    assert p.returncode == 0, p.stderr
+    assert only_steps.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and only_steps.stat().st_size < png.stat().st_size
 
 
 def test_warmup_rule():

@@ -173,6 +173,9 @@ def test_plot(tmp_path, trace):
     p = cli("summary", trace, "--plot", png, "--by", "module")
     assert p.returncode == 0, p.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    # nothing to draw: no steps in the trace, no op view asked for
+    assert_bad_input(cli("summary", trace, "--plot", tmp_path / "none.png", "--by", "rank"), "--plot draws")
+    assert not (tmp_path / "none.png").exists()
 
 
 def test_truncated_gzip_uses_what_is_readable(tmp_path):

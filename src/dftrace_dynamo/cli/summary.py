@@ -40,7 +40,7 @@ def register(subparsers):
 def run(args):
     from dftrace_dynamo.traces import report
     from dftrace_dynamo.traces.reader import TraceError, find_traces
-    from dftrace_dynamo.traces.report import OP_VIEWS, VIEWS
+    from dftrace_dynamo.traces.report import VIEWS
     from dftrace_dynamo.traces.summary import summarize
 
     if args.top < 1:
@@ -59,6 +59,6 @@ def run(args):
     render = {"table": report.to_table, "csv": report.to_csv, "json": report.to_json}[args.format]
     sys.stdout.write(render(result, args.by and views, args.top))
     if args.plot:
-        report.plot(result, next((v for v in views if v in OP_VIEWS), "op"), args.plot)
+        report.plot(result, args.plot)
         print(f"chart: {args.plot}", file=sys.stderr)
     return 0

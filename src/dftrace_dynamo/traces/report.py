@@ -252,9 +252,14 @@ def _bar_chart(ax, result, view):
     ax.margins(x=0.25)
 
 
-def plot(result, view, path):
+def plot(result, path):
     """Into ``path``: the step timeline when the traces have steps, and a
-    horizontal bar chart of total time per key of ``view`` (an op view)."""
+    horizontal bar chart of total time per key of the first op view the result
+    holds; a :class:`TraceError` when it holds neither."""
+    view = next((v for v in result["views"] if v in OP_VIEWS), None)
+    if view is None and not result["steps"]:
+        raise TraceError("--plot draws the step timeline and an op view (op, module, phase, graph, process): "
+                         "the traces have no steps and --by names no op view")
     try:
         import matplotlib
     except ImportError:
@@ -263,13 +268,13 @@ def plot(result, view, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n_bars = max(len(result["views"].get(view, [])), 1)
-    heights = ([4.0] if result["steps"] else []) + [1.2 + 0.35 * n_bars]
+    heights = ([4.0] if result["steps"] else []) + ([1.2 + 0.35 * max(len(result["views"][view]), 1)] if view else [])
     fig, axes = plt.subplots(len(heights), 1, figsize=(10, sum(heights) + 0.5),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     if result["steps"]:
         _step_timeline(axes[0][0], result)
-    _bar_chart(axes[-1][0], result, view)
+    if view:
+        _bar_chart(axes[-1][0], result, view)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
