@@ -55,6 +55,15 @@ def mlp_b(model, x):
     return model(x)
 
 
+def train_then_infer(model, x):
+    """Two training steps (forward + backward) and one inference call: (last output, inference output)."""
+    for _ in range(2):
+        out = model(x)
+        out.sum().backward()
+    with torch.no_grad():
+        return out, model(x)
+
+
 def main(prefix, result_path):
     dftrace_dynamo.initialize_log(prefix)
     torch.manual_seed(0)
@@ -66,19 +75,10 @@ def main(prefix, result_path):
                      ((cnn, "dftrace", {"level": "inductor"}), (plain_cnn, "inductor", None)))
     cfx.compile_fx_inner = spy
     first = len(graphs)
-    for _ in range(2):
-        out = traced(x)
-        out.sum().backward()
-    with torch.no_grad():
-        inf = traced(x)
+    out, inf = train_then_infer(traced, x)
     result["models"]["cnn"] = graphs[first:]
     cfx.compile_fx_inner = real_inner
-    ref = plain(x)
-    for _ in range(2):
-        ref = plain(x)
-        ref.sum().backward()
-    with torch.no_grad():
-        ref_inf = plain(x)
+    ref, ref_inf = train_then_infer(plain, x)
     result["cnn_equal"] = (torch.equal(out, ref) and torch.equal(inf, ref_inf)
                            and all(torch.equal(a.grad, b.grad) for a, b in
                                    zip(cnn.parameters(), plain_cnn.parameters())))
