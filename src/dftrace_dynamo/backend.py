@@ -73,9 +73,9 @@ class Tags:
         values = {k: v for k, v in values.items() if v is not None}
         if args:
             values.update(args)
-        if values.get("step") is not None:
-            steps.name_step(values.pop("step"))
-        values.pop("step", None)
+        step = values.pop("step", None)
+        if step is not None:
+            steps.name_step(step)
         self.values.update(values)
         self.cell.set(self.values)  # the previous tags are freed once written
 
@@ -91,13 +91,24 @@ def _constant(value: bool) -> Callable[[], bool]:
     return (lambda: True) if value else (lambda: False)
 
 
+def _aot_grad_fn(phase: str, grad: bool) -> Callable[[], bool]:
+    """grad_enabled of an AOT graph's events. The forward runs inside autograd.Function.forward
+    (grad off): its grad_enabled is the user's mode ``grad``, a constant; backward reads the
+    mode the autograd engine set."""
+    return torch.is_grad_enabled if phase == "backward" else _constant(grad)
+
+
+def _check_level(level) -> None:
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r} is not valid (accepted: {', '.join(map(repr, LEVELS))})")
+
+
 class TracerBackend:
     """A configured tracing backend; pass it as ``torch.compile(..., backend=...)``."""
 
     def __init__(self, *, level: str = DEFAULT_LEVEL, enable: bool = True, inner: Any = None,
                  on_graph: Optional[Callable] = None, tags: Optional[Tags] = None):
-        if level not in LEVELS:
-            raise ValueError(f"level={level!r} is not valid (accepted: {', '.join(map(repr, LEVELS))})")
+        _check_level(level)
         self.level = level
         self.enable = enable
         self.inner = inner
@@ -114,8 +125,7 @@ class TracerBackend:
         # torch.compile(backend="dftrace", options={"level": ...}, mode=...) passes these
         options = dict(kwargs.pop("options", None) or {})
         level = options.pop("level", self.level)
-        if level not in LEVELS:
-            raise ValueError(f"level={level!r} is not valid (accepted: {', '.join(map(repr, LEVELS))})")
+        _check_level(level)
         mode = kwargs.pop("mode", None)
         graph_id = _next_graph_id()
         if not self.enable or tracing_disabled():
@@ -162,6 +172,10 @@ class TracerBackend:
                 **{k: v for k, v in (compile_events.current() or {}).items() if k in ("compile_id", "frame", "location")},
             })
 
+    def _notify_aot(self, fx_g, inputs, graph_id, level, phase, start) -> None:
+        # AOTAutograd's time so far; a backward compiled at the first backward has none
+        self._notify(fx_g, inputs, graph_id, level, phase, "aot", None if phase == "backward" else _core.now_ns() - start)
+
     def _graph_call(self, gm, example_inputs, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False):
         """Instruments ``gm`` and wraps its forward in the graph event."""
         start = _core.now_ns()
@@ -198,22 +212,19 @@ class TracerBackend:
 
         grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
 
-        def compiler(phase: str, grad_fn):
+        def compiler(phase: str):
             def compile_graph(fx_g, inputs):
-                # AOTAutograd's time so far; a backward compiled at the first backward has none
-                elapsed = None if phase == "backward" else _core.now_ns() - start
-                self._notify(fx_g, inputs, graph_id, "aten", phase, "aot", elapsed)
-                return self._graph_call(fx_g, inputs, graph_id, phase, "aten", grad_fn, boxed=True)
+                self._notify_aot(fx_g, inputs, graph_id, "aten", phase, start)
+                return self._graph_call(fx_g, inputs, graph_id, phase, "aten", _aot_grad_fn(phase, grad),
+                                        boxed=True)
 
             return compile_graph
 
         # Same AOTAutograd settings as backend="aot_eager", so numerics match it bit for bit.
-        # The forward runs inside autograd.Function.forward (grad off): its grad_enabled is
-        # the user's mode, a constant; backward reads the mode the autograd engine set.
         return aot_autograd(
-            fw_compiler=compiler("forward", _constant(grad)),
-            bw_compiler=compiler("backward", torch.is_grad_enabled),
-            inference_compiler=compiler("inference", _constant(grad)),
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
             partition_fn=min_cut_rematerialization_partition,
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
@@ -223,13 +234,14 @@ class TracerBackend:
 
         from . import inductor
 
-        def wrap(fn, phase, grad_fn, args):
+        grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
+
+        def wrap(fn, phase, args):
             site = _core.intern_site(f"graph {graph_id} {phase}", sites.CAT_GRAPH, args)
-            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], grad_fn)
+            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _aot_grad_fn(phase, grad))
 
         def notify(fx_g, inputs, phase):
-            self._notify(fx_g, inputs, graph_id, "inductor", phase, "aot",
-                         None if phase == "backward" else _core.now_ns() - start)
+            self._notify_aot(fx_g, inputs, graph_id, "inductor", phase, start)
 
         patches = {**(list_mode_options(mode) if mode else {}), **options} or None
         return inductor.compile_graph(gm, example_inputs, graph_id, self.tags.cell, wrap, notify, patches)

@@ -34,13 +34,11 @@ import torch
 
 from . import _core, config, cuda_events, modules, sites
 
-CAT_KERNEL = "kernel"
 _HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
 
 
-def _fused_nodes(gm: torch.fx.GraphModule, names: list) -> list:
-    by_name = {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
-    return [by_name[n] for n in names if n in by_name]
+def _nodes_by_name(gm: torch.fx.GraphModule) -> dict:
+    return {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
 
 
 def _aten_op(node: torch.fx.Node) -> Optional[str]:
@@ -59,20 +57,21 @@ def _source_node(node: torch.fx.Node) -> str:
     return origin[0].name if origin else node.name
 
 
-def kernel_args(gm: torch.fx.GraphModule, graph_id: int, kind: str, post_grad: list, with_metadata: bool,
-                comment: tuple = ((), ())) -> tuple[dict, tuple]:
-    """Static args of one kernel call site from the post-grad nodes it fused (or, without
-    them, from Inductor's comment: source nodes and ATen ops), and the module calls all
-    those ops ran in (outermost first): the kernel's ``module`` is the innermost."""
-    nodes = _fused_nodes(gm, post_grad)
+def kernel_args(by_name: dict, graph_id: int, kind: str, post_grad: list, with_metadata: bool,
+                comment: Callable[[], tuple]) -> tuple[dict, tuple]:
+    """Static args of one kernel call site from the post-grad nodes it fused (``by_name``:
+    the graph's nodes by name), or, without them, from Inductor's comment (``comment()``:
+    source nodes and ATen ops); and the module calls all those ops ran in (outermost
+    first): the kernel's ``module`` is the innermost."""
+    nodes = [by_name[n] for n in post_grad if n in by_name]
     args: dict[str, Any] = {
         "graph": graph_id, "kernel_type": kind,
         "aten_ops": list(dict.fromkeys(op for op in map(_aten_op, nodes) if op)),
         "source_nodes": list(dict.fromkeys(map(_source_node, nodes))),
     }
     if not nodes:
-        args["source_nodes"], args["aten_ops"] = list(comment[0]), list(comment[1])
-        nodes = _fused_nodes(gm, args["source_nodes"])
+        args["source_nodes"], args["aten_ops"] = comment()
+        nodes = [by_name[n] for n in args["source_nodes"] if n in by_name]
     # getitem only picks an output of a multi-output op (and has no module stack of its own)
     stack = _common_stack([sites.module_stack(n) for n in nodes if n.target is not operator.getitem])
     if stack and stack[-1][1]:
@@ -152,8 +151,8 @@ _COMMENT = re.compile(r"Source Nodes: \[(.*?)\], Original ATen: \[(.*?)\]")
 
 
 def _comment_provenance(lines: list, lineno: int) -> tuple[list, list]:
-    """(source nodes, ATen ops) from Inductor's comment just above a call line; used for
-    call sites the provenance mapping lacks (a cache entry written without it)."""
+    """(source nodes, ATen ops) from Inductor's comment just above a call line; used for a
+    call site whose provenance handle the mapping does not list."""
     i = lineno - 2
     while i >= 0 and lines[i].lstrip().startswith("#"):
         found = _COMMENT.search(lines[i])
@@ -220,10 +219,9 @@ class _Sites(ast.NodeTransformer):
         return node
 
 
-def _handles(source: str) -> list:
+def _handles(lines: list) -> list:
     """``(line number, kernel, "<kernel>:<handle>")`` of each provenance comment."""
-    return [(i, m.group(1), f"{m.group(1)}:{m.group(2)}")
-            for i, m in enumerate(map(_HANDLE.search, source.splitlines()), 1) if m]
+    return [(i, m.group(1), f"{m.group(1)}:{m.group(2)}") for i, m in enumerate(map(_HANDLE.search, lines), 1) if m]
 
 
 def _handle_of(handles: list, used: set, callee: str, expr: ast.expr, fdef: ast.FunctionDef) -> Optional[str]:
@@ -252,9 +250,9 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     if not isinstance(func, types.FunctionType) or func.__name__ != "call":
         raise TypeError(f"the compiled graph runs {type(current).__name__}, not a generated call function")
     source = compiled.source_code
-    handles = _handles(source)
-    mapping = json.loads(compiled.inductor_provenance_mapping_str or "{}").get("cppCodeToPost", {})
     lines = source.splitlines()
+    handles = _handles(lines)
+    mapping = json.loads(compiled.inductor_provenance_mapping_str or "{}").get("cppCodeToPost", {})
     tree = ast.parse(source)
     call_def = _find_call_def(tree)
     finder = _Sites({kernel for _, kernel, _ in handles})
@@ -263,18 +261,21 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
                  and finder.visit_function(d)]
     module_globals = func.__globals__
     namespace = dict(module_globals)
+    def graph_of(fdef):  # a subgraph function's provenance names nodes of the subgraph module of that name
+        sub = getattr(gm, fdef.name, None) if fdef is not call_def else None
+        return sub if isinstance(sub, torch.fx.GraphModule) else gm
+
+    by_name = {id(d): _nodes_by_name(graph_of(d)) for d in (call_def, *subgraphs)}
     used: set = set()
     stacks = []
     for name, callee, expr, fdef in finder.found:
         key = _handle_of(handles, used, callee, expr, fdef)
         target = _resolve(expr, module_globals)
         event, kind = _kernel_kind(callee, target)
-        # a subgraph function's provenance names nodes of the subgraph module of that name
-        sub = getattr(gm, fdef.name, None) if fdef is not call_def else None
-        args, stack = kernel_args(sub if isinstance(sub, torch.fx.GraphModule) else gm, graph_id, kind,
-                                  mapping.get(key, []), with_metadata, _comment_provenance(lines, expr.lineno))
+        args, stack = kernel_args(by_name[id(fdef)], graph_id, kind, mapping.get(key, []), with_metadata,
+                                  lambda: _comment_provenance(lines, expr.lineno))
         stacks.append(stack)
-        site = _core.intern_site(event, CAT_KERNEL, args)
+        site = _core.intern_site(event, sites.CAT_KERNEL, args)
         if device_timer is not None:
             target = device_timer.op(target, _core.CALL, event, args)
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
@@ -318,16 +319,15 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
-                  wrap: Callable[[Any, str, Callable[[], bool], dict], Any],
+                  wrap: Callable[[Any, str, dict], Any],
                   notify: Callable[[Any, Any, str], None], config_patches: Optional[dict] = None):
     """Compiles the Dynamo graph ``gm`` with Inductor, tracing each kernel call.
 
-    ``wrap(fn, phase, grad_fn, args)`` returns ``fn`` wrapped in the graph event;
+    ``wrap(fn, phase, args)`` returns ``fn`` wrapped in the graph event;
     ``notify(gm, inputs, phase)`` reports each AOT graph to ``on_graph``.
     """
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-    grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
     with_metadata, module_slices = config.get().inc_metadata, config.get().module_slices
 
     def inner_compile(aot_gm, inputs, **kwargs):
@@ -336,7 +336,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
         notify(aot_gm, inputs, phase)
         with _provenance(backward, aot_gm):
             compiled = compile_fx_inner(aot_gm, inputs, **kwargs)
-        grad_fn = torch.is_grad_enabled if backward else (lambda: True) if grad else (lambda: False)
         args = {"graph": graph_id, "level": "inductor"}
         timer = cuda_events.DeviceTimer(f"graph {graph_id} {phase}", graph_id) if cuda_events.wanted(inputs) else None
         try:
@@ -347,7 +346,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
         if compiled.current_callable is not None:
             # a graph whose kernels are not traced (a CUDA graph replay) still gets its device time
             call = compiled.current_callable if timer is None else timer.graph(compiled.current_callable)
-            compiled.current_callable = wrap(call, phase, grad_fn, args)
+            compiled.current_callable = wrap(call, phase, args)
         return compiled
 
     # An AOTAutograd cache hit would skip inner_compile; the FX graph cache below it

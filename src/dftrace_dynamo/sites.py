@@ -20,6 +20,7 @@ CAT_OP = "dynamo"
 CAT_GRAPH = "dynamo_graph"
 CAT_COMPILE = "dynamo_compile"
 CAT_MODULE = "module"
+CAT_KERNEL = "kernel"  # an Inductor kernel call (level="inductor")
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _ROOT_PATH = re.compile(r"""^L\[(['"])(?:self|fn)\1\]$""")  # Dynamo's names for the compiled module
