@@ -32,7 +32,9 @@ def register(subparsers):
                         "compiled code (inductor)")
     p.add_argument("--compile-all", action="store_true",
                    help="make every torch.compile() use the tracer, whatever backend the script "
-                        "chose (that backend is replaced: ops run eagerly and are all traced)")
+                        "chose (that backend is replaced: ops run eagerly and are all traced; with "
+                        "--level inductor, Inductor compiles them with the script's mode and options "
+                        "and every kernel call is traced)")
     p.add_argument("--keep-backend", action="store_true",
                    help="with --compile-all: keep the script's backend (e.g. inductor) and trace "
                         "one event per compiled-graph call instead of every op")
@@ -71,9 +73,7 @@ def _run_directory(parent, name):
 
 
 def _traces(directory):
-    if not os.path.isdir(directory):
-        return set()
-    return {os.path.join(root, n) for root, _, names in os.walk(directory) for n in names if ".pfw" in n}
+    return sorted(os.path.join(root, n) for root, _, names in os.walk(directory) for n in names if ".pfw" in n)
 
 
 def run(args):
@@ -99,13 +99,12 @@ def run(args):
     cmd = [sys.executable, "-m", "dftrace_dynamo.cli._launch"]
     if args.compile_all:
         cmd += ["--compile-all", args.level] + ["--keep-backend"] * args.keep_backend
-    before = _traces(out)
     child = subprocess.Popen([*cmd, *target, *args.argv], env=env)
     # Ctrl-C reaches the child from the terminal; let it decide, and wait for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     rc = child.wait()
-    new = sorted(_traces(out) - before)
+    new = _traces(out)  # the run's directory is new: everything in it is this run's
     if new:
         print(f"dftrace-dynamo run: run directory {out}: {len(new)} trace file(s):", file=sys.stderr)
         for path in new:
