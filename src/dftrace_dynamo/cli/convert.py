@@ -1,5 +1,8 @@
 """``dftrace-dynamo convert``: change compression, or write a strict JSON array."""
 
+from dftrace_dynamo.traces.reader import TraceError
+from dftrace_dynamo.traces.validate import SPLIT_EVENTS
+
 from ._common import warn
 
 FORMATS = ("pfw", "json-array")
@@ -27,25 +30,26 @@ def register(subparsers):
     split.add_argument("--time", metavar="START:END", help="the events starting between START and END seconds "
                                                            "after the first event")
     split.add_argument("--max-events", type=int, metavar="N",
-                       help="every event, in parts of at most N events (8000000 loads well in the Perfetto UI)")
+                       help=f"every event, in parts of at most N events ({SPLIT_EVENTS} loads well in the Perfetto UI)")
     p.set_defaults(func=run)
 
 
 def _pair(text, sep, option, kind):
+    """``A<sep>B``, ``A<sep>`` (to the end) or, for steps (``sep`` "-"), ``A`` alone (one step)."""
     lo, mid, hi = text.partition(sep)
-    try:  # "A" alone (steps: one step), "A<sep>" (to the end), "A<sep>B"
-        pair = (kind(lo), kind(hi) if hi else float("inf") if mid else kind(lo)) if mid or sep == "-" else None
+    pair = None
+    try:
+        if hi:
+            pair = (kind(lo), kind(hi))
+        elif mid:
+            pair = (kind(lo), float("inf"))
+        elif sep == "-":
+            pair = (kind(lo), kind(lo))
     except ValueError:
-        pair = None
+        pass
     if pair is None or pair[0] > pair[1]:
-        _error(f"{option} {text!r}: expected A{sep}B with A <= B")
+        raise TraceError(f"{option} {text!r}: expected A{sep}B with A <= B")
     return pair
-
-
-def _error(message):
-    from dftrace_dynamo.traces.reader import TraceError
-
-    raise TraceError(message)
 
 
 def run_split(args, src):
@@ -53,9 +57,9 @@ def run_split(args, src):
 
     chosen = [o for o in ("steps", "time", "max_events") if getattr(args, o) is not None]
     if len(chosen) != 1:
-        _error("--split needs exactly one of --steps A-B, --time START:END, --max-events N")
+        raise TraceError("--split needs exactly one of --steps A-B, --time START:END, --max-events N")
     if args.max_events is not None and args.max_events < 1:
-        _error("--max-events must be at least 1")
+        raise TraceError("--max-events must be at least 1")
     steps = _pair(args.steps, "-", "--steps", int) if args.steps else None
     window = _pair(args.time, ":", "--time", float) if args.time else None
     parts, warnings = split(src, args.output, steps, window, args.max_events, args.force)
@@ -68,7 +72,7 @@ def run_split(args, src):
 
 def run(args):
     from dftrace_dynamo.traces.convert import convert
-    from dftrace_dynamo.traces.reader import TraceError, find_traces
+    from dftrace_dynamo.traces.reader import find_traces
 
     found = find_traces([args.input])
     if len(found) != 1:
@@ -76,7 +80,7 @@ def run(args):
     src = found[0]
     if args.split:
         return run_split(args, src)
-    if args.steps or args.time or args.max_events:
+    if args.steps or args.time or args.max_events is not None:
         raise TraceError("--steps, --time and --max-events go with --split")
     fmt = args.format or ("json-array" if ".json" in args.output.lower().rsplit("/", 1)[-1] else "pfw")
     events, warnings = convert(src, args.output, fmt == "json-array", args.force)

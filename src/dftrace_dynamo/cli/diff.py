@@ -5,6 +5,7 @@ import io
 import json
 import sys
 
+from ..traces.report import fmt_ms
 from ._common import progress_bar, warn
 
 FORMATS = ("table", "csv", "json")
@@ -31,17 +32,13 @@ def register(subparsers):
     p.set_defaults(func=run)
 
 
-def _ms(us):
-    return "-" if us is None else f"{us / 1e3:,.3f}"
-
-
 def _pct(x):
     return "new" if x is None else f"{100 * x:+.1f}%"
 
 
 def _side_text(st):
-    return (f"{_ms(st['median_us'])} ms [p25 {_ms(st['p25_us'])}, p75 {_ms(st['p75_us'])}, "
-            f"min {_ms(st['min_us'])}, max {_ms(st['max_us'])}] over {st['steps']} steps")
+    return (f"{fmt_ms(st['median_us'])} ms [p25 {fmt_ms(st['p25_us'])}, p75 {fmt_ms(st['p75_us'])}, "
+            f"min {fmt_ms(st['min_us'])}, max {fmt_ms(st['max_us'])}] over {st['steps']} steps")
 
 
 def to_table(result):
@@ -51,8 +48,8 @@ def to_table(result):
         noise = "within" if st["within_noise"] else "outside"
         out += [f"median step time: base {_side_text(st['base'])}",
                 f"                  new  {_side_text(st['new'])}",
-                f"change: {_ms(st['change_us'])} ms ({_pct(st['change'])}), {noise} the step-to-step noise "
-                f"(±{_ms(st['noise_us'])} ms)"]
+                f"change: {fmt_ms(st['change_us'])} ms ({_pct(st['change'])}), {noise} the step-to-step noise "
+                f"(±{fmt_ms(st['noise_us'])} ms)"]
     else:
         out.append("no step slices on both sides: times are totals per trace, noise unknown")
     unit = "ms/step" if result["per"] == "step" else "ms"
@@ -64,8 +61,8 @@ def to_table(result):
         mean = (lambda m: "-" if m is None else f"{m:,.2f}")
         note = "  (within noise)" if r["within_noise"] else ""
         return (f"{r['view']:<6}  {r['key'][:40]:<40}  {count(r['base_count_per_step']):>8}  "
-                f"{count(r['new_count_per_step']):>8}  {_ms(r['base_us_per_step']):>12}  "
-                f"{_ms(r['new_us_per_step']):>12}  {_ms(r['change_us']):>10}  {_pct(r['change']):>7}  "
+                f"{count(r['new_count_per_step']):>8}  {fmt_ms(r['base_us_per_step']):>12}  "
+                f"{fmt_ms(r['new_us_per_step']):>12}  {fmt_ms(r['change_us']):>10}  {_pct(r['change']):>7}  "
                 f"{mean(r['base_mean_us']):>10}  {mean(r['new_mean_us']):>10}{note}")
 
     for title, key in (("Grew most", "up"), ("Shrank most", "down"), ("Only in BASE", "only_base"),

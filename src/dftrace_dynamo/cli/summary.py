@@ -17,14 +17,15 @@ def register(subparsers):
                     "median, p90, max) and per-rank step times; warm-up steps (those that compiled or "
                     "recompiled, and those before the first step without compilation) are left out of every "
                     "statistic unless --include-warmup. Op statistics (count, total, mean, p50, p99, share "
-                    "of op time) count op events only (one executed FX node each). The header lists graphs "
+                    "of op time) count op events only (one executed FX node or Inductor kernel call each). The header lists graphs "
                     "compiled, graph breaks and recompiles with their reasons. Files of different runs are "
                     "refused unless --all-runs.")
     p.add_argument("traces", nargs="+", metavar="TRACE",
                    help="trace files (.pfw, .pfw.gz, .pfw.zst), directories or glob patterns")
     p.add_argument("--top", type=int, default=15, metavar="N", help="rows per view (default 15)")
     p.add_argument("--by", action="append", choices=VIEWS, metavar="VIEW",
-                   help=f"view to show, repeatable: {', '.join(VIEWS)} (default: all that have data)")
+                   help=f"view to show, repeatable: {', '.join(VIEWS)} (default: step when the traces have "
+                        "steps, the op views, kernel when there are kernel events)")
     p.add_argument("--module-depth", type=int, metavar="N",
                    help="group module paths by their first N components (layers.0.attn -> layers.0 with 2)")
     p.add_argument("--include-warmup", action="store_true",

@@ -1,13 +1,15 @@
 """``dftrace-dynamo validate``: will these traces load in Perfetto?"""
 
+from dftrace_dynamo.traces.validate import UI_MAX_EVENTS
+
 
 def register(subparsers):
     p = subparsers.add_parser(
         "validate", help="check traces against what Perfetto's JSON importer relies on",
         description="Checks each trace: valid JSON on every line, the first-bytes sniff, pid/tid "
                     "range, X events with dur that nest per thread, complete gzip/zstd members; warns when a file "
-                    "holds more events than the Perfetto web UI loads (16 M) and names the command that cuts it. "
-                    "Exit status 1 when a problem is found, 0 when all files are clean.")
+                    f"holds more events than the Perfetto web UI loads ({UI_MAX_EVENTS // 10**6} M) and names the "
+                    "command that cuts it. Exit status 1 when a problem is found, 0 when all files are clean.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files, directories or glob patterns")
     p.add_argument("--max-problems", type=int, default=20, metavar="N",
                    help="problems listed per file (default 20; all are counted)")

@@ -28,11 +28,6 @@ def _side(paths, include_warmup, progress):
     return result
 
 
-def _per_step(result):
-    steady = (result["steps"] or {}).get("steady")
-    return steady["steps"] if steady else None
-
-
 def _changes(base, new, n_base, n_new, noise):
     """Rows per (view, key) present on either side, with per-step times and the change."""
     rows = []
@@ -72,19 +67,18 @@ def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None):
     with ThreadPoolExecutor(2) as pool:
         sides = [pool.submit(_side, paths, include_warmup, progress) for paths in (base_paths, new_paths)]
         base, new = (side.result() for side in sides)
-    n_base, n_new = _per_step(base), _per_step(new)
-    per_step = bool(n_base and n_new)
-    b_st, n_st = (base["steps"] or {}).get("steady"), (new["steps"] or {}).get("steady")
-    noise = max(b_st["p75_us"] - b_st["p25_us"], n_st["p75_us"] - n_st["p25_us"]) if per_step else None
-    step = None
+    b_st, n_st = ((side["steps"] or {}).get("steady") for side in (base, new))
+    per_step = bool(b_st and n_st)
+    step = noise = None
     if per_step:
+        noise = max(b_st["p75_us"] - b_st["p25_us"], n_st["p75_us"] - n_st["p25_us"])
         change = n_st["median_us"] - b_st["median_us"]
         step = {"base": b_st, "new": n_st, "change_us": change,
                 "change": change / b_st["median_us"] if b_st["median_us"] else None,
                 "noise_us": noise, "within_noise": abs(change) <= noise}
-    rows = _changes(base, new, n_base if per_step else 1, n_new if per_step else 1, noise)
-    if per_step:
-        rows += _step_parts(b_st, n_st, noise)
+        rows = _changes(base, new, b_st["steps"], n_st["steps"], noise) + _step_parts(b_st, n_st, noise)
+    else:
+        rows = _changes(base, new, 1, 1, noise)
     both = [r for r in rows if r["only_in"] is None]
     return {
         "base": base_paths,

@@ -26,6 +26,11 @@ class TraceError(Exception):
     """Bad input: the message is one line for the user, no traceback."""
 
 
+def is_number(v):
+    """Whether a parsed JSON value is a number (``true``/``false`` are not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def find_traces(specs):
     """Files for command-line arguments: files, directories (searched
     recursively for ``*.pfw``, ``*.pfw.gz``, ``*.pfw.zst``) and glob patterns.

@@ -46,7 +46,7 @@ def headline(result):
     return line
 
 
-def _ms(us):
+def fmt_ms(us):
     return "-" if us is None else f"{us / 1e3:,.3f}"
 
 
@@ -63,12 +63,23 @@ def compile_lines(result):
     recompiles = sum(r["count"] for r in comp["recompiles"])
     if not (comp["graphs_compiled"] or breaks or recompiles):
         return []
-    out = [f"compiled: {comp['graphs_compiled']} graph{'s' * (comp['graphs_compiled'] != 1)}, "
-           f"{breaks} graph break{'s' * (breaks != 1)}, {recompiles} recompile{'s' * (recompiles != 1)}"]
+    return [f"compiled: {comp['graphs_compiled']} graph{'s' * (comp['graphs_compiled'] != 1)}, "
+            f"{breaks} graph break{'s' * (breaks != 1)}, {recompiles} recompile{'s' * (recompiles != 1)}",
+            *_break_lines(comp, full=False)]
+
+
+def _break_lines(comp, full):
+    """One line per graph break and recompile: where, how often, in which steps and why; ``full``
+    (the graphs view) adds the frame and the processes, and keeps up to 1000 characters of reason."""
+    out = []
     for what, entries in (("graph break", comp["graph_breaks"]), ("recompile", comp["recompiles"])):
         for e in entries:
-            steps = f", step {', '.join(map(str, e['steps']))}" if e["steps"] else ""
-            out.append(f"  {what} at {e['location']} ({e['count']}x{steps}): {_one_line(e['reason'])}")
+            steps = f", step{'s' * full} {', '.join(map(str, e['steps']))}" if e["steps"] else ""
+            if full:
+                out.append(f"  {what} at {e['location']} in {e['frame'] or '?'} ({e['count']}x{steps}; "
+                           f"{', '.join(e['processes'])}): {_one_line(e['reason'], 1000)}")
+            else:
+                out.append(f"  {what} at {e['location']} ({e['count']}x{steps}): {_one_line(e['reason'])}")
     return out
 
 
@@ -89,9 +100,9 @@ def step_lines(result):
     if st is None:
         out.append("  no steady-state step: every step is a warm-up step (--include-warmup shows them)")
     else:
-        out.append(f"  step time over {st['steps']} step{'s' * (st['steps'] != 1)}: min {_ms(st['min_us'])} ms, "
-                   f"median {_ms(st['median_us'])} ms, p90 {_ms(st['p90_us'])} ms, max {_ms(st['max_us'])} ms; "
-                   + ", ".join(f"{c} {_ms(st[f'{c}_mean_us'])}" for c in STEP_COLUMNS[1:])
+        out.append(f"  step time over {st['steps']} step{'s' * (st['steps'] != 1)}: min {fmt_ms(st['min_us'])} ms, "
+                   f"median {fmt_ms(st['median_us'])} ms, p90 {fmt_ms(st['p90_us'])} ms, max {fmt_ms(st['max_us'])} ms; "
+                   + ", ".join(f"{c} {fmt_ms(st[f'{c}_mean_us'])}" for c in STEP_COLUMNS[1:])
                    + f" ms on average, coverage {100 * st['coverage']:.1f}%")
     return out
 
@@ -104,7 +115,7 @@ def _step_table(result, top):
     shown = warm + steady[:top]
     out = [f"{'step':>8}  " + "  ".join(f"{c:>10}" for c in STEP_COLUMNS) + f"  {'coverage':>8}"]
     for r in sorted(shown, key=lambda r: r["step"]):
-        out.append(f"{r['step']:>8}  " + "  ".join(f"{_ms(r[f'{c}_us']):>10}" for c in STEP_COLUMNS)
+        out.append(f"{r['step']:>8}  " + "  ".join(f"{fmt_ms(r[f'{c}_us']):>10}" for c in STEP_COLUMNS)
                    + f"  {100 * r['coverage']:>7.1f}%" + (f"  warm-up: {r['warmup']}" if r["warmup"] else ""))
     if len(steady) > top:
         out.append(f"  ... {len(steady) - top} more steady-state steps (--top, or --format json for all)")
@@ -118,12 +129,12 @@ def _rank_table(result):
            f"  {'ops/step':>10}"]
     for r in ranks:
         out.append(f"{r['process']:<{width}}  {r['steps']:>6}  " + "  ".join(
-            f"{_ms(r.get(k)):>10}" for k in ("min_us", "median_us", "p90_us", "max_us", "ops_median_us")))
+            f"{fmt_ms(r.get(k)):>10}" for k in ("min_us", "median_us", "p90_us", "max_us", "ops_median_us")))
     spread = result["steps"]["rank_spread"]
     if spread:
-        out.append(f"slowest: {spread['slowest']}, {_ms(spread['spread_us'])} ms "
+        out.append(f"slowest: {spread['slowest']}, {fmt_ms(spread['spread_us'])} ms "
                    f"({100 * spread['spread']:.1f}%) above the fastest ({spread['fastest']}) in median step time")
-        out.append(f"straggler: {spread['straggler']}, {_ms(spread['straggler_ops_us'])} ms more time in ops "
+        out.append(f"straggler: {spread['straggler']}, {fmt_ms(spread['straggler_ops_us'])} ms more time in ops "
                    "per step (median) than the least busy rank; in a synchronous job the others wait for it")
     return out
 
@@ -134,13 +145,8 @@ def _graphs_table(result):
     for c in comp["compiles"]:
         where = f" at {c['location']}" if c["location"] else ""
         step = "" if c["step"] is None else f", step {c['step']}"
-        out.append(f"  compile {c['name']!r}{where}: {_ms(c['dur_us'])} ms ({c['process']}{step})")
-    for what, entries in (("graph break", comp["graph_breaks"]), ("recompile", comp["recompiles"])):
-        for e in entries:
-            steps = f", steps {', '.join(map(str, e['steps']))}" if e["steps"] else ""
-            out.append(f"  {what} at {e['location']} in {e['frame'] or '?'} ({e['count']}x{steps}; "
-                       f"{', '.join(e['processes'])}): {_one_line(e['reason'], 1000)}")
-    return out or ["  (no compile events)"]
+        out.append(f"  compile {c['name']!r}{where}: {fmt_ms(c['dur_us'])} ms ({c['process']}{step})")
+    return out + _break_lines(comp, full=True) or ["  (no compile events)"]
 
 
 def _special_view(result, view, top):

@@ -19,15 +19,11 @@ from array import array
 
 import numpy as np
 
-from .convert import lost_notes
-from .reader import EventLines, TraceError, check_trace
+from .convert import lost_notes, prepare_output
+from .reader import EventLines, TraceError, check_trace, is_number
 from .writer import TraceWriter
 
 ALL = -1  # copied into every part
-
-
-def _number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _scan(src):
@@ -38,10 +34,10 @@ def _scan(src):
     lines = EventLines(src)
     for _, _, ev in lines:
         t, d = ev.get("ts"), ev.get("dur")
-        meta = ev.get("ph") == "M" or (ev.get("name") == "start" and ev.get("cat") == "dftracer") or not _number(t)
+        meta = ev.get("ph") == "M" or (ev.get("name") == "start" and ev.get("cat") == "dftracer") or not is_number(t)
         everywhere.append(meta)
-        t = float(t) if _number(t) else 0.0
-        d = float(d) if ev.get("ph") == "X" and _number(d) and d >= 0 else 0.0
+        t = float(t) if is_number(t) else 0.0
+        d = float(d) if ev.get("ph") == "X" and is_number(d) and d >= 0 else 0.0
         ts.append(t)
         end.append(t + d)
         thread.append(threads.setdefault((ev.get("pid"), ev.get("tid")), len(threads)))
@@ -122,12 +118,7 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
         n_parts = 1
         if not (part_of_group == 0).any():
             raise TraceError(f"{src}: no events start in the selected window")
-    paths = _part_names(src, out_dir, label, n_parts)
-    for p in paths:
-        if os.path.exists(p):
-            if not force:
-                raise TraceError(f"output {p} exists (use --force to overwrite)")
-            os.unlink(p)
+    paths = [prepare_output(p, [src], force) for p in _part_names(src, out_dir, label, n_parts)]
     target = np.where(group == ALL, ALL, part_of_group[np.maximum(group, 0)] if len(starts) else ALL)
     writers = [TraceWriter(p) for p in paths]
     again = EventLines(src)

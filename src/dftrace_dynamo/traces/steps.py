@@ -23,6 +23,8 @@ that contains its start; outside every slice, to its ``args.step``.
 import bisect
 import statistics
 
+from . import compiles
+
 WARMUP_RULE = ("warm-up steps: those in which something compiled (Dynamo compile, recompile, "
                "backend or lazy backward compile) and those before the first step without compilation")
 CATEGORIES = ("data", "forward", "backward", "optimizer", "other")
@@ -65,8 +67,7 @@ def _compiled_steps(slices, records):
         i = bisect.bisect_right(spans, (r["ts"], float("inf"), float("inf"))) - 1
         step = spans[i][2] if i >= 0 and r["ts"] < spans[i][1] else r["step"]
         if step is not None:
-            kind = r.get("kind") or ("recompile" if r["name"] == "recompile" else "compile")
-            out.setdefault((r["file"], r["pid"]), {}).setdefault(step, set()).add(kind)
+            out.setdefault((r["file"], r["pid"]), {}).setdefault(step, set()).add(compiles.kind_of(r))
     return out
 
 
@@ -87,7 +88,7 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
     """The step analysis. ``slices``: (file, pid, tid, step, ts, dur) of step
     slices; ``parts``: (file, pid, step, kind, is_backward_phase, total dur);
     ``records``: compile records (dicts with file, pid, ts, step, kind, name);
-    ``kind_names``: kind -> "graph", "data", "backward", "optimizer"."""
+    ``kind_names``: kind -> "graph", "data", "backward", "optimizer", "ops"."""
     wall = {}
     for file, pid, _, step, _, dur in slices:
         key = (file, pid, step)
@@ -103,10 +104,12 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
         sums.setdefault(key, {}).setdefault(name, 0.0)
         sums[key][name] += total
     compiled = _compiled_steps(slices, records)
-    procs = sorted({(f, p) for f, p, _ in wall})
+    steps_of = {}
+    for f, p, s in sorted(wall):
+        steps_of.setdefault((f, p), []).append(s)
+    procs = list(steps_of)
     rows, warm_keys = [], []
-    for proc in procs:
-        proc_steps = sorted(s for f, p, s in wall if (f, p) == proc)
+    for proc, proc_steps in steps_of.items():
         reasons = _warmup(proc_steps, compiled.get(proc, {}))
         warm_keys += [(*proc, s) for s in reasons]
         for s in proc_steps:
@@ -151,9 +154,12 @@ def public(info, label):
     if stats:
         stats.update({f"{c}_mean_us": statistics.fmean(r[f"{c}_us"] for r in steady) for c in CATEGORIES})
         stats["coverage"] = statistics.fmean(r["coverage"] for r in steady)
+    used_rows = {proc: [] for proc in info["processes"]}
+    for r in info["rows"]:
+        if use(r):
+            used_rows[(r["file"], r["pid"])].append(r)
     ranks = []
-    for proc in info["processes"]:
-        own = [r for r in info["rows"] if (r["file"], r["pid"]) == proc and use(r)]
+    for proc, own in used_rows.items():
         row = dict(process=label(proc), **(series_stats([r["wall_us"] for r in own]) or {"steps": 0}))
         if own:  # time in ops: in a synchronous job every rank's step lasts as long as the slowest one's
             row["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)

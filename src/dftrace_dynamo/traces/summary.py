@@ -9,12 +9,12 @@ DuckDB cannot decompress (cut inside a gzip member or zstd frame) is decoded by
 :mod:`.reader` into a temporary plain file first, keeping what is readable.
 
 What counts as an *op event*: a complete event (``"ph":"X"``) of category
-``dynamo`` whose args carry a ``node`` (one executed FX node); traces written
-by pydftracer's Dynamo backend, which have no ``node``, count their
-``cat:"dynamo"`` events without a ``graph`` arg. Graph-call events
-(``cat:"dynamo_graph"``), compile events (``cat:"dynamo_compile"``), step
-structure (``step``, ``data``, ``backward``, ``optimizer``), module slices,
-kernels, ``start``/``end`` and metadata are not ops; graph calls and compile
+``dynamo`` whose args carry a ``node`` (one executed FX node), or of category
+``kernel`` (one Inductor kernel call); traces written by pydftracer's Dynamo
+backend, which have no ``node``, count their ``cat:"dynamo"`` events without a
+``graph`` arg. Graph-call events (``cat:"dynamo_graph"``), compile events
+(``cat:"dynamo_compile"``), step structure (``step``, ``data``, ``backward``,
+``optimizer``), module slices, ``start``/``end`` and metadata are not ops; graph calls and compile
 events are reported in the totals (compile time counts only compile events not
 nested in another one of the same thread).
 
@@ -92,7 +92,7 @@ def _pieces(path, kind, directory):
     return pieces
 
 
-def _source_sql(sources, columns=_COLUMNS):
+def _source_sql(sources):
     """UNION ALL of one read_json per (layout, compression) group of files."""
     groups = {}
     for src, _, layout, comp, _ in sources:
@@ -102,7 +102,7 @@ def _source_sql(sources, columns=_COLUMNS):
         fmt = "array" if layout == "array" else "newline_delimited"
         # hive_partitioning: the input index comes from the directory name file=N, for free
         parts.append(f"SELECT * FROM read_json(?, format='{fmt}', compression='{comp}', "
-                     f"ignore_errors=true, hive_partitioning=true, columns={columns})")
+                     f"ignore_errors=true, hive_partitioning=true, columns={_COLUMNS})")
         params.append(files)
     return " UNION ALL ".join(parts), params
 
@@ -129,7 +129,7 @@ SELECT * FROM (
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
            coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
-           CASE WHEN e.cat = '{CAT_COMPILE}' OR e.name = 'start' THEN to_json({info})::VARCHAR
+           CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = 'dftracer') THEN to_json({info})::VARCHAR
                 WHEN e.cat = '{kernels.CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR END AS extra
     FROM ({source_sql}) e
 ) WHERE kind IS NOT NULL
@@ -355,9 +355,9 @@ def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_
                         "(corrupt data? dftrace-dynamo validate lists them)")
     f_i, p_i = columns.index("file"), columns.index("pid")
     names = {(r[f_i], r[p_i]): r[-1] for r in group_rows(PROCESS_NAME, "process")}
-    labels = _process_labels(paths, [(r[f_i], r[p_i]) for r in group_rows(OP, "process")], names)
-    step_labels = _process_labels(paths, {(r["file"], r["pid"]) for r in records} | set(step_info["processes"]),
-                                  names)
+    # one label per process, for every view (the same name in two views means the same process)
+    labels = _process_labels(paths, {(r[f_i], r[p_i]) for r in group_rows(OP, "process")}
+                             | {(r["file"], r["pid"]) for r in records} | set(step_info["processes"]), names)
     result = {
         "files": list(paths),
         "runs": [{"run": r["label"], "files": [paths[i] for i in r["files"]]} for r in found],
@@ -368,8 +368,8 @@ def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_
         "graph_time_us": graph_time,
         "compile_events": len(records),
         "compile_time_us": _outer_time([(r["pid"], r["tid"], r["ts"], r["dur"]) for r in records]),
-        "compile": compiles.report(records, lambda r: step_labels[(r["file"], r["pid"])]),
-        "steps": steps.public(step_info, lambda key: step_labels[key]),
+        "compile": compiles.report(records, lambda r: labels[(r["file"], r["pid"])]),
+        "steps": steps.public(step_info, lambda key: labels[key]),
         "views": {},
         "warnings": warnings,
     }

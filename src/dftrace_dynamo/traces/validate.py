@@ -21,7 +21,7 @@ silently), a missing closing ``]``.
 import math
 from collections import defaultdict
 
-from .reader import EventLines
+from .reader import EventLines, is_number
 
 MAX_DEPTH = 512
 # The Perfetto web UI (v52, WASM trace processor, 4 GB address space) loaded a
@@ -34,10 +34,6 @@ _U32 = (1 << 32) - 1
 def _ns(us):
     """µs → ns the way Perfetto does it: ``x * 1000`` in double, rounded half away."""
     return us * 1000 if isinstance(us, int) else math.floor(us * 1000 + 0.5)
-
-
-def _number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 class Report:
@@ -71,9 +67,9 @@ def _check_event(report, lineno, ev, threads):
     if ev.get("ph") != "X":
         return
     ts, dur = ev.get("ts"), ev.get("dur")
-    if not _number(ts):
+    if not is_number(ts):
         report.problem(lineno, "X event without a numeric ts")
-    elif not _number(dur) or dur < 0:
+    elif not is_number(dur) or dur < 0:
         report.problem(lineno, "X event without a numeric dur >= 0 (Perfetto drops it)")
     else:
         start = _ns(ts)
