@@ -2,6 +2,7 @@
  * hand-written number formatting used per event by the writer. */
 #include "core.h"
 
+#include <float.h>
 #include <math.h>
 
 int dft_buf_grow(dft_buf *b, size_t extra) {
@@ -228,7 +229,8 @@ static int json_value(dft_buf *b, PyObject *v) {
     }
     if (PyFloat_Check(v)) {
         double x = PyFloat_AS_DOUBLE(v);
-        if (!isfinite(x)) /* JSON has no inf/nan */
+        /* JSON has no inf/nan; Perfetto (v52) reads a subnormal as 0: both as their text */
+        if (!isfinite(x) || (x != 0 && fabs(x) < DBL_MIN))
             return put_str_of(b, v);
         char *s = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
         if (!s)

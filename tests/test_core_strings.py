@@ -7,13 +7,14 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import perfetto_tp
 from dftrace_dynamo import _core
-from test_core_format import HHASH, closed_core, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
+from test_core_format import HHASH, closed_core, members, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
 
 SPECIAL = ["\\", "\\\\", '"', '\\"', "\x00", "\x01", "\x1f", "\x7f", "\n", "\t", "\ud800", "\udfff", "é", "😀",
            "\u2028", "a", " ", "{", "}", ":", ",", "[", "."]
@@ -34,14 +35,14 @@ def clean(s):
 
 
 def expected(v):
-    """A value as written (docs/format.rst): ints beyond int64 and non-finite
-    floats become strings, tuples lists, keys strings."""
+    """A value as written (docs/format.rst): ints beyond int64, non-finite and
+    subnormal floats become strings, tuples lists, keys strings."""
     if isinstance(v, bool) or v is None:
         return v
     if isinstance(v, int):
         return v if -2**63 <= v < 2**63 else str(v)
     if isinstance(v, float):
-        return v if math.isfinite(v) else str(v)
+        return v if math.isfinite(v) and (v == 0 or abs(v) >= sys.float_info.min) else str(v)
     if isinstance(v, str):
         return clean(v)
     if isinstance(v, dict):
@@ -145,11 +146,13 @@ def test_megabyte_strings_and_trailing_backslashes(tmp_path):
     big = "x" * (1 << 20)
     evs = [(big + "\\", "cat\\", "k\\", big + '"\\', "t\\"), ("\\", "\\\\", "\\", "\\", "\\\\"),
            ("a\\b", "c", "nested", {"x\\": ["\\", {"y": "\\"}], "n": [2**64, float("nan"), -0.0]}, 2**70),
-           ("f", "c", "long", 0.00011926341915623968, -1.2345678901234567e-05)]  # >18 digits in full
+           ("f", "c", "long", 0.00011926341915623968, -1.2345678901234567e-05),  # >18 digits in full
+           ("s", "c", "subnormal", 2.2250738585e-313, -5e-324),  # Perfetto would read 0
+           ("n", "c", "smallest normal", 2.2250738585072014e-308, -0.0)]
     path = record(tmp_path, evs)
     check_json(path, evs)
     check_perfetto(path, evs)
     check_validate(path)
     with open(path, "rb") as f:
-        raw = b"".join(__import__("test_core_format").members(f.read(), 1)).decode()
+        raw = b"".join(members(f.read(), 1)).decode()
     assert '"name":"a\\\\b"' in raw and '"cat":"cat\\u005c"' in raw  # only a final backslash as \u005c
