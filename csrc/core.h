@@ -150,7 +150,7 @@ extern _Atomic int dft_open_flag;
  * Both are read and written with the GIL held. */
 extern int dft_ops_on;
 /* Whether op-level events are recorded now: a file is open and the current
- * step is inside the step windows (one load and an and, on every op). */
+ * step is inside the step windows (two plain loads and an and, on every op). */
 static inline int dft_ops_recording(void) {
     return atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on;
 }

@@ -134,6 +134,8 @@ static int grow(void **p, size_t *cap, size_t need, size_t esize) {
         PyErr_NoMemory();
         return -1;
     }
+    /* new slots read as 0: a tags id whose state could not be set is never usable */
+    memset((char *)q + *cap * esize, 0, (c - *cap) * esize);
     *p = q;
     *cap = c;
     return 0;
@@ -553,7 +555,7 @@ static PyMethodDef methods[] = {
     {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,
      "log(name, cat, start_ns, end_ns, args=None, timed=False): one-off event; timed: the "
      "caller's own times, kept on the thread's \"(logged)\" track."},
-    {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now"},
+    {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now: records the closed (start_ns, site) spans; 0 when nothing is recorded"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
     {NULL, NULL, 0, NULL},
 };

@@ -70,7 +70,7 @@ def emit(kind: str, name: str, start_ns: int, end_ns: int, **fields) -> dict:
     """Writes one compile-side event and hands its record to the listeners."""
     args = {"kind": kind, **{k: v for k, v in fields.items() if v is not None}}  # kind: for summary's graphs view
     _core.log(name, CAT_COMPILE, start_ns, end_ns, args)
-    record = dict(args, kind=kind, name=name, start_ns=start_ns, end_ns=end_ns)
+    record = dict(args, name=name, start_ns=start_ns, end_ns=end_ns)
     for fn in list(_listeners):
         try:
             fn(record)

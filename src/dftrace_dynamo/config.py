@@ -150,10 +150,10 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
                        key=str.upper)
         data_dir = env.get("DFTRACER_DATA_DIR", "").strip()
         buffer_size = _size(env, "DFTRACER_WRITE_BUFFER_SIZE", DEFAULT_BUFFER_SIZE)
-        warning = None
-        if buffer_size > max_buffer_size():
+        warning, cap = None, max_buffer_size()
+        if buffer_size > cap:
             # more than the machine holds: every ring allocation would fail and drop every event
-            buffer_size = max_buffer_size()
+            buffer_size = cap
             warning = (f"DFTRACER_WRITE_BUFFER_SIZE={env['DFTRACER_WRITE_BUFFER_SIZE']!r} is more than this "
                        f"machine can hold; using {buffer_size >> 20}M (a quarter of its memory)")
         return Config(

@@ -286,7 +286,8 @@ def note_off() -> None:
 
 
 def enabled() -> bool:
-    """Whether events are being recorded right now."""
+    """Whether a trace file is open (its events are recorded unless writing it failed, which
+    has then been reported once)."""
     return _core.is_open()
 
 

@@ -75,10 +75,15 @@ def _recorded() -> int:
 def _begin(now: int) -> None:
     """The current step starts at ``now``: its number goes into every record; window on or off."""
     _state.start_ns = now
-    _core.set_step(_state.number)
-    _state.ops = config.step_selected(_state.windows, _state.number)
-    _core.set_ops_on(_state.ops)
+    _enter(_state.number)
     _state.recorded_at = _recorded()
+
+
+def _enter(number: int) -> None:
+    """Step ``number`` is the current one: every record carries it, its window decides ops."""
+    _core.set_step(number)
+    _state.ops = config.step_selected(_state.windows, number)
+    _core.set_ops_on(_state.ops)
 
 
 def _end(now: int) -> None:
@@ -168,8 +173,7 @@ def set_steps(spec: Optional[str]) -> None:
     with _lock:
         _state.windows, _state.windows_set = windows, True
         if _state.start_ns is not None and not _state.broken:
-            _state.ops = config.step_selected(windows, _state.number)
-            _core.set_ops_on(_state.ops)
+            _enter(_state.number)
 
 
 def name_step(number) -> None:
@@ -190,14 +194,7 @@ def name_step(number) -> None:
         _state.number = number
         _state.named = _state.start_ns is None
         if _state.start_ns is not None and not _state.broken:
-            _core.set_step(number)
-            _state.ops = config.step_selected(_state.windows, number)
-            _core.set_ops_on(_state.ops)
-
-
-def current() -> Optional[int]:
-    """The current step's number while a trace is open, else None."""
-    return _state.number if _state.start_ns is not None else None
+            _enter(number)
 
 
 # ---- patch points -------------------------------------------------------------
