@@ -17,6 +17,7 @@ import pytest
 import perfetto_tp
 from subproc import clean_env
 from test_core_format import members
+from tracefile import dftracer_validate
 
 CHILD = textwrap.dedent("""
     import json, resource, sys
@@ -82,8 +83,7 @@ def test_file_size_limit_cuts_back_to_whole_members(tmp_path, comp):
         assert perfetto_tp.error_stats(path) == []
         n = perfetto_tp.rows(path, "select count(*) as n from slice where name = 'r'")[0]["n"]
         assert n == kept
-        v = subprocess.run(["dftracer_validate", "--files", path], capture_output=True, text=True, timeout=120)
-        assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
+        dftracer_validate(path)
 
 
 @pytest.fixture
@@ -109,8 +109,7 @@ def test_full_disk_cuts_back_to_whole_members(tiny_tmpfs, tmp_path):
     shutil.copy(path, copy)
     assert perfetto_tp.error_stats(copy) == []
     assert perfetto_tp.rows(copy, "select count(*) as n from slice where name = 'r'")[0]["n"] == kept
-    v = subprocess.run(["dftracer_validate", "--files", str(copy)], capture_output=True, text=True, timeout=120)
-    assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
+    dftracer_validate(copy)
 
 
 DROP_CHILD = textwrap.dedent("""

@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 import perfetto_tp
 from dftrace_dynamo import _core
 from test_core_format import closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
+from tracefile import dftracer_validate
 
 BASE = 1_763_000_000_000_000_123  # epoch-sized ns, not on a µs boundary
 
@@ -166,9 +167,7 @@ def test_dftracer_utils_accept_gzip(tmp_path):
     objs = read_objects(path)
     non_meta = sum(o["ph"] != "M" for o in objs)
     assert non_meta == n + 2  # start + events + end
-    v = subprocess.run(["dftracer_validate", "--files", path], capture_output=True, text=True, timeout=120)
-    assert v.returncode == 0, v.stdout + v.stderr
-    assert "1 passed, 0 failed" in v.stdout
+    dftracer_validate(path)
     c = subprocess.run(["dftracer_event_count", "-d", str(d), "--index-dir", str(tmp_path / "idx"),
                         "--log-level", "off"], capture_output=True, text=True, timeout=120)
     assert c.returncode == 0, c.stderr

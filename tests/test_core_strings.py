@@ -5,16 +5,14 @@ given (see the escaping rules in docs/format.rst)."""
 
 import json
 import math
-import shutil
-import subprocess
 import sys
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import perfetto_tp
 from dftrace_dynamo import _core
 from test_core_format import HHASH, closed_core, members, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
+from tracefile import dftracer_validate
 
 SPECIAL = ["\\", "\\\\", '"', '\\"', "\x00", "\x01", "\x1f", "\x7f", "\n", "\t", "\ud800", "\udfff", "é", "😀",
            "\u2028", "a", " ", "{", "}", ":", ",", "[", "."]
@@ -125,12 +123,6 @@ def check_perfetto(path, evs):
                     assert a["i"] == int(v), (akey, v, a)
 
 
-def check_validate(path):
-    v = subprocess.run(["dftracer_validate", "--files", path], capture_output=True, text=True, timeout=120)
-    assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
-
-
-pytestmark = pytest.mark.skipif(shutil.which("dftracer_validate") is None, reason="dftracer-utils not installed")
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -139,7 +131,7 @@ def test_any_string_and_number_loads_everywhere(tmp_path_factory, evs):
     path = record(tmp_path_factory.mktemp("str"), evs)
     check_json(path, evs)
     check_perfetto(path, evs)
-    check_validate(path)
+    dftracer_validate(path)
 
 
 def test_megabyte_strings_and_trailing_backslashes(tmp_path):
@@ -152,7 +144,7 @@ def test_megabyte_strings_and_trailing_backslashes(tmp_path):
     path = record(tmp_path, evs)
     check_json(path, evs)
     check_perfetto(path, evs)
-    check_validate(path)
+    dftracer_validate(path)
     with open(path, "rb") as f:
         raw = b"".join(members(f.read(), 1)).decode()
     assert '"name":"a\\\\b"' in raw and '"cat":"cat\\u005c"' in raw  # only a final backslash as \u005c

@@ -5,6 +5,9 @@ import gzip
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import zstandard
 
@@ -33,3 +36,15 @@ def read_events(path):
 
 def traces(directory, pattern="*.pfw*"):
     return sorted(glob.glob(os.path.join(str(directory), pattern)))
+
+
+def dftracer_validate(path):
+    """dftracer-utils' validator must pass ``path``; skips the test where the tool is not
+    installed (it sits next to this interpreter when its venv is not activated)."""
+    import pytest
+
+    tool = shutil.which("dftracer_validate") or shutil.which("dftracer_validate", path=os.path.dirname(sys.executable))
+    if tool is None:
+        pytest.skip("dftracer-utils not installed")
+    v = subprocess.run([tool, "--files", str(path)], capture_output=True, text=True, timeout=300)
+    assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
