@@ -8,7 +8,8 @@ import torch
 
 import perfetto_tp
 from tracefile import read_events, traces
-from backend_support import MLP, Recorder, executed_nodes, run_py
+from backend_support import MLP, executed_nodes, run_py
+from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import _core, config, create_backend, cuda_events, instrument
 
 
@@ -29,8 +30,7 @@ class ClockEvent:
         return (other.t - self.t) / 1e6
 
 
-def test_device_events_nest_on_their_own_track(tmp_path):
-    rec = Recorder(tmp_path)
+def test_device_events_nest_on_their_own_track(rec):
     model = MLP()
     gm = torch.fx.symbolic_trace(model)
     timer = cuda_events.DeviceTimer("graph 99 forward", 99, event_type=ClockEvent)
@@ -74,19 +74,16 @@ def test_cuda_events_off_by_default():
     assert dataclasses.replace(config.load({})).cuda_events is False
 
 
-def test_inductor_kernels_get_device_events(tmp_path, monkeypatch):
+def test_inductor_kernels_get_device_events(rec, monkeypatch):
     """level="inductor": each kernel call is bracketed like an op, each graph call too."""
     monkeypatch.setattr(cuda_events, "wanted", lambda inputs: True)
     monkeypatch.setattr(torch.cuda, "Event", ClockEvent)
-    torch._dynamo.reset()
-    rec = Recorder(tmp_path)
     model = MLP()
     compiled = torch.compile(model, backend=create_backend(level="inductor"))
     x = torch.randn(2, 16)
     with torch.no_grad():
         for _ in range(2):
             compiled(x)
-    torch._dynamo.reset()
     path = rec.path()
     events = read_events(path)
     kernels = [e["name"] for e in events if e.get("cat") == "kernel"]

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 
 import perfetto_tp
-from backend_support import run_python
+from backend_support import graphs, ops, run_python
+from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from tracefile import dftracer_validate, read_events, traces
 
 SCRIPT = __file__.rsplit("/", 1)[0] + "/scripts/inductor_models.py"
@@ -39,17 +40,13 @@ def runs(tmp_path_factory):
 
 
 def kernels(events):
-    return [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
-
-
-def graph_calls(events):
-    return [e for e in events if e.get("cat") == "dynamo_graph" and e.get("ph") == "X"]
+    return ops(events, "kernel")
 
 
 def per_call(events):
     """{graph slice id: Counter of kernel names inside it} (kernels nested by time, same thread)."""
     out = {}
-    slices = graph_calls(events)
+    slices = graphs(events)
     for k in kernels(events):
         (g,) = [g for g in slices if g["tid"] == k["tid"] and g["ts"] <= k["ts"]
                 and k["ts"] + k["dur"] <= g["ts"] + g["dur"] + 1e-3 and g["args"]["graph"] == k["args"]["graph"]]
@@ -58,7 +55,7 @@ def per_call(events):
 
 
 def expected_calls(result, model):
-    """[(phase, Counter of kernel calls)] of each graph the generated code of ``model`` has."""
+    """A Counter of kernel calls per graph the generated code of ``model`` has."""
     return [collections.Counter(g["calls"]) for g in result["models"][model]]
 
 
@@ -67,17 +64,14 @@ def test_every_kernel_call_is_one_event_nested_in_its_graph(runs):
     events = read_events(path)
     calls = per_call(events)
     assert kernels(events) and all(calls.values())
-    seen = collections.Counter()
     for model in ("cnn", "bert", "mlp_pair"):
         for want in expected_calls(result, model):
-            matching = [c for g, c in calls.values() if c == want]
-            assert matching, (model, want)
-            seen[tuple(sorted(want.items()))] += 1
+            assert [c for g, c in calls.values() if c == want], (model, want)
     # every graph slice holds exactly the calls of one generated graph
     wanted = [dict(c) for m in result["models"] for c in expected_calls(result, m)]
     assert all(dict(c) in wanted for _, c in calls.values())
     # CNN: two training steps (forward + backward) and one inference call
-    phases = collections.Counter(g["args"]["phase"] for g in graph_calls(events))
+    phases = collections.Counter(g["args"]["phase"] for g in graphs(events))
     assert phases["forward"] >= 2 and phases["backward"] >= 2 and phases["inference"] >= 1
     kinds = {k["args"]["kernel_type"] for k in kernels(events)}
     assert {"cpp", "extern", "fallback"} <= kinds
@@ -240,7 +234,7 @@ def test_run_level_inductor_traces_kernels_with_metadata_and_guards_cpp_wrapper(
     assert "kernels are not traced, only the graph call" in p.stderr
     (path,) = traces(tmp_path, "*/*.pfw*")  # in the run's own directory
     events = read_events(path)
-    first, second = sorted(graph_calls(events), key=lambda g: g["ts"])
+    first, second = sorted(graphs(events), key=lambda g: g["ts"])
     assert first["args"]["level"] == "inductor" and first["args"]["kernels"] == 3
     assert "kernels" not in second["args"]
     ks = kernels(events)
@@ -265,13 +259,12 @@ def test_bad_level_option_is_one_clear_error():
     torch._dynamo.reset()
 
 
-def test_torch_cond_branch_kernels_are_traced_with_their_own_provenance(tmp_path):
+def test_torch_cond_branch_kernels_are_traced_with_their_own_provenance(rec):
     """Inductor generates each torch.cond branch as a function of its own, before call: its
     kernels are traced too, and provenance pairs each call site with the comment above it
     (not with the first comment naming the same kernel, which is a branch's)."""
     import torch
 
-    from backend_support import Recorder
     from dftrace_dynamo import create_backend
 
     class Branchy(torch.nn.Module):
@@ -285,9 +278,8 @@ def test_torch_cond_branch_kernels_are_traced_with_their_own_provenance(tmp_path
             z2 = self.b(z)
             return z2
 
-    torch._dynamo.reset()
     torch.manual_seed(0)
-    model, rec = Branchy(), Recorder(tmp_path)
+    model = Branchy()
     traced = torch.compile(model, backend=create_backend(level="inductor"))
     x = torch.randn(2, 4).abs()
     with torch.no_grad():
@@ -295,9 +287,8 @@ def test_torch_cond_branch_kernels_are_traced_with_their_own_provenance(tmp_path
         torch._dynamo.reset()
         plain = torch.compile(model, backend="inductor")
         assert all(torch.equal(o, plain(v)) for o, v in zip(outs, (x, -x)))
-    torch._dynamo.reset()
     events = read_events(rec.path())
-    first, second = sorted(graph_calls(events), key=lambda g: g["ts"])
+    first, second = sorted(graphs(events), key=lambda g: g["ts"])
     assert first["args"]["kernels"] == 7  # 3 in call, 2 per branch
 
     def inside(g):
