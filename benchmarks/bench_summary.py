@@ -14,6 +14,7 @@ time, CPU time, load average).
 """
 
 import argparse
+import functools
 import os
 import resource
 import statistics
@@ -43,29 +44,32 @@ def step_trace(ops, directory, name, *extra):
     return path
 
 
+def flat_traces(ops, directory, suffix, files):
+    """A tracegen trace of ``ops`` events in ``files`` rank files (cached)."""
+    paths = [os.path.join(directory, f"trace-{ops}-rank{r}-of{files}{suffix}") for r in range(files)]
+    for rank, path in enumerate(paths):
+        if not os.path.exists(path):
+            print(f"writing {path}", file=sys.stderr)
+            partial = os.path.join(directory, "partial-" + os.path.basename(path))  # same suffix
+            tracegen.write(partial, ops // files, pid=1000 + rank, rank=rank if files > 1 else None)
+            os.rename(partial, path)
+    return paths
+
+
 def variants(ops, directory, only=None):
-    """name -> (subcommand and arguments, trace files), written once."""
+    """name -> (subcommand and arguments, trace files) of the variants whose name holds
+    ``only`` (all without it); only their traces are written, once."""
     os.makedirs(directory, exist_ok=True)
-    out = {}
-    for name, suffix, files in (("1 file, gzip", ".pfw.gz", 1), ("8 rank files, gzip", ".pfw.gz", 8),
-                                ("1 file, zstd", ".pfw.zst", 1)):
-        if only and only not in name:
-            continue
-        paths = [os.path.join(directory, f"trace-{ops}-rank{r}-of{files}{suffix}") for r in range(files)]
-        for rank, path in enumerate(paths):
-            if not os.path.exists(path):
-                print(f"writing {path}", file=sys.stderr)
-                partial = os.path.join(directory, "partial-" + os.path.basename(path))  # same suffix
-                tracegen.write(partial, ops // files, pid=1000 + rank, rank=rank if files > 1 else None)
-                os.rename(partial, path)
-        out[name] = (["summary"], paths)
-    if only and only not in "steps, diff":
-        return out
-    base = step_trace(ops, directory, "base", "--seed", "1")
-    new = step_trace(ops, directory, "new", "--seed", "2", "--slow", "0-999999:1")
-    out["steps, 1 file, gzip (step view)"] = (["summary"], [base])
-    out["diff of 2 step traces, gzip"] = (["diff"], [base, new])
-    return out
+    base = functools.partial(step_trace, ops, directory, "base", "--seed", "1")
+    new = functools.partial(step_trace, ops, directory, "new", "--seed", "2", "--slow", "0-999999:1")
+    makers = {
+        "1 file, gzip": (["summary"], lambda: flat_traces(ops, directory, ".pfw.gz", 1)),
+        "8 rank files, gzip": (["summary"], lambda: flat_traces(ops, directory, ".pfw.gz", 8)),
+        "1 file, zstd": (["summary"], lambda: flat_traces(ops, directory, ".pfw.zst", 1)),
+        "steps, 1 file, gzip (step view)": (["summary"], lambda: [base()]),
+        "diff of 2 step traces, gzip": (["diff"], lambda: [base(), new()]),
+    }
+    return {name: (command, make()) for name, (command, make) in makers.items() if not only or only in name}
 
 
 def run(command, paths):
@@ -90,8 +94,6 @@ def main():
     a = ap.parse_args()
     rows = []
     for name, (command, paths) in variants(a.ops, a.dir, a.only).items():
-        if a.only and a.only not in name:
-            continue
         size = sum(os.path.getsize(p) for p in paths) / 2**20
         load = os.getloadavg()[0]
         runs = [run(command, paths) for _ in range(a.repeat)]

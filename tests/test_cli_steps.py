@@ -117,7 +117,7 @@ SLOW_LOOP = """
 
 
 def test_traced_training_loop_with_a_slow_module_in_steps_3_to_5(tmp_path):
-    sleep_s = 0.05
+    sleep_s = 0.2  # well above what load adds to the steps without it
     run_py(SLOW_LOOP % {"sleep": sleep_s}, tmp_path)
     (path,) = [str(p) for p in tmp_path.glob("loop*.pfw*")]
     result = summary_json(path)
