@@ -17,6 +17,7 @@ import argparse
 import copy
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -24,21 +25,22 @@ import torch.nn as nn
 
 import dftrace_dynamo
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_overhead import Tool, clock_call_ns, transformer  # noqa: E402
+
 
 def paired(traced, plain, call_args, blocks, per_block):
     """Median per-call (traced - plain) and median plain, in ns of process CPU time (the
     trace writer thread included; other jobs on a shared machine delay us but do not add)."""
     diffs, base = [], []
+    timer = Tool("timer", None)
     for f in (traced, plain):  # warm up
         for _ in range(3):
             f(*call_args)
     for b in range(blocks):
         t = {}
         for name, f in (("t", traced), ("p", plain)) if b % 2 == 0 else (("p", plain), ("t", traced)):
-            start = time.process_time_ns()
-            for _ in range(per_block):
-                f(*call_args)
-            t[name] = (time.process_time_ns() - start) / per_block
+            t[name] = timer.block(lambda: f(*call_args), per_block) / per_block
         diffs.append(t["t"] - t["p"])
         base.append(t["p"])
     return statistics.median(diffs), statistics.median(base)
@@ -48,18 +50,6 @@ def compile_pair(model):
     other = copy.deepcopy(model)
     return (torch.compile(model, backend="dftrace", options={"level": "inductor"}),
             torch.compile(other, backend="inductor"))
-
-
-def transformer(kind, batch, seq):
-    if kind == "bert":
-        from transformers import BertConfig, BertModel
-
-        model, vocab = BertModel(BertConfig()), 30522
-    else:
-        from transformers import GPT2Config, GPT2Model
-
-        model, vocab = GPT2Model(GPT2Config()), 50257
-    return model.eval(), torch.randint(0, vocab, (batch, seq))
 
 
 class Chain(nn.Module):
@@ -117,10 +107,7 @@ def main():
     dftrace_dynamo.initialize_log(os.environ.get("DFTRACER_LOG_FILE", "/tmp/bench_inductor/trace"))
     cases = args.cases.split(",")
     # how loaded the machine is: one perf_counter_ns() call costs about 50 ns on this machine idle
-    start = time.perf_counter_ns()
-    for _ in range(100_000):
-        time.perf_counter_ns()
-    clock = (time.perf_counter_ns() - start) / 100_000
+    clock = clock_call_ns(100_000)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}, "
           f"perf_counter_ns() {clock:.0f} ns")
     with torch.no_grad():

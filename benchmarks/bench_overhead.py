@@ -47,14 +47,15 @@ class DeepMLP(torch.nn.Module):
         return self.layers(x)
 
 
-def _transformer(kind):
+def transformer(kind, batch=1, seq=64):
+    """BERT-base or GPT-2 small (random weights) in eval mode, and token ids of ``batch`` x ``seq``."""
     import transformers as tf
 
     if kind == "bert":
         model = tf.BertModel(tf.BertConfig())  # bert-base, random weights
     else:
         model = tf.GPT2Model(tf.GPT2Config())  # gpt-2 small, random weights
-    return model.eval(), torch.randint(0, 1000, (1, 64))
+    return model.eval(), torch.randint(0, 1000, (batch, seq))
 
 
 def workload(name):
@@ -64,7 +65,7 @@ def workload(name):
         return elem_fn, (torch.randn(8, 8),), False, 20
     if name in ("mlp", "mlp_train"):
         return DeepMLP(), (torch.randn(8, 64),), name == "mlp_train", 10
-    model, ids = _transformer(name)
+    model, ids = transformer(name)
     return model, (ids,), False, 1
 
 
