@@ -13,7 +13,7 @@ import pytest
 
 import perfetto_tp
 from backend_support import run_py, run_torchrun
-from scripts.clitools import assert_bad_input, cli
+from scripts.clitools import assert_bad_input, cli, summary_json
 from subproc import clean_env
 from tracefile import read_events
 
@@ -30,12 +30,6 @@ def stepgen(prefix, *args, env=None):
     return p.stdout.strip()
 
 
-def summary_json(*args):
-    p = cli("summary", "--format", "json", "--top", "100", *args)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory):
     """12 steps; step 0 compiles (with a graph break), step 8 recompiles, layers.1 costs 20 ms more in steps 3-5."""
@@ -44,7 +38,7 @@ def loop(tmp_path_factory):
 
 
 def test_step_view_splits_each_step_and_leaves_warmup_out(loop):
-    result = summary_json(loop)
+    result = summary_json(loop)[0]
     steps = result["steps"]
     rows = {r["step"]: r for r in steps["rows"]}
     assert sorted(rows) == list(range(12))
@@ -73,7 +67,7 @@ def test_step_view_splits_each_step_and_leaves_warmup_out(loop):
     assert st["max_us"] > st["median_us"] + SLOW_MS * 900 > st["median_us"]  # 3 of 10 steps slow: p90 sees them
     # every statistic leaves the warm-up steps out: 24 ops per step, 10 steady steps
     assert result["op_events"] == 240
-    assert summary_json(loop, "--include-warmup")["op_events"] == 288
+    assert summary_json(loop, "--include-warmup")[0]["op_events"] == 288
     assert max(r["total_us"] for r in result["views"]["op"]) < 100_000  # no compile-time op in the means
 
 
@@ -120,7 +114,7 @@ def test_traced_training_loop_with_a_slow_module_in_steps_3_to_5(tmp_path):
     sleep_s = 0.2  # well above what load adds to the steps without it
     run_py(SLOW_LOOP % {"sleep": sleep_s}, tmp_path)
     (path,) = [str(p) for p in tmp_path.glob("loop*.pfw*")]
-    result = summary_json(path)
+    result = summary_json(path)[0]
     steps = result["steps"]
     assert steps["warmup_steps"] == [{"step": 0, "reason": "compiled"}]  # forward, backward compiled
     rows = {r["step"]: r for r in steps["rows"]}
@@ -135,12 +129,12 @@ def test_traced_training_loop_with_a_slow_module_in_steps_3_to_5(tmp_path):
     # the op views leave step 0 out
     ops = [e for e in read_events(path) if e.get("cat") == "dynamo" and "node" in e.get("args", {})]
     assert result["op_events"] == len([e for e in ops if e["args"]["step"] != 0]) > 0
-    with_warmup = summary_json("--include-warmup", path)
+    with_warmup = summary_json("--include-warmup", path)[0]
     assert with_warmup["op_events"] == len(ops) and with_warmup["steps"]["steady"]["steps"] == 10
 
 
 def test_step_view_with_warmup_included(loop):
-    steps = summary_json(loop, "--include-warmup")["steps"]
+    steps = summary_json(loop, "--include-warmup")[0]["steps"]
     assert steps["include_warmup"] and steps["steady"]["steps"] == 12
     assert steps["steady"]["max_us"] == max(r["wall_us"] for r in steps["rows"])  # step 0 compiled: slowest
 
@@ -163,7 +157,7 @@ def test_table_header_lists_compiles_breaks_and_recompiles(loop):
 
 
 def test_compile_document(loop):
-    comp = summary_json(loop)["compile"]
+    comp = summary_json(loop)[0]["compile"]
     assert comp["graphs_compiled"] == 1
     assert [(b["reason"], b["location"], b["steps"]) for b in comp["graph_breaks"]] == [
         ("Unsupported: builtin print", "train.py:57", [0])]
@@ -207,7 +201,7 @@ def test_traces_without_steps_keep_working(tmp_path):
     from scripts import tracegen
 
     trace = tracegen.write(tmp_path / "old.pfw.gz", 500)
-    result = summary_json(trace)
+    result = summary_json(trace)[0]
     assert result["steps"] is None and result["op_events"] == 500
     table = cli("summary", trace, "--by", "step", "--by", "op").stdout
     assert "(no step slices in these traces)" in table and "Top ops by total time" in table
@@ -282,9 +276,9 @@ def test_two_runs_land_in_two_directories_and_are_not_mixed(tmp_path):
     assert [s["args"]["run_id"] for s in starts] == [d.name for d in dirs]
     line = assert_bad_input(cli("summary", tmp_path), "2 different runs", "--all-runs")
     assert f"run {dirs[0].name}" in line and f"run {dirs[1].name}" in line
-    one = summary_json(dirs[0])
+    one = summary_json(dirs[0])[0]
     assert one["op_events"] > 0 and len(one["runs"]) == 1
-    both = summary_json(tmp_path, "--all-runs")
+    both = summary_json(tmp_path, "--all-runs")[0]
     assert both["op_events"] == 2 * one["op_events"]
 
 
@@ -327,7 +321,7 @@ def test_rank_view_on_a_two_rank_torchrun_trace(tmp_path):
     script = tmp_path / "train_ddp.py"
     script.write_text(textwrap.dedent(RANK_SCRIPT))
     run_torchrun(script, tmp_path, tmp_path / "ddp")
-    result = summary_json(*sorted(tmp_path.glob("ddp-*.pfw*")))
+    result = summary_json(*sorted(tmp_path.glob("ddp-*.pfw*")))[0]
     steps = result["steps"]
     assert [r["process"].split()[0:2] for r in steps["ranks"]] == [["rank", "0"], ["rank", "1"]]
     assert all(r["steps"] >= 4 for r in steps["ranks"])  # step 0 (and 1 if it compiled backward) is warm-up
@@ -343,7 +337,7 @@ def test_rank_view_names_the_slowest_rank(tmp_path):
     job = {"DFTRACER_RUN_ID": "job-1"}  # one run: the two ranks' files carry the same run id
     stepgen(tmp_path / "r", "--steps", 10, "--rank", 0, env=job)
     stepgen(tmp_path / "r", "--steps", 10, "--rank", 1, "--slow", "0-99:3", env=job)
-    result = summary_json(tmp_path)
+    result = summary_json(tmp_path)[0]
     ranks = result["steps"]["ranks"]
     assert [r["process"].split(" (")[0] for r in ranks] == ["rank 0", "rank 1"]
     assert all(r["steps"] == 9 for r in ranks)
@@ -379,7 +373,7 @@ def test_real_graph_breaks_and_recompiles_are_listed(tmp_path):
     p = cli("run", "--out", tmp_path / "t", script)
     assert p.returncode == 0, p.stderr
     (run_dir,) = (tmp_path / "t").iterdir()
-    comp = summary_json(run_dir)["compile"]
+    comp = summary_json(run_dir)[0]["compile"]
     assert comp["graphs_compiled"] == 3  # f up to the print, the rest of f, the rest again for n == 3
     (brk,) = comp["graph_breaks"]
     assert brk["location"] == f"{script}:7" and "print" in brk["reason"] and brk["frame"] == "f"
@@ -421,7 +415,7 @@ def test_split_by_steps_and_time(loop, tmp_path):
     assert sorted({e["args"]["step"] for e in events if "step" in e.get("args", {})}) == [3, 4, 5]
     assert len([e for e in events if e.get("cat") == "step"]) == 3
     assert perfetto_tp.error_stats(part) == []
-    assert summary_json(part)["steps"]["steady"]["steps"] == 3
+    assert summary_json(part)[0]["steps"]["steady"]["steps"] == 3
     assert cli("convert", loop, "--split", "--time", "0:0.01", "-o", tmp_path).returncode == 0
     assert cli("convert", loop, "--split", "--steps", "10-", "-o", tmp_path).returncode == 0
     (tail,) = tmp_path.glob("*-steps-10-end.pfw.gz")

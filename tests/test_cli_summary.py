@@ -3,7 +3,6 @@
 import csv
 import fcntl
 import io
-import json
 import os
 import pty
 import shutil
@@ -15,16 +14,10 @@ from collections import defaultdict
 import pytest
 
 from scripts import tracegen
-from scripts.clitools import CLI, assert_bad_input, cli
+from scripts.clitools import CLI, assert_bad_input, cli, summary_json
 from tracefile import read_events
 
 OPS = 1000
-
-
-def summary_json(*args):
-    p = cli("summary", "--format", "json", "--top", "100", *args)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout), p.stderr
 
 
 def rounded(views):

@@ -1,5 +1,6 @@
 """Running the ``dftrace-dynamo`` command in the CLI tests."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -27,3 +28,10 @@ def assert_bad_input(p, *fragments):
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
+
+
+def summary_json(*args):
+    """``summary --format json`` of ``args``, which must succeed: (the document, stderr)."""
+    p = cli("summary", "--format", "json", "--top", "100", *args)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout), p.stderr
