@@ -2,15 +2,13 @@
 
 import glob
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.nn as nn
 
-from subproc import clean_env
+from subproc import python, run_python
 from tracefile import read_events, traces
 
 
@@ -76,18 +74,6 @@ def executed_nodes(gm):
             and not modules.is_span(n)]
 
 
-def _python(argv, cwd, env, timeout):
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=clean_env(env), capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def run_python(argv, cwd, env=None, timeout=300):
-    """Runs ``python *argv`` in ``cwd`` in ``subproc.clean_env(env)``; it must succeed."""
-    proc = _python(argv, cwd, env, timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
 # Gloo can abort a rank in C++ while it tears down at exit, after the job's work is done (a
 # known torch/gloo flake; our C extension has no C++ and cannot raise it): such a job runs again.
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
@@ -97,17 +83,17 @@ def run_torchrun(script, cwd, log_prefix, timeout=600):
     """``script`` as a 2-rank torchrun job on this host, tracing into ``log_prefix``-*."""
     argv = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)]
     env = {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(log_prefix), "OMP_NUM_THREADS": "1"}
-    proc = _python(argv, cwd, env, timeout)
+    proc = python(argv, cwd, env, timeout)
     if proc.returncode != 0 and GLOO_TEARDOWN_ABORT in proc.stderr:
         for path in glob.glob(f"{log_prefix}-*"):
             os.remove(path)
-        proc = _python(argv, cwd, env, timeout)
+        proc = python(argv, cwd, env, timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
 
 def run_py(code, cwd, env=None, timeout=300):
-    """Runs ``code`` in a fresh interpreter (see ``run_python``)."""
+    """Runs ``code`` in a fresh interpreter; it must succeed (``subproc.run_py`` when it may not)."""
     return run_python(["-c", textwrap.dedent(code)], cwd, env, timeout)
 
 

@@ -13,7 +13,19 @@ def clean_env(extra=None):
     return env
 
 
+def python(argv, cwd=None, env=None, timeout=300):
+    """Runs ``python *argv`` in ``cwd`` with ``clean_env(env)``; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=clean_env(env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_python(argv, cwd=None, env=None, timeout=300):
+    """:func:`python`, which must succeed."""
+    proc = python(argv, cwd, env, timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
 def run_py(code, cwd, env=None, timeout=300):
     """Runs the (dedented) ``code`` with ``python -c`` in ``cwd``; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=clean_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    return python(["-c", textwrap.dedent(code)], cwd, env, timeout)

@@ -4,8 +4,6 @@ are written by the real C writer (tests/scripts/stepgen.py) and by real traced t
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -14,7 +12,7 @@ import pytest
 import perfetto_tp
 from backend_support import run_py, run_torchrun
 from scripts.clitools import assert_bad_input, cli, summary_json
-from subproc import clean_env
+from subproc import run_python
 from tracefile import read_events
 
 STEPGEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "stepgen.py")
@@ -24,10 +22,7 @@ SLOW_MS = 20
 
 def stepgen(prefix, *args, env=None):
     """Writes a step-structured trace through _core; returns its path."""
-    p = subprocess.run([sys.executable, STEPGEN, str(prefix), *map(str, args)], capture_output=True, text=True,
-                       env=clean_env(env), timeout=300)
-    assert p.returncode == 0, p.stderr
-    return p.stdout.strip()
+    return run_python([STEPGEN, str(prefix), *map(str, args)], env=env).stdout.strip()
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import perfetto_tp
-from subproc import clean_env
+from subproc import run_python
 from test_core_format import members
 from tracefile import dftracer_validate
 
@@ -40,10 +39,7 @@ MESSAGE = re.compile(r"^dftrace_dynamo: cannot write the trace file (\S+): (.+);
 
 
 def run_child(prefix, comp, limit):
-    env = clean_env({"DFTRACER_TRACE_COMPRESSION": str(comp)})
-    out = subprocess.run([sys.executable, "-W", "error", "-c", CHILD, prefix, str(limit)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    out = run_python(["-W", "error", "-c", CHILD, prefix, str(limit)], env={"DFTRACER_TRACE_COMPRESSION": str(comp)})
     assert out.stdout.startswith("still running"), out.stdout
     lines = out.stderr.splitlines()
     assert len(lines) == 1, out.stderr
@@ -125,9 +121,7 @@ DROP_CHILD = textwrap.dedent("""
 
 def test_dropped_events_are_reported_on_stderr(tmp_path):
     path = str(tmp_path / "d.pfw.gz")
-    out = subprocess.run([sys.executable, "-W", "error", "-c", DROP_CHILD, path], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = run_python(["-W", "error", "-c", DROP_CHILD, path], timeout=60)
     assert out.stdout.strip() == str({"num_events": 0, "dropped": 100, "path": path})
     assert out.stderr.splitlines() == [
         f"dftrace_dynamo: the trace file {path} misses 100 events that could not be buffered (out of memory)"]

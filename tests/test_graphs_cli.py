@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from scripts.clitools import assert_bad_input, cli
-from subproc import clean_env
+from subproc import python
 
 pytest.importorskip("transformers")
 
@@ -133,8 +133,7 @@ def test_graph_without_graphviz_and_code_export(bert_json, tmp_path):
 def test_conflicting_options_fail_fast_without_building_the_model(args, fragment):
     code = ("import sys; from dftrace_dynamo.cli import main; rc = main(sys.argv[1:]); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(rc)")
-    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=clean_env(None),
-                       timeout=300)
+    p = python(["-c", code, *args])
     assert_bad_input(p, fragment)
     assert p.stdout.strip() == "[]"  # checked before torch, transformers or the model load
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import perfetto_tp
-from subproc import clean_env, run_py
+from subproc import clean_env, run_py, run_python
 from tracefile import read_events, read_lines, traces
 
 
@@ -337,9 +337,7 @@ def test_secret_options_are_redacted_from_the_command_line(tmp_path):
     script.write_text("from dftrace_dynamo import dftracer\ndftracer.initialize_log('r').finalize()\n")
     args = ["--api-key=sk-live-123", "--password", "hunter3", "--Auth_Token", "tok-9", "db.secret=s3cr3t",
             "--lr", "0.1", "--credentials-file=/home/u/creds.json", "--passwd=", "--keyfile", "--verbose", "data"]
-    p = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=clean_env(), capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    p = run_python([str(script), *args], tmp_path, timeout=120)
     (path,) = traces(tmp_path)
     text = read_lines(path)
     for secret in ("sk-live-123", "hunter3", "tok-9", "s3cr3t", "creds.json"):

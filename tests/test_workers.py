@@ -3,13 +3,11 @@ fork, forkserver and spawn start methods (their children end with os._exit, or
 are terminated with SIGTERM by Pool.terminate())."""
 
 import collections
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from subproc import clean_env
+from subproc import run_python
 from tracefile import read_events, read_lines, traces
 
 # Workers record `region`s named after the process model; the main module
@@ -80,9 +78,7 @@ SCRIPT = """
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_every_worker_event_is_written_and_every_file_closed(tmp_path, method):
     (tmp_path / "main.py").write_text(textwrap.dedent(SCRIPT))
-    p = subprocess.run([sys.executable, "main.py", method], cwd=tmp_path, env=clean_env(), capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    p = run_python(["main.py", method], tmp_path, timeout=600)
     assert "exit codes [0, 0]" in p.stdout
     totals, per_file = collections.Counter(), []
     for path in traces(tmp_path):
@@ -142,9 +138,7 @@ GLOBAL_LOADER = """
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_dataloader_workers_alive_at_exit_keep_their_events(tmp_path, method):
     (tmp_path / "main.py").write_text(textwrap.dedent(GLOBAL_LOADER))
-    p = subprocess.run([sys.executable, "main.py", method], cwd=tmp_path, env=clean_env(), capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    p = run_python(["main.py", method], tmp_path, timeout=600)
     items = collections.defaultdict(list)
     for path in traces(tmp_path):
         events = read_events(path)
