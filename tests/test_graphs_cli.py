@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -133,9 +134,12 @@ def test_graph_without_graphviz_and_code_export(bert_json, tmp_path):
 def test_conflicting_options_fail_fast_without_building_the_model(args, fragment):
     code = ("import sys; from dftrace_dynamo.cli import main; rc = main(sys.argv[1:]); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(rc)")
+    start = time.monotonic()
     p = python(["-c", code, *args])
+    elapsed = time.monotonic() - start
     assert_bad_input(p, fragment)
     assert p.stdout.strip() == "[]"  # checked before torch, transformers or the model load
+    assert elapsed < 2.0, elapsed
 
 
 def bad_json(tmp_path, **values):
