@@ -36,9 +36,19 @@ def _subcommand(name):
         raise
 
 
+def _version():
+    # the installed distribution's version; importing the package would import torch
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("dftrace-dynamo")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser():
     parser = Parser(prog="dftrace-dynamo",
                     description="Trace torch.compile'd models op by op and analyse the .pfw traces.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                        parser_class=Parser)
     for name in SUBCOMMANDS:

@@ -45,6 +45,19 @@ def compile_all(level, keep_backend):
     torch.compile = traced_compile
 
 
+def _is_launcher(frame):
+    name = frame.f_code.co_filename
+    return name in (__file__, runpy.__file__) or name.startswith("<frozen runpy>")
+
+
+def _user_frames_only(hook, kind, exc, tb):
+    """An uncaught exception's traceback as ``python script.py`` shows it: the launcher's
+    frames (this module, runpy) before the script's first frame are left out."""
+    while tb is not None and _is_launcher(tb.tb_frame):
+        tb = tb.tb_next
+    hook(kind, exc.with_traceback(tb) if exc is not None else exc, tb)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="dftrace_dynamo.cli._launch")
     ap.add_argument("--compile-all", metavar="LEVEL")
@@ -52,6 +65,7 @@ def main(argv=None):
     ap.add_argument("-m", dest="module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
+    sys.excepthook = functools.partial(_user_frames_only, sys.excepthook)
     if a.compile_all:
         compile_all(a.compile_all, a.keep_backend)
     if a.module:

@@ -76,6 +76,15 @@ def _traces(directory):
     return sorted(os.path.join(root, n) for root, _, names in os.walk(directory) for n in names if ".pfw" in n)
 
 
+def _why_no_trace(rc, compile_all):
+    if rc != 0:  # it failed before tracing anything: --compile-all would not help
+        how = f"exited with status {rc}" if rc > 0 else f"was killed by signal {-rc}"
+        return f"no trace written (the script {how})"
+    if compile_all:
+        return "no trace written (the script ran no torch.compile'd code)"
+    return "no trace written (did the script call torch.compile? try --compile-all)"
+
+
 def run(args):
     from dftrace_dynamo.traces.reader import TraceError
 
@@ -91,7 +100,9 @@ def run(args):
         args.argv = args.argv[1:]
     else:
         raise TraceError("give a script to run (or -m module)")
-    out = _run_directory(os.path.abspath(args.out), name)
+    parent = os.path.abspath(args.out)
+    new_parent = not os.path.isdir(parent)
+    out = _run_directory(parent, name)
     env = dict(os.environ, DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=os.path.join(out, name),
                DFTRACER_RUN_ID=os.path.basename(out))
     if args.steps is not None:
@@ -111,7 +122,9 @@ def run(args):
             print(f"  {path}", file=sys.stderr)
         print(f"  summary: dftrace-dynamo summary {out}", file=sys.stderr)
     else:
-        with contextlib.suppress(OSError):  # leave no empty run directory behind
+        with contextlib.suppress(OSError):  # leave no empty directory behind (kept if the script wrote in it)
             os.rmdir(out)
-        warn("run", "no trace written (did the script call torch.compile? try --compile-all)")
+            if new_parent:
+                os.rmdir(parent)
+        warn("run", _why_no_trace(rc, args.compile_all))
     return rc if rc >= 0 else 128 - rc
