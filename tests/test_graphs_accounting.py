@@ -166,7 +166,7 @@ def test_explore_folds_parameters_unless_asked():
     traced, profile = profiled(model, (torch.randn(3, 8),), "dynamo")
     folded = render_explorer(traced, profile)
     assert "[placeholder] embedder.embedder.LayerNorm.weight" not in folded
-    assert "5 parameter/buffer inputs folded" in folded
+    assert "5 parameter/buffer inputs, unnumbered (folded into their ops" in folded
     assert "[placeholder] x" in folded
     shown = render_explorer(traced, profile, show_params=True)
     assert "[placeholder] embedder.embedder.LayerNorm.weight" in shown

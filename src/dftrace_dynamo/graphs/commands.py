@@ -118,8 +118,7 @@ def run_graph(args, warn) -> int:
     from .draw import write_graph
     from .export import export_partition
 
-    print(f"{loaded.name}: {len(traced.partitions)} graph(s) via {traced.method}"
-          + (f" (symbolic_trace failed: {traced.fx_error})" if traced.fx_error else ""), file=sys.stderr)
+    print(f"{loaded.name}: {len(traced.partitions)} graph(s) via {traced.method}", file=sys.stderr)
     for brk in traced.graph_breaks:
         print(f"  graph break{' at ' + brk.location if brk.location else ''}: {brk.short_reason}", file=sys.stderr)
     status = 0

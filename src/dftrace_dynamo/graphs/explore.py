@@ -1,10 +1,11 @@
 """Text view of traced graphs (the graph explorer).
 
-Every node of every partition has a number (1-based, continuing across
-partitions, :func:`~.names.number_nodes`: the numbers of the profile); a
-range of them is printed with its FX opcode, readable name, arguments,
+Every node of every partition but the parameter and buffer inputs has a
+number (from 0, continuing across partitions, :func:`~.names.number_nodes`:
+the numbers of the profile); a range of them is printed with its FX opcode, readable name, arguments,
 module, output shape and the profile's cost figures. Parameter and buffer
-inputs are folded away by default (the ops that use them name them).
+inputs are folded away by default (the ops that use them name them);
+``show_params`` lists them, unnumbered.
 Partition boundaries show why Dynamo ended the graph.
 """
 
@@ -31,7 +32,7 @@ TOP_TARGETS = 10
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """Which node numbers to show (1-based, inclusive)."""
+    """Which node numbers to show (from 0, inclusive)."""
 
     start: int
     end: int
@@ -45,14 +46,14 @@ def select(total: int, start: Optional[int] = None, end: Optional[int] = None, a
     """
     check_range(start, end, around, context, max_nodes)
     if around is not None:
-        if not 1 <= around <= total:
-            raise ValueError(f"--around {around} is outside the graph (nodes 1..{total})")
-        first, last = max(1, around - context), min(total, around + context)
+        if not 0 <= around < total:
+            raise ValueError(f"--around {around} is outside the graph (nodes 0..{total - 1})")
+        first, last = max(0, around - context), min(total - 1, around + context)
     else:
-        first = 1 if start is None else start
-        last = total if end is None else min(end, total)
-        if first > total:
-            raise ValueError(f"--start {first} is outside the graph (nodes 1..{total})")
+        first = 0 if start is None else start
+        last = total - 1 if end is None else min(end, total - 1)
+        if first >= total:
+            raise ValueError(f"--start {first} is outside the graph (nodes 0..{total - 1})")
     return Selection(first, last)
 
 
@@ -72,18 +73,21 @@ def _call_text(node: torch.fx.Node, target: str) -> str:
     return f"{target}({', '.join(parts)})"
 
 
-def _header(traced: TracedModel, profile: ModelProfile, total: int) -> list[str]:
+def _header(traced: TracedModel, profile: ModelProfile, numbers: dict, show_params: bool) -> list[str]:
     kinds: collections.Counter = collections.Counter()
     targets: collections.Counter = collections.Counter()
     for part in traced.partitions:
-        kinds.update(part.ops_by_kind)
+        kinds.update(node.op for node in part.graph_module.graph.nodes if (part.index, node.name) in numbers)
         targets.update(part.ops_by_target)
+    weights = sum(len(part.graph_module.graph.nodes) for part in traced.partitions) - len(numbers)
     lines = [f"Graph explorer: {profile.model}",
-             f"  traced with:  {traced.method}" + (f" (symbolic_trace failed: {traced.fx_error})" if traced.fx_error else ""),
+             f"  traced with:  {traced.method}",
              f"  graphs:       {len(traced.partitions)}, graph breaks: {len(traced.graph_breaks)}"]
     for brk in traced.graph_breaks:
         lines.append(f"    break{' at ' + brk.location if brk.location else ''}: {brk.short_reason}")
-    lines.append(f"  nodes:        {total} (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")")
+    lines.append(f"  nodes:        {len(numbers)} (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")"
+                 + (f" and {weights} parameter/buffer inputs, unnumbered"
+                    + ("" if show_params else " (folded into their ops; --show-params lists them)") if weights else ""))
     lines.append("  top targets:  " + ", ".join(f"{t} x{n}" for t, n in targets.most_common(TOP_TARGETS)))
     dist = profile.bottlenecks()
     lines.append("  bottlenecks:  " + ", ".join(f"{cls} {d['nodes']}" for cls, d in dist.items())
@@ -104,21 +108,22 @@ def render_explorer(traced: TracedModel, profile: ModelProfile, start: Optional[
     metrics = {(n.graph, n.name): n for n in profile.nodes}
     inputs = {(part.index, meta.name): meta for part in traced.partitions for meta in part.inputs}
     numbers = number_nodes(traced.partitions)
-    numbered = [(numbers[(part.index, node.name)], part, node)
-                for part in traced.partitions for node in part.graph_module.graph.nodes]
-    if not numbered:
-        return "\n".join(_header(traced, profile, 0) + ["", "(no graph nodes)"]) + "\n"
-    sel = select(len(numbered), start, end, around, context, max_nodes)
-    weights = set() if show_params else {(p.index, name) for p in traced.partitions for name in weight_nodes(p)}
-    shown = [(number, part, node) for number, part, node in numbered
-             if sel.start <= number <= sel.end and (number == around or (part.index, node.name) not in weights)]
+    nodes = [(numbers.get((part.index, node.name)), part, node)
+             for part in traced.partitions for node in part.graph_module.graph.nodes]
+    if not numbers:
+        return "\n".join(_header(traced, profile, numbers, show_params) + ["", "(no graph nodes)"]) + "\n"
+    sel = select(len(numbers), start, end, around, context, max_nodes)
+    shown, following = [], len(numbers)
+    for number, part, node in reversed(nodes):  # an unnumbered input goes with the node after it
+        following = following if number is None else number
+        if sel.start <= following <= sel.end and (number is not None or show_params):
+            shown.append((number, part, node))
+    shown.reverse()
     if max_nodes is not None:
         shown = shown[:max_nodes]
-    lines = _header(traced, profile, len(numbered))
-    folded = f"; {len(weights)} parameter/buffer inputs folded into their ops (--show-params shows them)" \
-        if weights else ""
-    last = shown[-1][0] if shown else sel.end
-    lines += ["", f"Nodes {sel.start}..{last} of {len(numbered)}{folded}"]
+    lines = _header(traced, profile, numbers, show_params)
+    last = max((n for n, _, _ in shown if n is not None), default=sel.end)
+    lines += ["", f"Nodes {sel.start}..{last} of {len(numbers)}"]
     current = None
     for number, part, node in shown:
         if part.index != current:
@@ -126,9 +131,9 @@ def render_explorer(traced: TracedModel, profile: ModelProfile, start: Optional[
             reason = (part.compile_reason or "").strip().splitlines()
             ended = f"  (ended by: {reason[0]})" if reason else ""
             lines += ["", f"=== graph {part.index}: {part.num_ops} ops{ended} ==="]
-        marker = ">>" if around == number else "  "
+        marker = ">>" if around is not None and around == number else "  "
         stats = metrics.get((part.index, node.name))
-        head = f"{marker}{number:5d}. [{node.op}] {node_label(node, 48)}"
+        head = f"{marker}{'-' if number is None else number:>5}. [{node.op}] {node_label(node, 48)}"
         if node.op == "placeholder":
             meta = inputs.get((part.index, node.name))
             lines.append(f"{head}  {meta.type_text if meta else ''}")

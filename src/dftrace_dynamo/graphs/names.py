@@ -6,9 +6,10 @@
   their target.
 * :func:`module_stack`: the module paths around a node, equal to the names
   ``model.named_modules()`` gives.
-* :func:`number_nodes`: every node of every partition numbered from 1 in
-  graph order, placeholders and outputs included, so a number seen in
-  ``profile`` finds the same node in ``explore``.
+* :func:`number_nodes`: every node of every partition numbered from 0 in
+  graph order, inputs and outputs included, parameters and buffers left out
+  (no view lists them by default), so a number seen in ``profile`` finds the
+  same node in ``explore`` and numbers have no gaps.
 * :func:`weight_nodes`: parameter and buffer inputs, folded into the ops that
   use them by default.
 """
@@ -62,11 +63,14 @@ def module_path(node: torch.fx.Node) -> tuple[str, str]:
 
 
 def number_nodes(partitions: Iterable) -> dict[tuple[int, str], int]:
-    """``{(partition index, node name): number}``, 1-based over all nodes of all partitions."""
+    """``{(partition index, node name): number}``, from 0 over the nodes of all partitions
+    other than parameter and buffer inputs (:func:`weight_nodes`), which have no number."""
     numbers: dict[tuple[int, str], int] = {}
     for part in partitions:
+        weights = weight_nodes(part)
         for node in part.graph_module.graph.nodes:
-            numbers[(part.index, node.name)] = len(numbers) + 1
+            if node.name not in weights:
+                numbers[(part.index, node.name)] = len(numbers)
     return numbers
 
 

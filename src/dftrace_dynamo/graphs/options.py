@@ -70,9 +70,11 @@ def add_depth_argument(parser: argparse.ArgumentParser, what: str) -> None:
 
 def check_range(start=None, end=None, around=None, context: int = 5, max_nodes=None) -> None:
     """ValueError when explore's node options conflict; needs no model, so it runs first."""
-    for name, value in (("start", start), ("end", end), ("around", around), ("max-nodes", max_nodes)):
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1")
+    for name, value in (("start", start), ("end", end), ("around", around)):
+        if value is not None and value < 0:
+            raise ValueError(f"--{name} must be >= 0 (nodes are numbered from 0)")
+    if max_nodes is not None and max_nodes < 1:
+        raise ValueError("--max-nodes must be >= 1")
     if context < 0:
         raise ValueError("--context must be >= 0")
     if around is not None and (start is not None or end is not None):

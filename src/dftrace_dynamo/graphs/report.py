@@ -166,7 +166,7 @@ def _summary_text(profile: ModelProfile) -> str:
     s = profile.summary()
     mem = s["memory"]
     lines = ["Model summary",
-             f"  tracing:           {s['method']}" + (f" (symbolic_trace failed: {s['fx_error']})" if s["fx_error"] else ""),
+             f"  tracing:           {s['method']}",
              f"  graphs:            {s['graphs']} ({len(s['graph_breaks'])} graph break(s))"]
     for brk in profile.graph_breaks:
         where = f" at {brk.location}" if brk.location else ""
