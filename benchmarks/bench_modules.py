@@ -35,7 +35,9 @@ LEVELS = ("torch", "aten")
 def compile_with_slices(fn, inputs, train, level, slices):
     """``fn`` compiled by our backend with module slices on or off; returns it and the
     number of boundary calls one call of it makes."""
-    from dftrace_dynamo import config, create_backend, modules
+    from dftrace_dynamo.session import config
+    from dftrace_dynamo import create_backend
+    from dftrace_dynamo.backend import modules
 
     graphs = []
     # the switch is read when a graph is instrumented, i.e. during the first call
@@ -106,7 +108,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.one:
-        from dftrace_dynamo import logger
+        from dftrace_dynamo.session import logger
 
         logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "bench"))
         wname, level = args.one
@@ -115,7 +117,7 @@ def main(argv=None):
         return 0
     print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
     if args.span_call:
-        from dftrace_dynamo import logger
+        from dftrace_dynamo.session import logger
 
         logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "span"))
         print(f"boundary call (close one slice, open the next), recording: {span_call_ns():.0f} ns")

@@ -108,7 +108,8 @@ class VizTool(Tool):
 
 
 def make_tools(names, trace_dir, record=True):
-    from dftrace_dynamo import create_backend, logger
+    from dftrace_dynamo import create_backend
+    from dftrace_dynamo.session import logger
 
     if record:  # otherwise interceptors run but record nothing: the cost of the call path alone
         logger.initialize_log(os.path.join(trace_dir, "bench"))

@@ -72,7 +72,8 @@ def micro(rounds, trace_prefix, calls=200_000):
     directly."""
     import operator
 
-    from dftrace_dynamo import _core, logger, set_steps
+    from dftrace_dynamo import _core, set_steps
+    from dftrace_dynamo.session import logger
 
     site = _core.intern_site("neg", "bench", {"graph": 0})
     icpt = _core.Interceptor(operator.neg, site, None)
@@ -109,7 +110,7 @@ def main(argv=None):
     parser.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from dftrace_dynamo import logger
+    from dftrace_dynamo.session import logger
 
     prefix = os.path.join(tempfile.mkdtemp(prefix="bench_steps_"), "bench")
     logger.initialize_log(prefix)

@@ -38,7 +38,7 @@ class Recorder:
     """Opens a trace under ``directory``; ``events()`` finalizes it and returns its events."""
 
     def __init__(self, directory):
-        from dftrace_dynamo import logger
+        from dftrace_dynamo.session import logger
 
         self.directory = directory
         self._logger = logger
@@ -68,7 +68,7 @@ def compile_records(events):
 
 def executed_nodes(gm):
     """The graph's ops (after instrumentation: without the module-slice boundary calls)."""
-    from dftrace_dynamo import modules
+    from dftrace_dynamo.backend import modules
 
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
             and not modules.is_span(n)]

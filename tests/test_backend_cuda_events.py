@@ -10,7 +10,10 @@ import perfetto_tp
 from tracefile import read_events, traces
 from backend_support import MLP, executed_nodes, run_py
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
-from dftrace_dynamo import _core, config, create_backend, cuda_events, instrument
+from dftrace_dynamo import _core, create_backend
+from dftrace_dynamo.session import config
+from dftrace_dynamo.events import cuda as cuda_events
+from dftrace_dynamo.backend import instrument
 
 
 class ClockEvent:

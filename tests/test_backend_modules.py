@@ -13,7 +13,9 @@ import torch.nn.functional as F
 import perfetto_tp
 from backend_support import Recorder, executed_nodes, ops, run_py
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
-from dftrace_dynamo import _core, config, create_backend, modules
+from dftrace_dynamo import _core, create_backend
+from dftrace_dynamo.session import config
+from dftrace_dynamo.backend import modules
 from tracefile import dftracer_validate, read_events, traces
 
 

@@ -12,7 +12,9 @@ import perfetto_tp
 from tracefile import read_events, traces
 from backend_support import CNN, MLP, compile_records, executed_nodes, graphs, ops, run_py
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
-from dftrace_dynamo import Dynamo, compile_events, config, create_backend
+from dftrace_dynamo import Dynamo, create_backend
+from dftrace_dynamo.backend import compile_events
+from dftrace_dynamo.session import config
 
 
 def capture(level="torch", **kw):

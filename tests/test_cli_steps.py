@@ -290,7 +290,8 @@ RANK_SCRIPT = """
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from dftrace_dynamo import Dynamo, logger
+    from dftrace_dynamo import Dynamo
+    from dftrace_dynamo.session import logger
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -10,7 +10,8 @@ SCRIPT = """
     import collections, contextlib, json, threading
     import torch
     import torch._dynamo.callback as callback
-    from dftrace_dynamo import compile_events, create_backend, dftracer
+    from dftrace_dynamo.backend import compile_events
+    from dftrace_dynamo import create_backend, dftracer
 
     entered = collections.Counter()  # every compile Dynamo starts, whatever the thread
     original = callback.callback_handler.install_callbacks

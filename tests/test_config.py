@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from dftrace_dynamo import config
+from dftrace_dynamo.session import config
 
 
 def test_defaults_match_dftracer():

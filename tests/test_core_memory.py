@@ -22,7 +22,8 @@ N = 10_000_000
 CHILD = textwrap.dedent("""
     import json, sys
     import psutil
-    from dftrace_dynamo import _core, logger
+    from dftrace_dynamo import _core
+    from dftrace_dynamo.session import logger
     from dftrace_dynamo.backend import Tags
     n = int(sys.argv[2])
     tags = Tags()

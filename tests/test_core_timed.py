@@ -6,7 +6,8 @@ import random
 import threading
 
 import perfetto_tp
-from dftrace_dynamo import _core, logger
+from dftrace_dynamo import _core
+from dftrace_dynamo.session import logger
 from test_core_format import closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
 from test_core_placement import BASE, check_placement, make_tree
 

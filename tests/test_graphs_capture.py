@@ -76,7 +76,7 @@ def test_graph_breaks_counted_with_reasons_and_locations():
 def test_capture_works_with_tracing_switched_off(monkeypatch):
     import dataclasses
 
-    from dftrace_dynamo import config
+    from dftrace_dynamo.session import config
 
     monkeypatch.setattr(config, "_config", dataclasses.replace(config.get(), enable=False))
     result = capture_graphs(Branchy(), (torch.randn(2, 4),))

@@ -126,14 +126,14 @@ def test_op_times_come_from_the_tracer(monkeypatch):
     assert conv.achieved_flops == pytest.approx(conv.flops / (conv.time_ns * 1e-9))
     summary = profile.summary()
     assert summary["time_ns"] == pytest.approx(sum(n.time_ns for n in profile.nodes))
-    from dftrace_dynamo import logger
+    from dftrace_dynamo.session import logger
     assert not logger.enabled()  # the temporary trace was closed
     # and child processes do not inherit a trace file in the removed directory
     assert "DFTRACER_LOG_FILE" not in os.environ and "DFTRACER_ENABLE" not in os.environ
 
 
 def test_timing_refuses_an_open_trace(tmp_path, monkeypatch):
-    from dftrace_dynamo import logger
+    from dftrace_dynamo.session import logger
 
     # initialize_log exports these for children: restored by monkeypatch afterwards
     monkeypatch.delenv("DFTRACER_ENABLE", raising=False)

@@ -142,7 +142,7 @@ def test_kernels_nest_in_the_module_slices_of_their_fused_ops(runs):
 def test_kernel_module_slices_follow_the_straight_line_code():
     import ast
 
-    from dftrace_dynamo import inductor
+    from dftrace_dynamo.backend import inductor
 
     source = """
         def call(args):

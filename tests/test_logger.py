@@ -154,8 +154,8 @@ def test_enable_one_opens_log_lazily_under_log_file_and_closes_at_exit(tmp_path)
 def test_rank_in_file_name_and_existing_files_never_overwritten(tmp_path):
     code = """
         import os
-        from dftrace_dynamo import logger
-        from dftrace_dynamo import config
+        from dftrace_dynamo.session import logger
+        from dftrace_dynamo.session import config
         import socket
         pid = os.getpid()
         taken = logger.trace_path("t", config.COMPRESSION_GZIP, pid, logger._hash16(socket.gethostname()))

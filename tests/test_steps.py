@@ -11,7 +11,8 @@ import torch
 import perfetto_tp
 from backend_support import MLP, Recorder, graphs, ops, run_python
 from scripts.clitools import assert_bad_input, cli
-from dftrace_dynamo import config, create_backend, set_steps, step, step_context
+from dftrace_dynamo.session import config
+from dftrace_dynamo import create_backend, set_steps, step, step_context
 from tracefile import read_events, traces
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "steps_train.py")
@@ -221,7 +222,8 @@ def test_bert_training_step_nests_under_the_step_and_keeps_numerics(rec):
 def test_a_failure_in_step_tracking_never_reaches_the_training_loop(rec, monkeypatch):
     import logging
 
-    from dftrace_dynamo import _core, steps
+    from dftrace_dynamo import _core
+    from dftrace_dynamo.events import steps
 
     messages = []
     handler = logging.Handler()

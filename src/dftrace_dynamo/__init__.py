@@ -8,19 +8,19 @@ __version__ = "0.1.0"
 # trace tools) does not pay for importing torch.
 _LAZY = {
     "dftracer": ("dftracer", None),
-    "initialize_log": ("logger", "initialize_log"),
-    "finalize": ("logger", "finalize"),
-    "log_event": ("logger", "log_event"),
-    "get_time": ("logger", "get_time"),
-    "region": ("logger", "region"),
+    "initialize_log": ("session.logger", "initialize_log"),
+    "finalize": ("session.logger", "finalize"),
+    "log_event": ("session.logger", "log_event"),
+    "get_time": ("session.logger", "get_time"),
+    "region": ("session.logger", "region"),
     "tracer_backend": ("backend", "tracer_backend"),
     "dftracer_dynamo_backend": ("backend", "dftracer_dynamo_backend"),
     "create_backend": ("backend", "create_backend"),
-    "dynamo": ("decorator", "dynamo"),
-    "Dynamo": ("decorator", "Dynamo"),
-    "step": ("steps", "step"),
-    "step_context": ("steps", "step_context"),
-    "set_steps": ("steps", "set_steps"),
+    "dynamo": ("backend.decorator", "dynamo"),
+    "Dynamo": ("backend.decorator", "Dynamo"),
+    "step": ("events.steps", "step"),
+    "step_context": ("events.steps", "step_context"),
+    "set_steps": ("events.steps", "set_steps"),
 }
 
 __all__ = sorted(_LAZY)

@@ -3,6 +3,6 @@
 ``from dftrace_dynamo import dftracer``.
 """
 
-from .logger import Logger, finalize, get_time, initialize_log, log_event, region
+from .session.logger import Logger, finalize, get_time, initialize_log, log_event, region
 
 __all__ = ["Logger", "finalize", "get_time", "initialize_log", "log_event", "region"]

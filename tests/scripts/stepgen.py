@@ -131,7 +131,8 @@ def main():
     a.slow_ms = int(ms or 0)
     if a.rank is not None:
         os.environ["RANK"] = str(a.rank)
-    from dftrace_dynamo import _core, logger
+    from dftrace_dynamo import _core
+    from dftrace_dynamo.session import logger
 
     logger.initialize_log(a.prefix)
     path = _core.path()

@@ -49,7 +49,7 @@ def register(subparsers):
 
 
 def _steps_spec(text):
-    from dftrace_dynamo.config import parse_steps
+    from dftrace_dynamo.session.config import parse_steps
 
     try:
         parse_steps(text)

@@ -202,7 +202,8 @@ def _compile_and_run(model: Callable, args: tuple, kwargs: dict,
     """
     import torch._dynamo
 
-    from .. import backend as tracer, compile_events
+    from .. import backend as tracer
+    from ..backend import compile_events
 
     def keep(gm: torch.fx.GraphModule, example_inputs: list, info: dict) -> None:
         if info.get("stage") == "dynamo":

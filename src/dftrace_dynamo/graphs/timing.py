@@ -65,9 +65,9 @@ def measure_op_times(partitions: list[GraphPartition], runs: int = 5) -> OpTimes
     The median, not the mean: one descheduled execution on a busy machine
     would otherwise dominate a node's time. Min and max give the spread.
     """
-    from .. import config, logger
+    from ..session import config, logger
     from ..backend import create_backend, tracing_disabled
-    from ..sites import CAT_GRAPH, CAT_OP
+    from ..schema import CAT_GRAPH, CAT_OP
     from ..traces.reader import EventLines
 
     if runs < 1:

@@ -8,7 +8,7 @@ and recompiles are listed with their reason and source location, grouped when
 the same one happened several times (once per process, or per recompile).
 """
 
-KINDS = ("compile", "graph_break", "recompile", "backend", "instrument")
+from ..schema import COMPILE_KINDS as KINDS
 
 
 def kind_of(record):

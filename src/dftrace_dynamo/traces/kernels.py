@@ -4,7 +4,6 @@ the ATen ops it fused (``aten_ops``, joined over its call sites). Kernel events 
 events for the other views (module, phase, graph, process); this view reads the
 ``extra`` column (JSON text) that :mod:`.summary` keeps for them in its event table."""
 
-CAT_KERNEL = "kernel"
 # what summary's event table keeps of a kernel event, as JSON text in its ``extra`` column
 INFO = "struct_pack(kernel_type := e.args.kernel_type, aten_ops := coalesce(e.args.aten_ops, []))"
 

@@ -23,11 +23,11 @@ that contains its start; outside every slice, to its ``args.step``.
 import bisect
 import statistics
 
+from ..schema import STEP_PARTS as CATEGORIES
 from . import compiles
 
 WARMUP_RULE = ("warm-up steps: those in which something compiled (Dynamo compile, recompile, "
                "backend or lazy backward compile) and those before the first step without compilation")
-CATEGORIES = ("data", "forward", "backward", "optimizer", "other")
 
 
 def quantile(values, q):

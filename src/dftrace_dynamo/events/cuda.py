@@ -18,16 +18,16 @@ runs where kernels take longer than that.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, config, logger
+from .. import _core
+from ..schema import ARG_GRAPH, CAT_CUDA
+from ..session import config, hooks, logger
 
-CAT_CUDA = "dynamo_cuda"
 
 DRAIN_TIMEOUT_S = 10.0
 
@@ -68,7 +68,7 @@ class DeviceTimer:
 
     def __init__(self, graph_name: str, graph_id: int, event_type: Any = None):
         self.event_type = event_type or torch.cuda.Event
-        self.graph_site = _core.intern_site(f"{graph_name} (cuda)", CAT_CUDA, {"graph": graph_id})
+        self.graph_site = _core.intern_site(f"{graph_name} (cuda)", CAT_CUDA, {ARG_GRAPH: graph_id})
 
     def op(self, target: Callable, mode: int, name: str, args: dict) -> Callable:
         """A callable doing what the Interceptor would call, between two device events."""
@@ -152,5 +152,5 @@ def _after_fork_in_child() -> None:
     _pending, _resolver, _idle, _outstanding = queue.SimpleQueue(), None, threading.Condition(), 0
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+hooks.declare(hooks.AtFork("CUDA event resolver of a forked child", logger.GROUP, _after_fork_in_child))
 logger.add_hooks(lambda: None, drain)

@@ -31,7 +31,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, compile_events, config, cuda_events, instrument, logger, sites, steps
+from .. import _core
+from ..schema import CAT_GRAPH, PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE
+from ..events import cuda as cuda_events, steps
+from ..session import config, logger
+from . import compile_events, instrument
 
 LEVELS = ("aten", "torch", "inductor")
 DEFAULT_LEVEL = "aten"
@@ -40,7 +44,7 @@ BACKEND_NAME = "dftrace"
 _graph_ids = itertools.count()
 _graph_ids_lock = threading.Lock()
 
-_PHASE = {"forward": _core.PHASE_FORWARD, "backward": _core.PHASE_BACKWARD, "inference": _core.PHASE_INFERENCE}
+_PHASE = {PHASE_FORWARD: _core.PHASE_FORWARD, PHASE_BACKWARD: _core.PHASE_BACKWARD, PHASE_INFERENCE: _core.PHASE_INFERENCE}
 
 
 def _next_graph_id() -> int:
@@ -187,7 +191,7 @@ class TracerBackend:
         timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
         plain = self._plain(gm) if level == "torch" else None
         nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer)
-        site = _core.intern_site(name, sites.CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
+        site = _core.intern_site(name, CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
         forward = gm.forward if timer is None else timer.graph(gm.forward)
@@ -237,7 +241,7 @@ class TracerBackend:
         grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
 
         def wrap(fn, phase, args):
-            site = _core.intern_site(f"graph {graph_id} {phase}", sites.CAT_GRAPH, args)
+            site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH, args)
             return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _aot_grad_fn(phase, grad))
 
         def notify(fx_g, inputs, phase):
@@ -252,7 +256,7 @@ class TracerBackend:
         inner = lookup_backend(self.inner) if isinstance(self.inner, str) else self.inner
         phase = self._torch_phase()
         compiled = inner(gm, example_inputs, **kwargs)
-        site = _core.intern_site(f"graph {graph_id} {phase}", sites.CAT_GRAPH,
+        site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH,
                                  {"graph": graph_id, "level": "torch", "inner": self._inner_name()})
         return _core.GraphCall(compiled, site, self.tags.cell, _PHASE[phase], torch.is_grad_enabled)
 

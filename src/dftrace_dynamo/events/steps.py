@@ -31,11 +31,9 @@ from typing import Optional
 
 import torch
 
-from . import _core, config, dataloaders, logger
-
-CAT_DATA = "data"
-CAT_BACKWARD = "backward"
-CAT_OPTIMIZER = "optimizer"
+from .. import _core
+from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_OPTIMIZER
+from ..session import config, dataloaders, hooks, logger
 
 
 class _State:
@@ -48,7 +46,6 @@ class _State:
     windows: Optional[tuple] = None
     windows_set = False  # set_steps() was called: DFTRACER_STEPS no longer applies
     ops = False  # a trace is open and the current step is in a window
-    installed = False
     broken = False
 
 
@@ -217,7 +214,7 @@ def _optimizer_post_hook(optimizer, args, kwargs):
         start = _local.__dict__.get("opt", {}).pop(id(optimizer), None)
         if start is not None and _state.ops:
             cls = type(optimizer).__name__
-            _core.log(f"{cls}.step", CAT_OPTIMIZER, start, now, {"optimizer": cls})
+            _core.log(f"{cls}.step", CAT_OPTIMIZER, start, now, {ARG_OPTIMIZER: cls})
         if not _state.explicit:
             _end(now)
     except Exception as exc:
@@ -268,26 +265,47 @@ def _wrap_zero_grad(original):
             return original(self, *args, **kwargs)
         finally:
             cls = type(self).__name__
-            _slice(f"{cls}.zero_grad", CAT_OPTIMIZER, start, {"optimizer": cls})
+            _slice(f"{cls}.zero_grad", CAT_OPTIMIZER, start, {ARG_OPTIMIZER: cls})
 
     return zero_grad
 
 
-def _install() -> None:
-    """Once per process, at the first trace file: torch's global optimizer hooks and the patches."""
-    if _state.installed:
-        return
-    _state.installed = True
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+def _torch_autograd():
+    return torch.autograd
+
+
+def _dataloader_iter():
     from torch.utils.data import dataloader
 
-    register_optimizer_step_pre_hook(_optimizer_pre_hook)
-    register_optimizer_step_post_hook(_optimizer_post_hook)
-    torch.autograd.backward = _wrap_backward(torch.autograd.backward)
-    torch.autograd.grad = _wrap_backward(torch.autograd.grad)
-    it = dataloader._BaseDataLoaderIter
-    it.__next__ = _wrap_next(it.__next__)
-    torch.optim.Optimizer.zero_grad = _wrap_zero_grad(torch.optim.Optimizer.zero_grad)
+    return dataloader._BaseDataLoaderIter
+
+
+def _optimizer_hook(register_name: str, hook):
+    def register():
+        from torch.optim import optimizer
+
+        return getattr(optimizer, register_name)(hook)
+
+    return register
+
+
+GROUP = "steps"
+for _hook in (
+    hooks.Registration("optimizer step pre-hook", GROUP,
+                       _optimizer_hook("register_optimizer_step_pre_hook", _optimizer_pre_hook)),
+    hooks.Registration("optimizer step post-hook", GROUP,
+                       _optimizer_hook("register_optimizer_step_post_hook", _optimizer_post_hook)),
+    hooks.Patch("torch.autograd.backward", GROUP, _torch_autograd, "backward", _wrap_backward),
+    hooks.Patch("torch.autograd.grad", GROUP, _torch_autograd, "grad", _wrap_backward),
+    hooks.Patch("DataLoader iterator __next__", GROUP, _dataloader_iter, "__next__", _wrap_next),
+    hooks.Patch("Optimizer.zero_grad", GROUP, lambda: torch.optim.Optimizer, "zero_grad", _wrap_zero_grad),
+):
+    hooks.declare(_hook)
+
+
+def _install() -> None:
+    """At every trace file: torch's global optimizer hooks and the patches (each once)."""
+    hooks.install(GROUP)
     dataloaders.install()
 
 

@@ -15,7 +15,10 @@ import re
 import torch
 import torch.fx
 
-from . import _core, config, modules, sites
+from .. import _core
+from ..schema import CAT_OP
+from ..session import config
+from . import modules, sites
 
 _IDENT = re.compile(r"\W+")
 
@@ -54,7 +57,7 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
             continue
         name = sites.op_name(node)
         args = sites.op_args(node, gm, graph_id, with_metadata)
-        site = _core.intern_site(name, sites.CAT_OP, args)
+        site = _core.intern_site(name, CAT_OP, args)
         target, mode = _bind(node, gm)
         if device_timer is not None:
             target, mode = device_timer.op(target, mode, name, args), _core.CALL

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .backend import DEFAULT_LEVEL, Tags, TracerBackend, resolve_level, tracing_disabled
+from .tracer import DEFAULT_LEVEL, Tags, TracerBackend, resolve_level, tracing_disabled
 
 
 class Dynamo:

@@ -14,13 +14,9 @@ from typing import Any, Optional
 import torch
 from torch.utils._pytree import tree_flatten
 
-from .naming import abbreviate
+from ..naming import abbreviate
+from ..schema import ARG_GRAPH, ARG_MODULE, ARG_NODE
 
-CAT_OP = "dynamo"
-CAT_GRAPH = "dynamo_graph"
-CAT_COMPILE = "dynamo_compile"
-CAT_MODULE = "module"
-CAT_KERNEL = "kernel"  # an Inductor kernel call (level="inductor")
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _ROOT_PATH = re.compile(r"""^L\[(['"])(?:self|fn)\1\]$""")  # Dynamo's names for the compiled module
@@ -181,10 +177,10 @@ def metadata(node: torch.fx.Node, module_type: Optional[str]) -> dict:
 
 def op_args(node: torch.fx.Node, root: Optional[torch.nn.Module], graph_id: int, with_metadata: bool) -> dict:
     """Static args of a node's event: graph id, FX node name, module path (+ metadata)."""
-    args: dict[str, Any] = {"graph": graph_id, "node": node.name}
+    args: dict[str, Any] = {ARG_GRAPH: graph_id, ARG_NODE: node.name}
     module, module_type = module_of(node, root)
     if module:
-        args["module"] = module
+        args[ARG_MODULE] = module
     if with_metadata:
         args.update(metadata(node, module_type))
     return args

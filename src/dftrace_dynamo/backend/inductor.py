@@ -32,7 +32,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core, config, cuda_events, modules, sites
+from .. import _core
+from ..schema import CAT_KERNEL
+from ..events import cuda as cuda_events
+from ..session import config
+from . import modules, sites
 
 _HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
 
@@ -275,7 +279,7 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
         args, stack = kernel_args(by_name[id(fdef)], graph_id, kind, mapping.get(key, []), with_metadata,
                                   lambda: _comment_provenance(lines, expr.lineno))
         stacks.append(stack)
-        site = _core.intern_site(event, sites.CAT_KERNEL, args)
+        site = _core.intern_site(event, CAT_KERNEL, args)
         if device_timer is not None:
             target = device_timer.op(target, _core.CALL, event, args)
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,

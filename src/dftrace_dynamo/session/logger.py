@@ -8,7 +8,6 @@ program: they turn tracing off with one message.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import hashlib
@@ -28,7 +27,8 @@ from typing import Optional
 
 import orjson
 
-from . import __version__, _core, config
+from .. import __version__, _core
+from . import config, hooks
 
 _lock = threading.RLock()
 _prefix: Optional[str] = None  # set while this process (or its fork parent) traces
@@ -37,7 +37,7 @@ _p_idx = -1
 _finalized = False  # finalize() was called, or opening failed: no lazy reopen
 _signals_bound = False
 _exit_hooked_pid: Optional[int] = None  # the multiprocessing child whose exit closes the trace
-_sigterm_watch = None  # (wakeup fd, SIGTERM handler) of this process's SIGTERM watcher
+_sigterm_watch = None  # the wakeup fd of this process's SIGTERM watcher
 _serial = itertools.count(1)  # names for a file whose first-choice name is taken
 _off_noted = False  # note_off() has logged
 _TRACE_SUFFIX = re.compile(r"(\.pfw)?(\.gz|\.zst)?$")
@@ -188,6 +188,7 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
         config.report_disabled(f"cannot write the trace under {source}={prefix!r}: {exc}")
         return False
     _prefix, _source, _p_idx = path_prefix, source, p_idx
+    hooks.install(GROUP)
     _bind_signals(cfg)
     _hook_worker_exit()
     if "torch.utils.data" in sys.modules:  # never imports torch itself; step tracking installs it too
@@ -350,14 +351,12 @@ def _after_fork_in_child() -> None:
     global _lock, _sigterm_watch
     _lock = threading.RLock()
     if _sigterm_watch is not None:  # the parent's watcher thread is not here: its pipe must not hear our signals
-        write_fd, handler = _sigterm_watch
-        _sigterm_watch = None
+        write_fd, _sigterm_watch = _sigterm_watch, None
         with contextlib.suppress(ValueError):  # signal calls need the main thread
             previous = signal.set_wakeup_fd(-1)
             if previous != write_fd:
                 signal.set_wakeup_fd(previous)
-            if signal.getsignal(signal.SIGTERM) is handler:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            hooks.remove_one(_SIGTERM_HOOK)
     if _prefix is not None:
         _open(_prefix, _source, _p_idx)
 
@@ -399,7 +398,7 @@ def _watch_sigterm(handler) -> None:
         os.close(read_fd)
         os.close(write_fd)
         return
-    _sigterm_watch = (write_fd, handler)
+    _sigterm_watch = write_fd
     main = threading.main_thread().ident
 
     def watch():
@@ -412,7 +411,7 @@ def _watch_sigterm(handler) -> None:
     threading.Thread(target=watch, name="dftrace-sigterm", daemon=True).start()
 
 
-def _after_multiprocessing_fork(_) -> None:
+def _after_multiprocessing_fork() -> None:
     # Process._bootstrap has just dropped the finalizers the child inherited or registered
     global _exit_hooked_pid
     _exit_hooked_pid = None
@@ -451,10 +450,14 @@ def _chain_signal(sig: int):
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    signal.signal(sig, handler)
-    return handler
+    hook = hooks.declare(hooks.Signal(f"signal {signal.Signals(sig).name}", SIGNAL_GROUP, sig, handler))
+    hooks.install_one(hook.name)
+    return handler if hook.handler is handler else None
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-mp_util.register_after_fork(_after_multiprocessing_fork, _after_multiprocessing_fork)
-atexit.register(finalize)
+GROUP, SIGNAL_GROUP = "process", "signals"
+_SIGTERM_HOOK = f"signal {signal.SIGTERM.name}"
+for _hook in (hooks.AtExit("finalize at exit", GROUP, finalize),
+              hooks.AtFork("trace file of a forked child", GROUP, _after_fork_in_child),
+              hooks.AfterProcessFork("multiprocessing child exit", GROUP, _after_multiprocessing_fork)):
+    hooks.declare(_hook)

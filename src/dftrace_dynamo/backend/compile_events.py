@@ -34,12 +34,12 @@ import time
 import types
 from typing import Callable, Iterator, Optional
 
-from . import _core, config
-from .sites import CAT_COMPILE
+from .. import _core
+from ..session import config, hooks
+from ..schema import CAT_COMPILE
 
 _listeners: list[Callable[[dict], None]] = []
 _lock = threading.Lock()
-_installed = False  # Dynamo's compile entry is hooked
 _state = threading.local()  # the compiles in progress on this thread (innermost last)
 
 
@@ -85,6 +85,23 @@ def current() -> Optional[dict]:
     return stack[-1] if stack else None
 
 
+def _callback_handler():
+    from torch._dynamo.callback import callback_handler
+
+    return callback_handler
+
+
+def _end_callback() -> "hooks.Hook":
+    return hooks.Registration("dynamo end callback", "compile in flight",
+                              lambda: _callback_handler().register_end_callback(_end_in_flight),
+                              lambda: _callback_handler().remove_end_callback(_end_in_flight))
+
+
+GROUP = "compile"
+hooks.declare(hooks.Patch("dynamo install_callbacks", GROUP, _callback_handler, "install_callbacks",
+                           lambda original: _traced(original)))
+
+
 def install() -> None:
     """Hooks Dynamo's compile callbacks (once per process).
 
@@ -92,21 +109,18 @@ def install() -> None:
     compiles (all threads together), so the hook wraps the context manager
     that every compile enters: each compile on each thread is seen.
     """
-    from torch._dynamo.callback import callback_handler
     from torch._guards import CompileContext
 
-    global _installed
     with _lock:
-        if _installed:
+        if hooks.installed("dynamo install_callbacks"):
             return
-        _installed = True
-        callback_handler.install_callbacks = _traced(callback_handler.install_callbacks)
+        hooks.install(GROUP)
         # Hooked while a frame compiles (the first backend call): that compile
         # did not enter through the hook; its end callback closes its record.
         compile_id = CompileContext.current_compile_id()
         if compile_id is None:
             return
-        callback_handler.register_end_callback(_end_in_flight)
+        hooks.install_one(hooks.declare(_end_callback()).name)
     info = _start("dynamo", str(compile_id), _dynamo_start_ns(), breaks_seen=0)
     info["in_flight"] = True
     _push(info)

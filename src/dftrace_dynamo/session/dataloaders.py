@@ -10,42 +10,37 @@ so each worker leaves its loop and exits normally, closing its trace file.
 
 from __future__ import annotations
 
-import atexit
 import weakref
 
-from . import config
+from . import config, hooks
 
 _live: "weakref.WeakSet" = weakref.WeakSet()
-_installed = False
-_hooked = False
+
+
+def _track(init):
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _live.add(self)
+        # atexit runs last-registered first: registered now, this runs before the hooks
+        # torch and multiprocessing registered when they were imported (before any iterator)
+        hooks.install(EXIT_GROUP)
+
+    return __init__
+
+
+def _iterator_class():
+    from torch.utils.data import dataloader
+
+    return dataloader._MultiProcessingDataLoaderIter
+
+
+GROUP, EXIT_GROUP = "dataloader", "dataloader exit"
+hooks.declare(hooks.Patch("DataLoader worker iterator __init__", GROUP, _iterator_class, "__init__", _track))
 
 
 def install() -> None:
     """Tracks multi-process DataLoader iterators from now on (once per process)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    from torch.utils.data import dataloader
-
-    cls = dataloader._MultiProcessingDataLoaderIter
-    original = cls.__init__
-
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        _live.add(self)
-        _hook()
-
-    cls.__init__ = __init__
-
-
-def _hook() -> None:
-    global _hooked
-    if not _hooked:
-        _hooked = True
-        # atexit runs last-registered first: this runs before the hooks torch and
-        # multiprocessing registered when they were imported (before any iterator)
-        atexit.register(_shutdown)
+    hooks.install(GROUP)
 
 
 def _shutdown() -> None:
@@ -54,3 +49,6 @@ def _shutdown() -> None:
             it._shutdown_workers()
         except Exception as exc:  # never let exit fail because of us
             config.log.warning("could not stop DataLoader workers at exit: %s", exc)
+
+
+hooks.declare(hooks.AtExit("DataLoader workers shut down at exit", EXIT_GROUP, _shutdown))

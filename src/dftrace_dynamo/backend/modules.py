@@ -23,7 +23,8 @@ from typing import Sequence
 
 import torch.fx
 
-from . import _core, sites
+from .. import _core
+from ..schema import CAT_MODULE
 
 Frame = tuple[str, str, str]  # (call key, module path, module type), as sites.module_stack gives
 
@@ -58,7 +59,7 @@ def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int) -> list[tuple[in
     def site(frame: Frame) -> int:
         _, path, mtype = frame
         if (path, mtype) not in site_ids:
-            site_ids[path, mtype] = _core.intern_site(path, sites.CAT_MODULE,
+            site_ids[path, mtype] = _core.intern_site(path, CAT_MODULE,
                                                       {"module_type": mtype, "graph": graph_id})
         return site_ids[path, mtype]
 

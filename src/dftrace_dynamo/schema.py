@@ -1,0 +1,60 @@
+"""The event vocabulary: every category, argument name and phase the tracer writes.
+
+Producers (``backend``, ``events``, ``session``) and readers (``traces``) import
+these names from here, so a trace written by one is read by the other with the
+same words; nothing else declares them. Torch-free, like the readers. The C
+core writes a few argument names itself (``ARG_GRAD``, ``ARG_PHASE``,
+``ARG_STEP``, ``ARG_FAILED``, ``ARG_HHASH``); they are listed here for readers.
+"""
+
+# ---- categories (``cat``) ---------------------------------------------------------
+CAT_OP = "dynamo"  # one executed FX node
+CAT_GRAPH = "dynamo_graph"  # one call of a compiled graph
+CAT_COMPILE = "dynamo_compile"  # compiles, graph breaks, recompiles
+CAT_MODULE = "module"  # one nn.Module call (module slices)
+CAT_KERNEL = "kernel"  # one Inductor kernel call (level="inductor")
+CAT_CUDA = "dynamo_cuda"  # device time of a graph or op, from CUDA events
+CAT_STEP = "step"  # ``step N`` slices
+CAT_DATA = "data"  # a DataLoader ``next()``
+CAT_BACKWARD = "backward"  # an outermost autograd backward/grad call
+CAT_OPTIMIZER = "optimizer"  # an optimizer's ``step()`` or ``zero_grad()``
+CAT_DFTRACER = "dftracer"  # the ``start`` and ``end`` records
+
+CATEGORIES = (CAT_OP, CAT_GRAPH, CAT_COMPILE, CAT_MODULE, CAT_KERNEL, CAT_CUDA, CAT_STEP, CAT_DATA,
+              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER)
+# the step structure: the categories that split a step's wall time
+STEP_STRUCTURE = (CAT_STEP, CAT_DATA, CAT_BACKWARD, CAT_OPTIMIZER)
+
+# ---- argument names (``args``) ----------------------------------------------------
+ARG_STEP = "step"
+ARG_PHASE = "phase"
+ARG_GRAD = "grad_enabled"
+ARG_FAILED = "failed"
+ARG_HHASH = "hhash"
+ARG_GRAPH = "graph"
+ARG_NODE = "node"
+ARG_MODULE = "module"
+ARG_MODULE_TYPE = "module_type"
+ARG_LEVEL = "level"
+ARG_OPTIMIZER = "optimizer"
+ARG_KERNEL_TYPE = "kernel_type"
+ARG_ATEN_OPS = "aten_ops"
+ARG_RUN_ID = "run_id"
+# compile events
+ARG_KIND = "kind"
+ARG_REASON = "reason"
+ARG_LOCATION = "location"
+ARG_FRAME = "frame"
+ARG_COMPILE_ID = "compile_id"
+
+# ---- phases (``args.phase``) ------------------------------------------------------
+PHASE_FORWARD = "forward"
+PHASE_BACKWARD = "backward"
+PHASE_INFERENCE = "inference"
+PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_INFERENCE)
+
+# ---- compile event kinds (``args.kind`` of ``CAT_COMPILE``) -------------------------
+COMPILE_KINDS = ("compile", "graph_break", "recompile", "backend", "instrument")
+
+# ---- the parts of a step's wall time (summary's step view) ---------------------------
+STEP_PARTS = ("data", "forward", "backward", "optimizer", "other")

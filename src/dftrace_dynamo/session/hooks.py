@@ -1,0 +1,223 @@
+"""Every hook the tracer puts into torch and Python, installed and removed in one place.
+
+Each hook is declared by the module it serves (steps, DataLoader workers, compile
+events, process exit, fork, signals) as one of the kinds below, with a name and
+a group. :func:`install` installs a group's hooks, each once; :func:`remove_all`
+takes every installed hook out again, restoring exactly what it replaced, so a
+program (or a test) finds torch and Python as they were.
+
+Nothing is installed at import. Fork callbacks cannot be unregistered from
+Python, so one dispatcher is registered with ``os.register_at_fork`` on first
+use and calls only the fork hooks installed at that moment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+from typing import Any, Callable, Optional
+
+_lock = threading.RLock()
+_declared: dict[str, "Hook"] = {}  # by name, in declaration order
+_fork_dispatcher = False
+_MISSING = object()
+
+
+class Hook:
+    """A named change to torch or Python that can be put in and taken out again."""
+
+    def __init__(self, name: str, group: str):
+        self.name, self.group = name, group
+        self.installed = False
+
+    def _install(self) -> None:
+        raise NotImplementedError
+
+    def _remove(self) -> None:
+        raise NotImplementedError
+
+
+class Patch(Hook):
+    """``owner().attr = wrap(original)``; removing puts the original back.
+
+    ``owner`` is called at install time, so declaring a patch of torch does not import it.
+    If something else replaced the attribute after us, removing leaves theirs in place.
+    ``wrap`` gets the attribute as looked up (a bound method, a function).
+    """
+
+    def __init__(self, name: str, group: str, owner: Callable[[], Any], attr: str, wrap: Callable):
+        super().__init__(name, group)
+        self.owner, self.attr, self.wrap = owner, attr, wrap
+        self._target = self._own = self.replacement = None
+
+    def _install(self) -> None:
+        self._target = self.owner()
+        # what the object itself held (an inherited or class attribute is not copied onto it)
+        self._own = vars(self._target).get(self.attr, _MISSING)
+        self.replacement = self.wrap(getattr(self._target, self.attr))
+        setattr(self._target, self.attr, self.replacement)
+
+    def _remove(self) -> None:
+        if vars(self._target).get(self.attr) is self.replacement:
+            if self._own is _MISSING:
+                delattr(self._target, self.attr)
+            else:
+                setattr(self._target, self.attr, self._own)
+        self._target = self._own = self.replacement = None
+
+
+class Registration(Hook):
+    """``register()``, undone by ``unregister()``, or else by ``remove()`` on what ``register()``
+    returned (torch's ``RemovableHandle``)."""
+
+    def __init__(self, name: str, group: str, register: Callable[[], Any],
+                 unregister: Optional[Callable[[], None]] = None):
+        super().__init__(name, group)
+        self.register, self.unregister, self._handle = register, unregister, None
+
+    def _install(self) -> None:
+        self._handle = self.register()
+
+    def _remove(self) -> None:
+        if self.unregister is not None:
+            self.unregister()
+        else:
+            self._handle.remove()
+        self._handle = None
+
+
+class AtExit(Hook):
+    """``atexit.register(fn)``; removing unregisters it."""
+
+    def __init__(self, name: str, group: str, fn: Callable[[], None]):
+        super().__init__(name, group)
+        self.fn = fn
+
+    def _install(self) -> None:
+        atexit.register(self.fn)
+
+    def _remove(self) -> None:
+        atexit.unregister(self.fn)
+
+
+class AtFork(Hook):
+    """Runs ``fn()`` in a forked child while installed."""
+
+    def __init__(self, name: str, group: str, fn: Callable[[], None]):
+        super().__init__(name, group)
+        self.fn = fn
+
+    def _install(self) -> None:
+        global _fork_dispatcher
+        if not _fork_dispatcher:
+            _fork_dispatcher = True
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+
+    def _remove(self) -> None:
+        pass  # the dispatcher skips hooks that are not installed
+
+
+class AfterProcessFork(Hook):
+    """Runs ``fn()`` in a ``multiprocessing`` child right after ``Process._bootstrap`` dropped
+    the finalizers it inherited (``multiprocessing.util.register_after_fork``)."""
+
+    def __init__(self, name: str, group: str, fn: Callable[[], None]):
+        super().__init__(name, group)
+        self.fn = fn
+
+    def __call__(self, _) -> None:
+        if self.installed:
+            self.fn()
+
+    def _install(self) -> None:
+        from multiprocessing import util
+
+        util.register_after_fork(self, type(self).__call__)
+
+    def _remove(self) -> None:
+        from multiprocessing import util
+
+        for key, value in list(util._afterfork_registry.items()):
+            if value is self:
+                del util._afterfork_registry[key]
+
+
+class Signal(Hook):
+    """``signal.signal(sig, handler)``; removing restores the previous handler if ours is current."""
+
+    def __init__(self, name: str, group: str, sig: int, handler: Callable):
+        super().__init__(name, group)
+        self.sig, self.handler, self.previous = sig, handler, None
+
+    def _install(self) -> None:
+        self.previous = signal.signal(self.sig, self.handler)
+
+    def _remove(self) -> None:
+        if signal.getsignal(self.sig) is self.handler:
+            signal.signal(self.sig, self.previous)
+
+
+def declare(hook: Hook) -> Hook:
+    """Makes ``hook`` known (not installed); a name declared again replaces an uninstalled one."""
+    with _lock:
+        old = _declared.get(hook.name)
+        if old is not None and old.installed:
+            return old
+        _declared[hook.name] = hook
+        return hook
+
+
+def install(group: str) -> None:
+    """Installs every declared hook of ``group`` that is not installed yet."""
+    with _lock:
+        for hook in list(_declared.values()):
+            if hook.group == group and not hook.installed:
+                hook._install()
+                hook.installed = True
+
+
+def install_one(name: str) -> None:
+    with _lock:
+        hook = _declared[name]
+        if not hook.installed:
+            hook._install()
+            hook.installed = True
+
+
+def installed(name: str) -> bool:
+    hook = _declared.get(name)
+    return hook is not None and hook.installed
+
+
+def remove_one(name: str) -> None:
+    hook = _declared.get(name)
+    if hook is not None:
+        _remove([hook])
+
+
+def remove(group: str) -> None:
+    """Removes the installed hooks of ``group``, last installed first."""
+    _remove([h for h in _declared.values() if h.group == group])
+
+
+def remove_all() -> None:
+    """Removes every installed hook, last declared first, restoring what each replaced."""
+    _remove(list(_declared.values()))
+
+
+def _remove(hooks: list) -> None:
+    with _lock:
+        for hook in reversed(hooks):
+            if hook.installed:
+                hook.installed = False
+                hook._remove()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # a thread of the parent may have held it
+    for hook in list(_declared.values()):
+        if isinstance(hook, AtFork) and hook.installed:
+            hook.fn()
