@@ -30,17 +30,16 @@ import threading
 
 import duckdb
 
+from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
 from . import compiles, runs, steps
 from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
                      rank_of, starts_a_line, tail_damage)
 from . import kernels
 from .report import OP_VIEWS, VIEWS
 
-# Categories written by dftrace_dynamo.sites (not imported here: it needs torch).
-CAT_OP, CAT_GRAPH, CAT_COMPILE = "dynamo", "dynamo_graph", "dynamo_compile"
 UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME, STEP, DATA, BACKWARD, OPTIMIZER, START = range(10)
 # step-structure categories -> kind (the step vocabulary, see docs/design.rst)
-STEP_KINDS = {"step": STEP, "data": DATA, "backward": BACKWARD, "optimizer": OPTIMIZER}
+STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
@@ -118,19 +117,19 @@ def _load_sql(module_depth, source_sql):
 CREATE TEMP TABLE ev AS
 SELECT * FROM (
     SELECT CASE WHEN e.ph = 'X' AND e.cat = '{CAT_OP}' AND (e.args.node IS NOT NULL OR e.args.graph IS NULL) THEN {OP}
-                WHEN e.ph = 'X' AND e.cat = '{kernels.CAT_KERNEL}' THEN {OP}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_KERNEL}' THEN {OP}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
                 {step_kinds}
                 WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
-                WHEN e.ph = 'X' AND e.name = 'start' AND e.cat = 'dftracer' THEN {START}
+                WHEN e.ph = 'X' AND e.name = 'start' AND e.cat = '{CAT_DFTRACER}' THEN {START}
                 WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind,
            e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
            coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
-           CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = 'dftracer') THEN to_json({info})::VARCHAR
-                WHEN e.cat = '{kernels.CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR END AS extra
+           CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = '{CAT_DFTRACER}') THEN to_json({info})::VARCHAR
+                WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR END AS extra
     FROM ({source_sql}) e
 ) WHERE kind IS NOT NULL
 """
