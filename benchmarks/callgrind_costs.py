@@ -1,0 +1,404 @@
+"""Instructions per traced op, per module call and per written event, counted by callgrind.
+
+Instruction counts do not move with the load of a shared machine, so these figures can be
+re-taken anywhere (benchmarks/results_overhead.rst, results_writer.rst)::
+
+    python3 benchmarks/callgrind_costs.py ops --workload elem --level torch
+    python3 benchmarks/callgrind_costs.py ops --workload mlp --level aten --slices
+    python3 benchmarks/callgrind_costs.py writer --compression 1
+
+The script re-runs itself under ``valgrind --tool=callgrind --separate-threads=yes
+--instr-atstart=no``: compiling and warming up run uninstrumented; a small helper
+(callgrind's client requests, compiled here with ``cc``) switches counting on, zeroes
+and dumps the counters around each measured section. Each section runs twice, N and 2N
+times, and the figures are the differences divided by N, per thread: the calling
+thread and the trace writer thread (``dftrace-writer``) separately.
+
+``ops``: blocks of calls of the traced graph and of its untraced baseline
+(``backend="eager"`` at torch level, ``"aot_eager"`` at ATen level); the extra
+instructions per op of the calling thread, split by where they run (the interceptor
+in csrc/callwrap.c, the window check, the clock and the ring push inlined from
+csrc/core.h, module boundary calls in csrc/span.c, the interpreter, torch), and the
+writer thread's instructions and bytes per event. ``--slices`` compares module slices
+on against off instead (both traced): the cost per module boundary call.
+
+``writer``: ``_core.record`` of events shaped like the backend's op events, then a
+flush: the writer thread's instructions per event and the bytes per event in the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import dataclasses
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SRC = [os.path.join(ROOT, "src")]  # the build measured (--src)
+
+HELPER_C = r"""
+#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void cg_zero(void) { CALLGRIND_ZERO_STATS; }
+void cg_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+"""
+
+
+def helper(tmp):
+    """ctypes handle on the client-request helper (no-ops outside valgrind)."""
+    src, lib = os.path.join(tmp, "cg.c"), os.path.join(tmp, "cg.so")
+    with open(src, "w") as f:
+        f.write(HELPER_C)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", src, "-o", lib], check=True)
+    return ctypes.CDLL(lib)
+
+
+# ---- reading callgrind output ------------------------------------------------------------
+
+_POS = re.compile(r"^(\+|-|\*)?(\d*)\s+(\d+)")
+
+
+@dataclasses.dataclass
+class Dump:
+    thread: int
+    label: str
+    total: int
+    by_line: dict  # (file, line) -> self instructions
+    by_obj: dict   # shared object -> self instructions
+
+
+def read_dump(path):
+    """Self cost per (source file, line) and per object of one callgrind output file."""
+    names = {"fl": {}, "fn": {}, "ob": {}}
+    by_line, by_obj = collections.Counter(), collections.Counter()
+    label, thread, total = "", 0, 0
+    fl = fi = ob = ""
+    line = 0
+    skip_next = False  # the cost line after calls= is the callee's inclusive cost
+    with open(path) as f:
+        for raw in f:
+            s = raw.rstrip("\n")
+            if not s:
+                continue
+            key, _, val = s.partition("=")
+            if key in ("fl", "fi", "fe", "fn", "ob", "cfl", "cfi", "cfn", "cob"):
+                m = re.match(r"\((\d+)\)(?: (.*))?", val)
+                kind = {"fi": "fl", "fe": "fl", "cfl": "fl", "cfi": "fl", "cob": "ob", "cfn": "fn"}.get(key, key)
+                if m:
+                    if m.group(2) is not None:
+                        names[kind][m.group(1)] = m.group(2)
+                    name = names[kind].get(m.group(1), "?")
+                else:
+                    name = val
+                if key == "fl":
+                    fl = fi = name
+                elif key in ("fi", "fe"):
+                    fi = name
+                elif key == "ob":
+                    ob = name
+                elif key == "fn":
+                    fi = fl
+                continue
+            if key == "calls":
+                skip_next = True
+                continue
+            if s.startswith("desc: Trigger:"):
+                label = s.split("Trigger:", 1)[1].strip()
+                continue
+            if s.startswith("thread:"):
+                thread = int(s.split()[1])
+                continue
+            if s.startswith("summary:") or s.startswith("totals:"):
+                total = int(s.split()[1])
+                continue
+            m = _POS.match(s)
+            if not m:
+                continue
+            sign, num, cost = m.group(1), m.group(2), int(m.group(3))
+            if sign == "+":
+                line += int(num)
+            elif sign == "-":
+                line -= int(num)
+            elif sign != "*":
+                line = int(num)
+            if skip_next:
+                skip_next = False
+                continue
+            by_line[fi, line] += cost
+            by_obj[os.path.basename(ob)] += cost
+    return Dump(thread, label, total, dict(by_line), dict(by_obj))
+
+
+def read_dumps(out_dir):
+    """Section label ("base:20", "traced:40", "end" for the program's end) -> {thread -> Dump}."""
+    dumps = collections.defaultdict(dict)
+    for path in glob.glob(os.path.join(out_dir, "callgrind.out.*")):
+        d = read_dump(path)
+        label = d.label.split("dft:", 1)[1] if "dft:" in d.label else "end" if "termination" in d.label else None
+        if label:
+            dumps[label][d.thread] = d
+    return dumps
+
+
+def _inline_ranges(path):
+    """(first line, last line, name) of each function in a C file, by brace matching."""
+    ranges, name, depth, first, body = [], None, 0, 0, False
+    head = re.compile(r"^(?:static\s+)?(?:inline\s+)?[\w\s\*]+?\b(\w+)\(")
+    with open(path) as f:
+        for no, text in enumerate(f, 1):
+            if depth == 0:
+                m = head.match(text)
+                if m:
+                    name, first = m.group(1), no
+                if text.rstrip().endswith(";"):  # a declaration
+                    name = None
+            depth += text.count("{") - text.count("}")
+            body = body or (name is not None and "{" in text)
+            if body and depth == 0:
+                ranges.append((first, no, name))
+                name, body = None, False
+    return ranges
+
+
+# what each inlined helper of csrc/core.h is, in the report
+PART = {"dft_ops_recording": "window check", "dft_now": "clock", "dft_tsc_to_ns": "clock", "dft_mono": "clock",
+        "dft_push": "ring push", "dft_ring_put": "ring push"}
+
+
+def parts(d: Dump):
+    """Self instructions of one dump by part of the hot path."""
+    core_h = _inline_ranges(os.path.join(SRC[0], "..", "csrc", "core.h"))
+    out = collections.Counter()
+    for (fname, line), cost in d.by_line.items():
+        base = os.path.basename(fname)
+        if base == "core.h":
+            fn = next((n for a, b, n in core_h if a <= line <= b), "?")
+            out[PART.get(fn, "core.h " + fn)] += cost
+        elif base == "malloc.c":
+            out["libc malloc"] += cost
+            continue
+        elif base in ("callwrap.c", "span.c", "ring.c", "clock.c", "module.c", "steps.c", "writer.c", "json.c",
+                      "sink.c"):
+            out["csrc/" + base] += cost
+    for obj, cost in d.by_obj.items():
+        if obj.startswith("_core"):
+            continue
+        out[_obj_kind(obj)] += cost
+    out["libc"] -= out["libc malloc"]
+    return out
+
+
+def _obj_kind(obj):
+    if obj.startswith("libpython") or obj == "python3.11" or obj.startswith("python"):
+        return "interpreter"
+    if "torch" in obj or obj.startswith("libc10") or obj.startswith("libgomp"):
+        return "torch"
+    if obj.startswith("libdeflate"):
+        return "libdeflate"
+    if obj.startswith("libz"):
+        return "zlib/zstd"
+    if obj.startswith("libc") or obj.startswith("ld-linux") or obj.startswith("libm"):
+        return "libc"
+    return "other (" + obj + ")"
+
+
+def writer_thread(by_thread):
+    """The writer thread's Dump among one dump's threads: not the main thread (1), and the one
+    that spent the most in writer.c."""
+    def in_writer(d):
+        return sum(c for (f, _), c in d.by_line.items() if os.path.basename(f) == "writer.c")
+
+    others = [d for t, d in by_thread.items() if t != 1]
+    return max(others, key=in_writer, default=None)
+
+
+# ---- measured sections (run under valgrind) -------------------------------------------------
+
+def section(cg, label, body, n, flush=None, path=None):
+    """Runs body(n) and body(2n) in counted sections; returns the file growth of each."""
+    grown = []
+    for reps in (n, 2 * n):
+        size0 = os.path.getsize(path) if path else 0
+        cg.cg_zero()
+        body(reps)
+        if flush:
+            flush()
+        cg.cg_dump(f"dft:{label}:{reps}".encode())
+        grown.append((os.path.getsize(path) if path else 0) - size0)
+    return grown
+
+
+def run_ops(args, cg, tmp):
+    import torch
+
+    sys.path.insert(0, HERE)
+    from bench_overhead import ops_per_call, run, workload  # noqa: E402
+    from bench_modules import compile_with_slices  # noqa: E402
+
+    import dftrace_dynamo
+    from dftrace_dynamo import _core, create_backend
+
+    torch.set_num_threads(1)
+    dftrace_dynamo.initialize_log(os.path.join(tmp, "cg"))
+    fn, inputs, train, _ = workload(args.workload)
+    n_ops = ops_per_call(fn, inputs, args.level, train)
+    if args.slices:
+        base, _ = compile_with_slices(fn, inputs, train, args.level, False)
+        traced, spans = compile_with_slices(fn, inputs, train, args.level, True)
+    else:
+        base = torch.compile(fn, backend="eager" if args.level == "torch" else "aot_eager")
+        traced = torch.compile(fn, backend=create_backend(level=args.level))
+        spans = 0
+    for _ in range(3):
+        run(base, inputs, train)
+        run(traced, inputs, train)
+    _core.flush()
+    path = _core.path()
+    recorded = _core.stats()["recorded"]
+
+    def body(f):
+        return lambda reps: [run(f, inputs, train) for _ in range(reps)]
+
+    cg.cg_start()
+    section(cg, "base", body(base), args.calls, _core.flush, path)
+    before = _core.stats()["recorded"]
+    grown = section(cg, "traced", body(traced), args.calls, _core.flush, path)
+    events = (_core.stats()["recorded"] - before) / (3 * args.calls)  # events per call, over N + 2N calls
+    dftrace_dynamo.finalize()
+    print(f"META ops={n_ops} spans={spans} events={events} bytes={(grown[1] - grown[0]) / args.calls} "
+          f"recorded_before={recorded}")
+
+
+def run_writer(args, cg, tmp):
+    sys.path.insert(0, HERE)
+    from bench_writer import HHASH, make_events, sites  # noqa: E402
+
+    from dftrace_dynamo import _core
+
+    site_ids, tag_ids = sites()
+    recs = [(site_ids[s], a, b, f, tag_ids[t]) for s, a, b, f, t in make_events(2000 + args.events)]
+    path = os.path.join(tmp, "w.pfw")
+    _core.open(path, args.compression, 16 << 20, b"", os.getpid(), HHASH)
+    rec = _core.record
+    for r in recs[:2000]:  # warm up: first member, thread name, placement stack
+        rec(*r)
+    _core.flush()
+    size0 = os.path.getsize(path)
+    cg.cg_start()  # the writer thread counts from here to its end (close() included)
+    for r in recs[2000:]:
+        rec(*r)
+    _core.flush()
+    size = os.path.getsize(path) - size0
+    _core.close()
+    print(f"META events={args.events} bytes={size}")
+
+
+# ---- driver -----------------------------------------------------------------------------------
+
+def diff_parts(a: Dump, b: Dump, per):
+    """Instructions of b minus a, divided by per: in total and by part."""
+    pa, pb = parts(a), parts(b)
+    return (b.total - a.total) / per, {k: (pb.get(k, 0) - pa.get(k, 0)) / per for k in pb.keys() | pa.keys()}
+
+
+def print_parts(by_part, minimum=0.5):
+    for k, v in sorted(by_part.items(), key=lambda kv: -kv[1]):
+        if abs(v) >= minimum:
+            print(f"    {k:<28} {v:>8.1f}")
+
+
+def valgrind(argv, tmp, extra):
+    """Runs this script's inner part under callgrind; its META line as a dict, and its dumps."""
+    cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no",
+           f"--callgrind-out-file={tmp}/callgrind.out.%p", sys.executable, os.path.abspath(__file__),
+           *argv, *extra, "--inner", "--tmp", tmp]
+    if os.path.exists(os.path.join(tmp, "meta.txt")):  # --dumps: read a finished run again
+        with open(os.path.join(tmp, "meta.txt")) as f:
+            meta = f.read()
+        return {k: float(v) for k, v in (kv.split("=") for kv in meta.split()[1:])}, read_dumps(tmp)
+    env = dict(os.environ, DFTRACER_ENABLE="1", PYTHONPATH=os.pathsep.join(
+        [SRC[0], os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    meta = next((ln for ln in proc.stdout.splitlines() if ln.startswith("META ")), None)
+    if proc.returncode != 0 or meta is None:
+        sys.exit(f"callgrind run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    with open(os.path.join(tmp, "meta.txt"), "w") as f:
+        f.write(meta)
+    return {k: float(v) for k, v in (kv.split("=") for kv in meta.split()[1:])}, read_dumps(tmp)
+
+
+def report_ops(argv, args):
+    meta, dumps = valgrind(argv, args.dumps or tempfile.mkdtemp(prefix="callgrind_costs_"), [])
+    ops, spans, events = meta["ops"], meta["spans"], meta["events"]
+    n = args.calls
+    base, base_parts = diff_parts(dumps[f"base:{n}"][1], dumps[f"base:{2 * n}"][1], n)
+    traced, traced_parts = diff_parts(dumps[f"traced:{n}"][1], dumps[f"traced:{2 * n}"][1], n)
+    what = "module slices on vs off" if args.slices else "traced vs untraced"
+    unit, per = ("boundary call", spans) if args.slices else ("op", ops)
+    print(f"{args.workload} at level {args.level}, {what}: {ops:.0f} ops/call, {spans:.0f} boundary calls/call, "
+          f"{events:.0f} events/call, N={n} calls")
+    print(f"calling thread: {(traced - base) / per:.0f} instructions per {unit} "
+          f"(untraced{', slices off' if args.slices else ''}: {base / ops:.0f} per op), by part:")
+    by_part = {k: (traced_parts.get(k, 0) - base_parts.get(k, 0)) / per for k in traced_parts.keys() | base_parts.keys()}
+    print_parts(by_part)
+    ours = sum(v for k, v in by_part.items() if k.startswith("csrc") or k in PART.values())
+    print(f"  in _core: {ours:.0f}; without libc malloc (the allocator's state differs between runs: noise): "
+          f"{(traced - base) / per - by_part.get('libc malloc', 0):.0f}")
+    w = writer_thread(dumps["end"])
+    if w is not None and events:
+        # the writer thread is not zeroed by the sections: its count runs from the first section
+        # to the end of the program (close() included), over the 3N traced calls' events
+        print(f"writer thread: {w.total / (3 * n * events):.0f} instructions per event (3N calls' events and "
+              f"close(); `writer` gives the exact figure), {meta['bytes'] / events:.1f} bytes per event")
+
+
+def report_writer(argv, args):
+    names = {0: "plain", 1: "gzip", 2: "zstd"}
+    runs = [valgrind(argv, tempfile.mkdtemp(prefix="callgrind_costs_"), ["--events", str(k * args.events)])
+            for k in (1, 2)]
+    (m1, d1), (m2, d2) = runs
+    events = m2["events"] - m1["events"]
+    total, by_part = diff_parts(writer_thread(d1["end"]), writer_thread(d2["end"]), events)
+    print(f"writer thread, {names[args.compression]}: {total:.0f} instructions per event, "
+          f"{(m2['bytes'] - m1['bytes']) / events:.1f} bytes per event in the file (N={args.events:.0f} vs 2N events)")
+    print_parts(by_part)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("ops", "writer"))
+    p.add_argument("--workload", default="elem", help="ops: a bench_overhead workload (elem, mlp)")
+    p.add_argument("--level", default="torch", choices=("torch", "aten"))
+    p.add_argument("--slices", action="store_true", help="ops: module slices on vs off instead of traced vs untraced")
+    p.add_argument("--calls", type=int, default=20, help="ops: N, calls per section (N and 2N are differenced)")
+    p.add_argument("--events", type=float, default=100000, help="writer: N events (N and 2N are differenced)")
+    p.add_argument("--compression", type=int, default=1, help="writer: 0 plain, 1 gzip (default), 2 zstd")
+    p.add_argument("--src", help="the src directory of another build to measure (e.g. one bench_compare built)")
+    p.add_argument("--dumps", help="ops: report a finished run again from its output directory")
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(argv)
+    if args.src:
+        SRC[0] = os.path.abspath(args.src)
+    if args.inner:
+        args.events = int(args.events)
+        cg = helper(args.tmp)
+        (run_ops if args.what == "ops" else run_writer)(args, cg, args.tmp)
+        return 0
+    start = time.time()
+    (report_ops if args.what == "ops" else report_writer)(argv, args)
+    print(f"(callgrind {time.time() - start:.0f} s, output in {args.dumps or tempfile.gettempdir()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
