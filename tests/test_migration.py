@@ -11,12 +11,15 @@ import sys
 
 import pytest
 
+import perfetto_tp
 from backend_support import run_python
+from scripts.clitools import cli, summary_json
 from tracefile import read_events, read_lines, traces
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "decorator_example.py"
 PAGE = (ROOT / "docs" / "migration.rst").read_text()
+PAGE_TEXT = " ".join(PAGE.split())  # for phrases, whatever the line breaks
 ARGV = ["--flag", "value"]  # the example ignores them; SH shows them
 # the op events of the example, in order, as pydftracer's user guide shows them
 GUIDE_OPS = ["function.convolution.default", "function.relu.default", "function.max_pool2d_with_indices.default",
@@ -86,7 +89,8 @@ def test_start_args(ours):
     _, _, events = ours
     (start,) = records(events, "start")
     documented = records(page_sample("pydftracer 2.0.6"), "start")[0]["args"]
-    assert set(start["args"]) == set(documented) - {"level"}
+    assert set(start["args"]) == set(documented) | {"p_idx"}
+    assert start["args"]["version"] == "0.1.0"
     assert start["args"]["p_idx"] == -1  # the example's process_id
 
 
@@ -134,18 +138,6 @@ def test_page_sample_of_ours_matches_a_real_trace(ours):
         assert set(sample) == set(real[0]) and set(sample["args"]) == set(real[0]["args"]), sample["name"]
 
 
-def test_page_sample_of_pydftracer_matches_the_table():
-    sample = page_sample("pydftracer 2.0.6")
-    (thread,) = records(sample, "thread_name")
-    assert thread["args"]["name"] == str(thread["tid"]) and thread["args"]["value"] == "thread_name"
-    for e in ops(sample):
-        assert e["args"] == {"hhash": e["args"]["hhash"], "p_idx": -1, "grad_enabled": 0, "level": 1}
-        assert isinstance(e["dur"], int)
-    (end,) = records(sample, "end")
-    assert end["args"]["num_events"] == end["id"] - 1
-    assert "level" in records(sample, "start")[0]["args"]
-
-
 @pytest.mark.parametrize("env, reason", [({}, "DFTRACER_ENABLE is unset and initialize_log() has not been called"),
                                          ({"DFTRACER_ENABLE": "0"}, "DFTRACER_ENABLE=0")])
 def test_tracing_off_is_said_once_at_info_level(tmp_path, env, reason):
@@ -163,20 +155,161 @@ def test_tracing_off_is_said_once_at_info_level(tmp_path, env, reason):
     assert "tracing is off" not in quiet.stderr
 
 
-def test_pydftracer_writes_what_the_table_says(tmp_path):
+PYD_SCRIPT = EXAMPLE.read_text().replace("from dftrace_dynamo import", "from dftracer.python import")
+# pydftracer's forward graph holds a detach of the ReLU output that ours has not
+PYD_OPS = GUIDE_OPS[:2] + ["function.detach.default"] + GUIDE_OPS[2:]
+
+
+def run_pydftracer(cwd, env, argv=ARGV):
+    """The example with pydftracer's import line, run in ``cwd``: its trace files."""
     pytest.importorskip("dftracer.python")
-    script = tmp_path / "pyd_example.py"
-    script.write_text(EXAMPLE.read_text().replace("from dftrace_dynamo import", "from dftracer.python import"))
-    run_python([str(script), *ARGV], tmp_path,
-               {"DFTRACER_ENABLE": "1", "DFTRACER_INC_METADATA": "1", "DFTRACER_DISABLE_IO": "1"}, timeout=600)
-    (path,) = traces(tmp_path, "dynamo_trace*.pfw*")
-    # whatever the core's layout ([ ... ] or bare lines), one JSON object per line
-    events = [json.loads(line) for line in read_lines(path) if line.startswith("{")]
+    script = cwd / "pyd_example.py"
+    script.write_text(PYD_SCRIPT)
+    run_python([str(script), *argv], cwd, env, timeout=600)
+    return script, traces(cwd, "*-app.pfw*")
+
+
+def json_records(path):
+    # pydftracer's layout: one object per line, no brackets
+    return [json.loads(line) for line in read_lines(path) if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def pyd(ours):
+    cwd = ours[0]  # the same host and directory as ours, to compare the hashes
+    script, (path,) = run_pydftracer(cwd, {"DFTRACER_ENABLE": "1", "DFTRACER_INC_METADATA": "1"})
+    return cwd, script, path, json_records(path)
+
+
+def page_imports(tool):
+    return re.findall(r"``(from %s import [\w, ]+)``" % re.escape(tool), PAGE)
+
+
+def test_the_pages_import_lines_work_in_both_tools():
+    pytest.importorskip("dftracer.python")
+    before, after = page_imports("dftracer.python"), page_imports("dftrace_dynamo")
+    assert len(before) == len(after) == 2
+    for line in before + after:
+        exec(line, {})
+    assert "pydftracer has no such name" in PAGE_TEXT
+    with pytest.raises(ImportError):
+        exec("from dftracer.python import dftracer_dynamo_backend", {})
+
+
+CALL_FORMS = """
+import torch
+from {tool} import dftracer, dynamo
+
+log = dftracer.initialize_log("forms.pfw", None, -1)
+def f(x):
+    return torch.sin(x) + 1
+x = torch.randn(3)
+for compiled in (dynamo.compile(f_py=f), dynamo.compile(f, False), dynamo.compile(autograd=False)(f)):
+    assert torch.equal(compiled(x), f(x))
+log.finalize()
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="Dynamo.compile takes fn= and a keyword-only autograd: "
+                                       "needs compile(self, f_py=None, autograd=None, *, level=None, ...)")
+def test_pydftracers_call_forms(tmp_path):
+    pytest.importorskip("dftracer.python")
+    (tmp_path / "pyd.py").write_text(CALL_FORMS.format(tool="dftracer.python"))
+    run_python(["pyd.py"], tmp_path, {"DFTRACER_ENABLE": "1"})  # what pydftracer accepts...
+    (tmp_path / "ours.py").write_text(CALL_FORMS.format(tool="dftrace_dynamo"))
+    run_python(["ours.py"], tmp_path, {"DFTRACER_ENABLE": "1"})  # ...ours accepts, at the same levels
+    (path,) = traces(tmp_path, "forms-*-[0-9]*.pfw.gz")
+    levels = [e["args"]["level"] for e in read_events(path) if e.get("cat") == "dynamo_graph"]
+    assert levels == ["aten", "torch", "torch"]
+
+
+def test_pydftracer_sample_of_the_page_matches_a_real_trace(pyd):
+    _, _, _, real = pyd
+    for sample in page_sample("pydftracer 2.0.6"):
+        match = next((e for e in real if e["name"] == sample["name"]), None)
+        assert match, sample["name"]
+        assert set(sample) == set(match) and set(sample["args"]) == set(match["args"]), sample["name"]
+        assert type(sample["ph"]) is type(match["ph"]) is int
+        assert type(sample["args"].get("version")) is type(match["args"].get("version"))
+
+
+def test_pydftracer_layout_and_file(pyd):
+    cwd, _, path, events = pyd
+    assert re.fullmatch(r"dynamo_trace-[0-9a-f]{16}-app\.pfw\.gz", os.path.basename(path))
+    assert (cwd / "dft.log").exists()
+    assert read_lines(path)[0].startswith("{")  # no "["
+    assert all(("id" in e) == (e["ph"] == 1) for e in events) and {e["ph"] for e in events} == {1, 4}
+    counted = [e["id"] for e in events if "id" in e]
+    assert counted == list(range(1, len(counted) + 1))
+    (end,) = records(events, "end")
+    assert end["args"]["num_events"] == end["id"] - 1
+    assert [e["args"]["name"] for e in records(events, "CM")] == ["time_metric"]
+
+
+def test_hosts_and_directories_hash_differently(ours, pyd):
+    _, _, theirs = ours
+    _, _, _, pyd_events = pyd
+    for name in ("HH", "FH"):
+        (a,), (b,) = records(theirs, name), records(pyd_events, name)
+        assert a["args"]["name"] == b["args"]["name"] and a["args"]["value"] != b["args"]["value"], name
+
+
+def test_pydftracer_sh_start_thread_name(pyd):
+    _, script, _, events = pyd
+    cmd, program = records(events, "SH")
+    assert cmd["args"]["name"].split(";") == [sys.executable, str(script), *ARGV]  # the interpreter as typed
+    assert program["args"]["name"] == script.name
+    (start,) = records(events, "start")
+    assert start["args"]["version"] == 20003 and not {"p_idx", "level"} & set(start["args"])
     (thread,) = records(events, "thread_name")
     assert thread["args"]["name"] == str(thread["tid"]) and thread["args"]["value"] == "thread_name"
-    cmd = records(events, "SH")[0]["args"]["name"].split(";")
-    assert cmd[-3:] == [str(script), *ARGV] and len(cmd) == 4  # the interpreter first
-    op_events = ops(events)
-    assert {e["name"] for e in op_events} >= set(GUIDE_OPS)
-    assert all(isinstance(e["dur"], int) and e["args"]["grad_enabled"] == 0 for e in op_events)
+    assert events.index(thread) < events.index(start)
+
+
+def test_pydftracer_ops(pyd):
+    _, _, _, events = pyd
+    assert [e["name"] for e in ops(events)] == PYD_OPS
+    for e in ops(events):
+        assert isinstance(e["dur"], int) and isinstance(e["ts"], int)
+        assert e["args"] == {"hhash": e["args"]["hhash"], "grad_enabled": 0}
     assert {e["cat"] for e in events} == {"dftracer", "dynamo"}
+    assert "records nine ops, ``function.detach.default`` among them" in PAGE_TEXT
+
+
+def test_pydftracer_without_inc_metadata_writes_no_args(tmp_path):
+    _, (path,) = run_pydftracer(tmp_path, {"DFTRACER_ENABLE": "1"})
+    events = json_records(path)
+    assert not records(events, "FH") and not records(events, "SH")
+    assert [e["name"] for e in ops(events)] == PYD_OPS and all("args" not in e for e in ops(events))
+
+
+def test_perfetto_shows_ours_and_nothing_of_pydftracers(ours, pyd):
+    count = "select count(*) as n from slice"
+    assert perfetto_tp.rows(pyd[2], count) == [{"n": 0}]
+    assert perfetto_tp.rows(ours[1], count)[0]["n"] >= len(GUIDE_OPS)
+    p = cli("convert", pyd[2], "-o", pyd[0] / "converted.pfw.gz")
+    assert p.returncode != 0  # "convert cannot read it"
+
+
+def test_tracing_off_with_enable_unset(tmp_path):
+    # pydftracer: no trace, only its debug log; ours: initialize_log traces
+    _, written = run_pydftracer(tmp_path, {})
+    assert written == [] and (tmp_path / "dft.log").exists()
+    run_python([str(EXAMPLE)], tmp_path, {})
+    assert len(traces(tmp_path, "dynamo_trace-*-[0-9]*.pfw.gz")) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="summary reads ph as a string only: needs ph 1 (pydftracer's X) "
+                                       "to count as a complete event")
+def test_summary_reads_pydftracers_trace(pyd):
+    doc, _ = summary_json(pyd[2])
+    assert doc["op_events"] == len(PYD_OPS)
+    assert {row["key"] for row in doc["views"]["op"]} >= {"function.convolution.default", "function.addmm.default"}
+
+
+@pytest.mark.xfail(strict=True, reason="validate stops at the numeric ph (exit 2): needs one problem "
+                                       "saying Perfetto opens the file as an empty trace")
+def test_validate_says_perfetto_shows_pydftracers_trace_empty(pyd):
+    p = cli("validate", pyd[2])
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Perfetto" in p.stdout and "empty" in p.stdout, p.stdout
