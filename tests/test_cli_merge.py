@@ -40,7 +40,7 @@ def test_process_names_without_ranks_and_sort_order(tmp_path):
     b = tmp_path / "b.pfw"
     b.write_text('[\n{"name":"op","cat":"dynamo","ph":"X","pid":100,"tid":100,"ts":1,"dur":1,"args":{"node":"n"}}\n]\n')
     out = tmp_path / "m.pfw"
-    assert cli("merge", a, b, "-o", out).returncode == 0
+    assert cli("merge", a, b, "-o", out, "--all-runs").returncode == 0  # b's times are not a's run's
     names = perfetto_tp.rows(out, "select pid, name from process where pid != 0 order by pid")
     assert names == [{"pid": 100, "name": "python"}, {"pid": 101, "name": "b"}]
     meta = [e for e in read_events(str(out)) if e.get("name") == "process_sort_index"]
@@ -63,7 +63,7 @@ def test_zstd_output_and_real_traces(tmp_path):
         assert cli("run", "--out", tmp_path / "runs", "--compile-all", script, "0",
                    env={"RANK": str(rank)}).returncode == 0
     out = tmp_path / "m.pfw.zst"
-    p = cli("merge", tmp_path / "runs", "-o", out)
+    p = cli("merge", tmp_path / "runs", "-o", out, "--all-runs")  # two launches: two runs
     assert p.returncode == 0, p.stderr
     inputs = sorted((tmp_path / "runs").glob("*/*.pfw*"))  # one run directory each
     merged = read_events(str(out))

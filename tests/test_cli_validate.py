@@ -85,7 +85,7 @@ def test_sniff_needs_an_object_in_the_first_128_bytes(tmp_path):
         perfetto_tp.query(far, "select count(*) from slice")
 
 
-@pytest.mark.parametrize("pid, tid", [(-1, 1), (1, 2**32), (1, "7"), (1.5, 1)])
+@pytest.mark.parametrize("pid, tid", [(-1, 1), (1, 2**32)])  # other types: test_hostile_traces
 def test_pid_tid_out_of_range(tmp_path, pid, tid):
     t = write(tmp_path / "p.pfw", x(1, 1), x(5, 1, pid=pid, tid=tid))
     p = cli("validate", t)

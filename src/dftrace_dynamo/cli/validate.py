@@ -22,8 +22,8 @@ def run(args):
 
     failed = 0
     for path in find_traces(args.traces):
-        report = validate(path)
-        n = len(report.problems)
+        report = validate(path, max(args.max_problems, 0))
+        n = report.count
         status = f"{n} problem{'s' * (n != 1)}" if n else "OK"
         print(f"{path}: {status} ({report.events:,} events)")
         for line, message in report.problems[:args.max_problems]:

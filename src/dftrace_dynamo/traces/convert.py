@@ -6,7 +6,7 @@ Perfetto (one broken line would abort the whole load)."""
 
 import os
 
-from .reader import EventLines, TraceError, check_trace
+from .reader import EventLines, TraceError, check_trace, too_long
 from .writer import TraceWriter
 
 
@@ -29,12 +29,16 @@ def lost_notes(lines):
     """Warnings for what an iterated :class:`EventLines` could not copy: its
     damage notes, then one line on the lines it dropped."""
     notes = list(lines.damage.notes)
-    dropped = lines.broken + lines.not_events
-    if lines.cut_last_line() and len(dropped) == 1:
+    kinds = (lines.broken, lines.not_events, lines.oversized)
+    count = sum(k.count for k in kinds)
+    if lines.cut_last_line() and count == 1:
         notes.append(f"{lines.path}: dropped the cut last line {lines.last_line}")
-    elif dropped:
-        shown = ", ".join(map(str, dropped[:5])) + (" ..." if len(dropped) > 5 else "")
-        notes.append(f"{lines.path}: dropped {len(dropped)} line(s) that are not JSON events (line {shown})")
+    elif count:
+        first = sorted(n for k in kinds for n in k.first)[:5]
+        shown = ", ".join(map(str, first)) + (" ..." if count > 5 else "")
+        notes.append(f"{lines.path}: dropped {count:,} line(s) that are not JSON events (line {shown})")
+    if lines.oversized.count:
+        notes.append(f"{lines.path}: line {lines.oversized.first[0]}: {too_long(lines.oversized_sizes[0])}")
     return notes
 
 

@@ -5,14 +5,19 @@ is moved to a free one (its main-thread tid, equal to the pid, moves with it;
 other colliding tids move too, since Perfetto keys threads by tid). Each
 process gets a ``process_name`` (the input's own, prefixed with its rank when
 the file name has ``rank<R>``; else a name made from the file name) and a
-``process_sort_index`` so ranks are listed in order."""
+``process_sort_index`` so ranks are listed in order.
+
+Inputs of different runs (see :mod:`.runs`) are refused, as by ``summary``,
+unless ``all_runs``; so is an output inside a directory being merged (a
+later ``summary`` of that directory would count every event twice)."""
 
 import os
 
 import orjson
 
+from . import runs
 from .convert import lost_notes, prepare_output
-from .reader import EventLines, check_trace, rank_of
+from .reader import SUFFIXES, EventLines, TraceError, check_trace, is_number, rank_of
 from .writer import TraceWriter
 
 
@@ -38,26 +43,62 @@ def _remap(mapping, ids, value, wanted):
 
 
 def _name(path, rank, given):
-    label = given or os.path.basename(path).split(".")[0]
+    label = given if isinstance(given, str) and given else os.path.basename(path).split(".")[0]
     if rank is not None and f"rank{rank}" not in label.replace(" ", ""):
         label = f"rank{rank} {label}"
     return label
 
 
-def merge(paths, out, force=False, progress=None):
-    """Writes the events of ``paths`` into ``out``. Returns
-    ``(events written, processes as (input, old pid, new pid, name), warnings)``."""
+def check_output_place(out, specs):
+    """Refuses a trace output ``out`` inside a directory of the inputs ``specs``
+    (command-line arguments), where later reads of the directory find it."""
+    if not out.endswith(SUFFIXES):
+        return
+    out = os.path.abspath(out)
+    for spec in specs:
+        if os.path.isdir(spec) and os.path.commonpath([out, os.path.abspath(spec)]) == os.path.abspath(spec):
+            raise TraceError(f"output {out} is inside the input directory {spec}: a later summary or merge "
+                             "of that directory would count every event twice; write it elsewhere")
+
+
+class _Span:
+    """First and last event time and the ``start`` record's run_id of one input, for :mod:`.runs`."""
+
+    def __init__(self):
+        self.first = self.last = self.run_id = None
+
+    def add(self, ev):
+        ts = ev.get("ts")
+        if not is_number(ts):
+            return
+        dur = ev.get("dur")
+        end = ts + dur if is_number(dur) else ts
+        self.first = ts if self.first is None else min(self.first, ts)
+        self.last = end if self.last is None else max(self.last, end)
+        if ev.get("name") == "start" and ev.get("cat") == "dftracer" and ev.get("ph") == "X":
+            run_id = (ev.get("args") or {}).get("run_id")
+            if run_id is not None:
+                self.run_id = run_id if isinstance(run_id, str) else orjson.dumps(run_id).decode()
+
+
+def merge(paths, out, force=False, progress=None, all_runs=False):
+    """Writes the events of ``paths`` into ``out``. Returns ``(events written,
+    processes as (input, old pid, new pid, name), warnings)``. Raises
+    :class:`.reader.TraceError` (and writes nothing) when the inputs hold
+    several runs, unless ``all_runs``."""
     for p in paths:
         check_trace(p)
     out = prepare_output(out, paths, force)
     pids, tids = _Ids(), _Ids()
-    processes, warnings = [], []
+    processes, warnings, spans = [], [], []
     with TraceWriter(out) as w:
         for index, path in enumerate(paths):
             rank = rank_of(path)
             pid_map, tid_map, names = {}, {}, {}
             lines = EventLines(path)
+            spans.append(_Span())
             for _, raw, ev in lines:
+                spans[-1].add(ev)
                 pid, tid = ev.get("pid"), ev.get("tid")
                 new_pid = _remap(pid_map, pids, pid, pid)
                 new_tid = _remap(tid_map, tids, tid, new_pid if tid == pid else tid)
@@ -77,4 +118,8 @@ def merge(paths, out, force=False, progress=None):
             warnings += lost_notes(lines)
             if progress:
                 progress(os.path.getsize(path))
+        found = runs.find_runs(paths, [(i, s.first, s.last, {"run_id": s.run_id}) for i, s in enumerate(spans)
+                                       if s.first is not None])
+        if len(found) > 1 and not all_runs:  # the writer removes the file
+            raise TraceError(runs.mixed_message(found, paths, "merge"))
     return w.events, processes, warnings

@@ -4,6 +4,12 @@ Compression is recognised by magic bytes, not by name. A gzip file is a
 sequence of independent members (a zstd file, of frames): every complete
 member is used; a file cut inside a member (a crash, a copy in progress) gives
 what can be decoded up to the cut, and a :class:`Damage` note says what was lost.
+
+Memory does not grow with the file: it is decompressed :data:`FEED` bytes at
+a time (at most 1 MiB of gzip output, 32 MiB of zstd output per step), blank
+lines are skipped without being split off one by one, a line longer than
+:data:`MAX_LINE` is skipped without being held, and of each kind of bad line
+only the first :data:`KEEP` line numbers are kept (all are counted).
 """
 
 import glob
@@ -16,6 +22,12 @@ import orjson
 import zstandard
 
 CHUNK = 1 << 20
+# Compressed bytes per decoder call. Deflate expands at most 1032x and a zstd
+# block of 4 bytes gives at most 128 KiB, so one call yields <= 1 MiB (gzip)
+# or <= 32 MiB (zstd), however hostile the file.
+FEED = 1 << 10
+MAX_LINE = 16 << 20  # longest line read, in bytes (longer ones are skipped, see too_long)
+KEEP = 1000  # line numbers kept per kind of bad line
 SUFFIXES = (".pfw", ".pfw.gz", ".pfw.zst")
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -29,6 +41,45 @@ class TraceError(Exception):
 def is_number(v):
     """Whether a parsed JSON value is a number (``true``/``false`` are not)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# The fields every reader relies on: the JSON type each must have when present (null counts as absent).
+FIELD_TYPES = {"name": "a string", "cat": "a string", "ph": "a string", "pid": "an integer", "tid": "an integer",
+               "ts": "a number", "dur": "a number", "args": "an object"}
+_NONE = type(None)
+_STR, _INT, _NUM, _OBJ = {str, _NONE}, {int, _NONE}, {int, float, _NONE}, {dict, _NONE}
+_ACCEPTED = {"a string": _STR, "an integer": _INT, "a number": _NUM, "an object": _OBJ}
+
+
+def _json_kind(v):
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(v), "a value")
+
+
+def wrong_field(ev):
+    """``"'tid' is an array ([1,2]), not an integer"`` for the first field of
+    :data:`FIELD_TYPES` that ``ev`` holds with the wrong JSON type; else None."""
+    get = ev.get
+    if (type(get("pid")) in _INT and type(get("tid")) in _INT and type(get("ts")) in _NUM  # per event: fast
+            and type(get("dur")) in _NUM and type(get("name")) in _STR and type(get("cat")) in _STR
+            and type(get("ph")) in _STR and type(get("args")) in _OBJ):
+        return None
+    for key, expected in FIELD_TYPES.items():
+        v = get(key)
+        if type(v) not in _ACCEPTED[expected]:
+            shown = orjson.dumps(v).decode()
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            return f"'{key}' is {_json_kind(v)} ({shown}), not {expected}"
+    return None
+
+
+def too_long(size):
+    """What is wrong with a line of ``size`` bytes (more than :data:`MAX_LINE`)."""
+    return (f"a line of {size:,} bytes: longer than the {MAX_LINE >> 20} MiB a trace line may have "
+            "(dftrace-dynamo does not read it)")
 
 
 def find_traces(specs):
@@ -87,16 +138,17 @@ class Damage:
 
 def _members(f, size, damage, kind, pos=0):
     """Decodes concatenated independent gzip members / zstd frames read from
-    ``f``, which starts at byte ``pos`` of a file of ``size`` bytes. Corrupt
-    data is skipped up to the next member that starts a line."""
+    ``f``, which starts at byte ``pos`` of a file of ``size`` bytes, :data:`FEED`
+    bytes per step. Corrupt data is skipped up to the next member that starts a line."""
     new_decoder = (lambda: zlib.decompressobj(31)) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj
     base = pos
     dec, member_start = new_decoder(), pos
-    while data := f.read(CHUNK):
-        pos += len(data)
-        while data:
+    while chunk := f.read(CHUNK):
+        view, at = memoryview(chunk), 0
+        while at < len(chunk):
+            piece = view[at:at + FEED]
             try:
-                out = dec.decompress(data)
+                out = dec.decompress(piece)
             except (zlib.error, zstandard.ZstdError) as e:
                 resume = _next_member(f, member_start + 1 - base, kind)
                 end = size if resume is None else resume + base
@@ -106,16 +158,17 @@ def _members(f, size, damage, kind, pos=0):
                     return
                 f.seek(resume)
                 pos = member_start = end
-                dec, data = new_decoder(), b""
-                continue
+                dec, chunk = new_decoder(), b""
+                break
             if out:
                 yield out
-            if dec.eof:
-                data = dec.unused_data
-                member_start = pos - len(data)
+            if dec.eof:  # the member ends inside this piece: the next one starts after it
+                at += len(piece) - len(dec.unused_data)
+                member_start = pos + at
                 dec = new_decoder()
             else:
-                data = b""
+                at += len(piece)
+        pos += len(chunk)
     if pos > member_start:
         damage.add(f"truncated: the {kind} member at byte {member_start} is cut after "
                    f"{pos - member_start} bytes; used what it decodes to, its end is lost")
@@ -141,11 +194,13 @@ def _next_member(f, start, kind):
 def starts_a_line(head, kind):
     """Whether compressed bytes ``head`` begin a gzip member / zstd frame that
     decodes to the beginning of a trace line (how the writers cut members)."""
+    dec = zlib.decompressobj(31) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj()
+    out = b""
     try:
-        if kind == "gzip":
-            out = zlib.decompressobj(31).decompress(head, 64)
-        else:
-            out = zstandard.ZstdDecompressor().decompressobj().decompress(head)[:64]
+        for at in range(0, len(head), FEED):
+            out += dec.decompress(head[at:at + FEED])
+            if len(out) >= 2 or dec.eof:
+                break
     except (zlib.error, zstandard.ZstdError):
         return False
     return out[:2] == b'{"' or out[:1] in (b"[", b"]")
@@ -183,44 +238,129 @@ def iter_chunks(path, damage=None, offset=0, size=None):
                 yield chunk
 
 
-def iter_lines(path, damage=None):
-    """``(line_number, line)`` pairs, lines as bytes without the newline; a
-    last line without newline (a cut file) is yielded as it is."""
-    rest, lineno = b"", 0
-    for chunk in iter_chunks(path, damage):
-        parts = chunk.split(b"\n")
-        parts[0] = rest + parts[0]
-        rest = parts.pop()
-        for line in parts:
-            lineno += 1
-            yield lineno, line
-    if rest:
-        yield lineno + 1, rest
+class Counted:
+    """Line numbers of one kind of bad line: all counted, the first :data:`KEEP` kept."""
+
+    def __init__(self):
+        self.count, self.first, self.last = 0, [], 0
+
+    def add(self, lineno):
+        self.count += 1
+        self.last = lineno
+        if len(self.first) < KEEP:
+            self.first.append(lineno)
 
 
-def head(path, size=4096):
-    """The first ``size`` decompressed bytes (fewer for a short file)."""
-    out = b""
-    for chunk in iter_chunks(path, Damage(path)):
-        out += chunk
-        if len(out) >= size:
+_TEXT = re.compile(rb"\S")
+_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")
+
+
+class Lines:
+    """Iterates over the non-blank lines of one file as ``(line_number,
+    line)`` (bytes, without the newline; a last line without newline, a cut
+    file, as it is). Blank lines cost no Python step each; a line longer than
+    :data:`MAX_LINE` is skipped as it streams by and noted in ``oversized``
+    (a :class:`Counted`; ``oversized_sizes``: the sizes of its kept lines).
+    After iteration: ``last_line`` (lines in the file), ``head`` (the first
+    128 decompressed bytes) and ``damage``."""
+
+    def __init__(self, path, damage=None):
+        self.path = path
+        self.damage = damage if damage is not None else Damage(path)
+        self.oversized, self.oversized_sizes = Counted(), []
+        self.last_line, self.head = 0, b""
+
+    def _too_long(self, lineno, size):
+        if len(self.oversized_sizes) < KEEP:
+            self.oversized_sizes.append(size)
+        self.oversized.add(lineno)
+
+    def __iter__(self):
+        lineno = 0  # lines ended before the current position
+        pending, pending_len, skipping = [], 0, None  # a started line; bytes of a skipped one
+        for chunk in iter_chunks(self.path, self.damage):
+            if len(self.head) < 128:
+                self.head += chunk[:128 - len(self.head)]
+            at = 0
+            if skipping is not None or pending:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    if skipping is not None:
+                        skipping += len(chunk)
+                    elif pending_len + len(chunk) > MAX_LINE:
+                        skipping, pending, pending_len = pending_len + len(chunk), [], 0
+                    else:
+                        pending.append(chunk)
+                        pending_len += len(chunk)
+                    continue
+                lineno += 1
+                if skipping is not None or pending_len + nl > MAX_LINE:
+                    self._too_long(lineno, (skipping or pending_len) + nl)
+                else:
+                    yield lineno, b"".join(pending) + chunk[:nl]
+                pending, pending_len, skipping, at = [], 0, None, nl + 1
+            if not at and chunk.isspace():
+                lineno += chunk.count(b"\n")
+                continue
+            last = chunk.rfind(b"\n")
+            if last > at and not chunk[at:at + 1].isspace() and not _BLANK_LINE.search(chunk, at, last + 1):
+                # the usual case, no blank line up to the last newline: split at C speed
+                for line in chunk[at:last].split(b"\n"):
+                    lineno += 1
+                    if len(line) > MAX_LINE:
+                        self._too_long(lineno, len(line))
+                    else:
+                        yield lineno, line
+                at = last + 1
+            while m := _TEXT.search(chunk, at):
+                start = chunk.rfind(b"\n", at, m.start()) + 1 or at
+                lineno += chunk.count(b"\n", at, start)
+                end = chunk.find(b"\n", m.start())
+                if end < 0:  # the line goes on in the next chunk
+                    if len(chunk) - start > MAX_LINE:
+                        skipping = len(chunk) - start
+                    else:
+                        pending, pending_len = [chunk[start:]], len(chunk) - start
+                    at = len(chunk)
+                    break
+                lineno += 1
+                if end - start > MAX_LINE:
+                    self._too_long(lineno, end - start)
+                else:
+                    yield lineno, chunk[start:end]
+                at = end + 1
+            else:  # blank to the end of the chunk
+                lineno += chunk.count(b"\n", at)
+        if skipping is not None:
+            self._too_long(lineno + 1, skipping)
+        elif pending:
+            yield lineno + 1, b"".join(pending)
+        self.last_line = lineno + (skipping is not None or bool(pending))
+
+
+def first_lines(path, n=2):
+    """The first ``n`` non-blank lines (fewer for a short file)."""
+    out = []
+    for _, line in Lines(path):
+        out.append(line)
+        if len(out) == n:
             break
-    return out[:size]
+    return out
 
 
 def check_trace(path):
     """Raises :class:`TraceError` unless the file starts like a trace (a JSON
     array or JSON object lines). Returns ``"array"`` for a strict JSON array
     (commas between objects), ``"lines"`` for the DFTracer layout."""
-    start = head(path).lstrip()
-    if not start:
-        raise TraceError(f"{path}: empty file, not a trace")
+    lines = [line.strip() for line in first_lines(path)]
+    if not lines:
+        raise TraceError(f"{path}: empty file (or blank lines only), not a trace")
+    start = lines[0]
     if start[:1] == b"[":
-        body = start[1:].lstrip()
+        body = start[1:].lstrip() or (lines[1] if len(lines) > 1 else b"")
         if body and body[:1] not in b"{]":
             raise TraceError(f"{path}: not a trace file (a JSON array of something other than events)")
-        first = body.split(b"\n", 1)[0].rstrip()
-        return "array" if first.endswith(b",") else "lines"
+        return "array" if body.endswith(b",") else "lines"
     if start[:2] == b'{"':
         return "lines"
     raise TraceError(f"{path}: not a trace file (expected '[' or JSON object lines, "
@@ -238,37 +378,49 @@ def rank_of(path):
 
 class EventLines:
     """Iterates over the events of one trace file, line by line, recording
-    what is wrong on the way (for validate, merge and convert).
+    what is wrong on the way (for validate, merge, convert and split).
 
     Accepts the DFTracer layout (``[``, one object per line, ``]``), trailing
     commas (strict JSON arrays written one event per line) and a JSON array on
-    one line. After iteration: ``broken`` (line numbers that are not JSON;
-    the last one may just be a cut last line, see ``last_line``), ``not_events``
-    (JSON lines that are not objects), ``early_close`` (``]`` lines followed by
-    more data), ``closed`` (line number of the final ``]``, 0 when missing),
-    ``head`` (first decompressed bytes) and ``damage``."""
+    one line. An event with a field of :data:`FIELD_TYPES` of the wrong JSON
+    type raises :class:`TraceError`. After iteration, as :class:`Counted`:
+    ``broken`` (lines that are not JSON; the last one may just be a cut last
+    line, see ``last_line``), ``not_events`` (JSON lines that are not objects),
+    ``early_close`` (``]`` lines followed by more data) and ``oversized``
+    (lines longer than :data:`MAX_LINE`, skipped); ``closed`` (line number of
+    the final ``]``, 0 when missing), ``events`` (lines with text), ``head``
+    (first decompressed bytes) and ``damage``."""
 
     def __init__(self, path):
         self.path = path
-        self.damage = Damage(path)
-        self.broken, self.not_events, self.early_close = [], [], []
-        self.closed, self.last_line, self.head = 0, 0, b""
+        self.lines = Lines(path)
+        self.damage, self.oversized = self.lines.damage, self.lines.oversized
+        self.broken, self.not_events, self.early_close = Counted(), Counted(), Counted()
+        self.closed, self.text_lines = 0, 0
+
+    @property
+    def last_line(self):
+        return self.lines.last_line
+
+    @property
+    def head(self):
+        return self.lines.head
+
+    @property
+    def oversized_sizes(self):
+        return self.lines.oversized_sizes
 
     def __iter__(self):
         """Yields ``(line_number, raw_json_bytes, event_dict)``."""
-        for lineno, line in iter_lines(self.path, self.damage):
-            self.last_line = lineno
-            if len(self.head) < 128:
-                self.head += line + b"\n"
+        for lineno, line in self.lines:
             text = line.strip()
-            if not text:
-                continue
+            self.text_lines += 1
             if self.closed:  # a second run appended after ']' (Perfetto stops at the ']')
-                self.early_close.append(self.closed)
+                self.early_close.add(self.closed)
                 self.closed = 0
                 if text == b"[":
                     continue
-            if lineno == 1 and text.startswith(b"["):
+            if self.text_lines == 1 and text.startswith(b"["):
                 text = text[1:].lstrip()
                 if not text:
                     continue
@@ -282,17 +434,24 @@ class EventLines:
             try:
                 value = orjson.loads(text)
             except orjson.JSONDecodeError:
-                self.broken.append(lineno)
+                self.broken.add(lineno)
                 continue
             if isinstance(value, dict):
+                self._check(lineno, value)
                 yield lineno, text, value
                 continue
             for ev in value if isinstance(value, list) else [value]:
                 if isinstance(ev, dict):
+                    self._check(lineno, ev)
                     yield lineno, orjson.dumps(ev), ev
                 else:
-                    self.not_events.append(lineno)
+                    self.not_events.add(lineno)
+
+    def _check(self, lineno, ev):
+        wrong = wrong_field(ev)
+        if wrong:
+            raise TraceError(f"{self.path}: line {lineno}: event field {wrong}")
 
     def cut_last_line(self):
         """True when the last line is broken: what a crash mid-write leaves."""
-        return bool(self.broken) and self.broken[-1] == self.last_line
+        return self.broken.last == self.last_line > 0

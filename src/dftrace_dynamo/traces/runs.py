@@ -18,7 +18,10 @@ FROM ev WHERE ts IS NOT NULL GROUP BY file ORDER BY file"""
 
 
 def _when(ts_us):
-    return datetime.datetime.fromtimestamp(ts_us / 1e6).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.datetime.fromtimestamp(ts_us / 1e6).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, ValueError, OSError):  # not a date: a hand-made or corrupt trace
+        return f"at ts {ts_us:g} us"
 
 
 def find_runs(paths, rows):
@@ -51,12 +54,14 @@ def find_runs(paths, rows):
     return runs
 
 
-def mixed_message(runs, paths):
-    """One line naming the runs found in the inputs."""
+def mixed_message(runs, paths, command="summary"):
+    """One line naming the runs found in the inputs, for ``command`` (summary, merge)."""
     def files(r):
         names = [paths[i] for i in r["files"]]
         return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     listed = "; ".join(f"{r['label']}: {files(r)}" for r in runs)
+    verb, together = {"summary": ("summarise", "count them together"),
+                      "merge": ("merge", "merge them into one file")}[command]
     return (f"the traces hold {len(runs)} different runs, which would be mixed ({listed}); "
-            "summarise one run at a time (dftrace-dynamo run writes each run to its own directory), "
-            "or add --all-runs to count them together")
+            f"{verb} one run at a time (dftrace-dynamo run writes each run to its own directory), "
+            f"or add --all-runs to {together}")

@@ -82,10 +82,6 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
     (start s, end s) from the first event; ``max_events``: events per part.
     Returns ``(parts as (path, events), warnings)``."""
     check_trace(src)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as exc:
-        raise TraceError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
     ts, end, thread, everywhere, step_slices, lines = _scan(src)
     group, starts = _groups(ts, end, thread, everywhere)
     warnings = []
@@ -118,19 +114,26 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
         n_parts = 1
         if not (part_of_group == 0).any():
             raise TraceError(f"{src}: no events start in the selected window")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise TraceError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
     paths = [prepare_output(p, [src], force) for p in _part_names(src, out_dir, label, n_parts)]
     target = np.where(group == ALL, ALL, part_of_group[np.maximum(group, 0)] if len(starts) else ALL)
-    writers = [TraceWriter(p) for p in paths]
-    again = EventLines(src)
+    writers = []
     try:
-        for i, (_, raw, _) in enumerate(again):
+        writers += [TraceWriter(p) for p in paths]
+        for i, (_, raw, _) in enumerate(EventLines(src)):
             t = target[i]
             if t == ALL:
                 for w in writers:
                     w.write(raw)
             elif t >= 0:
                 writers[t].write(raw)
-    finally:
+    except BaseException:
         for w in writers:
-            w.close()
+            w.abort()
+        raise
+    for w in writers:
+        w.close()
     return [(p, w.events) for p, w in zip(paths, writers)], warnings + lost_notes(lines)

@@ -16,12 +16,17 @@ Problems (Perfetto loses data or refuses the file):
 
 Notes (reported, not failures): a cut last line (a crash; Perfetto drops it
 silently), a missing closing ``]``.
+
+Also a problem, though Perfetto may load it: a line longer than
+:data:`.reader.MAX_LINE`, which no dftrace-dynamo command reads. An event
+field of the wrong JSON type (:data:`.reader.FIELD_TYPES`) is refused with a
+:class:`.reader.TraceError`, as by every other reader.
 """
 
 import math
 from collections import defaultdict
 
-from .reader import EventLines, is_number
+from .reader import KEEP, EventLines, is_number, too_long
 
 MAX_DEPTH = 512
 # The Perfetto web UI (v52, WASM trace processor, 4 GB address space) loaded a
@@ -29,25 +34,51 @@ MAX_DEPTH = 512
 UI_MAX_EVENTS = 16_000_000
 SPLIT_EVENTS = 8_000_000  # suggested part size: half the limit, room for args-heavy events
 _U32 = (1 << 32) - 1
+_I64 = 1 << 63
 
 
 def _ns(us):
-    """µs → ns the way Perfetto does it: ``x * 1000`` in double, rounded half away."""
-    return us * 1000 if isinstance(us, int) else math.floor(us * 1000 + 0.5)
+    """µs → ns the way Perfetto does it: ``x * 1000`` in double, rounded half
+    away; None when that is not a 64-bit integer (Perfetto's time type)."""
+    ns = us * 1000 if isinstance(us, int) else us * 1000 + 0.5
+    if not math.isfinite(ns) or not -_I64 <= ns < _I64:
+        return None
+    return ns if isinstance(ns, int) else math.floor(ns)
+
+
+def _order(problem):
+    return (problem[0] is not None, problem[0] or 0)
 
 
 class Report:
-    """Problems (line number or None, message), notes and the event count of one file."""
+    """The problems (line number or None, message) of one file, file-wide ones
+    and then by line: all counted (``count``), the first ``keep`` kept; its
+    notes and event count."""
 
-    def __init__(self, path):
+    def __init__(self, path, keep=KEEP):
         self.path = path
+        self.keep = keep
         self.problems = []  # (line or None, message)
+        self.count = 0
         self.notes = []
         self.warnings = []
         self.events = 0
 
     def problem(self, line, message):
+        self.count += 1
         self.problems.append((line, message))
+        if len(self.problems) > 2 * self.keep + 64:
+            self._trim()
+
+    def counted(self, lines, message):
+        """One problem per kept line number of ``lines`` (a :class:`.reader.Counted`), all counted."""
+        for lineno in lines.first:
+            self.problem(lineno, message)
+        self.count += lines.count - len(lines.first)
+
+    def _trim(self):
+        self.problems.sort(key=_order)
+        del self.problems[self.keep:]
 
 
 def _check_sniff(report, first_bytes):
@@ -71,9 +102,10 @@ def _check_event(report, lineno, ev, threads):
         report.problem(lineno, "X event without a numeric ts")
     elif not is_number(dur) or dur < 0:
         report.problem(lineno, "X event without a numeric dur >= 0 (Perfetto drops it)")
+    elif (start := _ns(ts)) is None or (length := _ns(dur)) is None or start + length >= _I64:
+        report.problem(lineno, f"X event at ts {ts} with dur {dur} ends beyond 2^63 ns, Perfetto's time range")
     else:
-        start = _ns(ts)
-        threads[(ev.get("pid"), ev.get("tid"))].append((start, start + _ns(dur), lineno))
+        threads[(ev.get("pid"), ev.get("tid"))].append((start, start + length, lineno))
 
 
 def _check_nesting(report, threads):
@@ -96,28 +128,31 @@ def _check_nesting(report, threads):
             stack.append((start, end, lineno))
 
 
-def validate(path):
-    """Returns a :class:`Report` for one trace file."""
-    report = Report(path)
+def validate(path, keep=KEEP):
+    """Returns a :class:`Report` for one trace file, keeping its first ``keep`` problems."""
+    report = Report(path, keep)
     threads = defaultdict(list)
     lines = EventLines(path)
     for lineno, _, ev in lines:
         report.events += 1
         _check_event(report, lineno, ev, threads)
-    if not lines.last_line:
-        report.problem(None, "empty file: Perfetto rejects it")
+    if not lines.text_lines and not lines.oversized.count:
+        report.problem(None, "empty file: Perfetto rejects it" if not lines.last_line
+                       else "blank lines only: Perfetto rejects it")
         return report
     _check_sniff(report, lines.head)
-    for lineno in lines.broken:
-        if lineno == lines.last_line:
-            report.notes.append(f"line {lineno}: cut last line (a crash); Perfetto drops it silently")
-        else:
-            report.problem(lineno, "not valid JSON: Perfetto aborts the whole load")
-    for lineno in lines.not_events:
-        report.problem(lineno, "JSON value that is not an event object")
-    for lineno in lines.early_close:
-        report.problem(lineno, "data after this ']' (two runs appended to one file?): "
-                               "Perfetto stops reading here")
+    if lines.cut_last_line():
+        report.notes.append(f"line {lines.last_line}: cut last line (a crash); Perfetto drops it silently")
+        lines.broken.count -= 1
+        if lines.broken.first[-1] == lines.last_line:
+            lines.broken.first.pop()
+    report.counted(lines.broken, "not valid JSON: Perfetto aborts the whole load")
+    report.counted(lines.not_events, "JSON value that is not an event object")
+    report.counted(lines.early_close, "data after this ']' (two runs appended to one file?): "
+                                      "Perfetto stops reading here")
+    for lineno, size in zip(lines.oversized.first, lines.oversized_sizes):
+        report.problem(lineno, too_long(size))
+    report.count += lines.oversized.count - len(lines.oversized.first)
     if not lines.closed:
         report.notes.append("no closing ']' (fine for Perfetto; the writer did not finish)")
     for note in lines.damage.notes:
@@ -129,5 +164,5 @@ def validate(path):
             f"{report.events:,} events: more than the Perfetto web UI loads (about {UI_MAX_EVENTS // 10**6} M "
             f"events; it runs out of memory above that); cut it into parts with: dftrace-dynamo convert "
             f"{path} --split --max-events {SPLIT_EVENTS} -o DIR")
-    report.problems.sort(key=lambda p: (p[0] is not None, p[0] or 0))
+    report._trim()
     return report

@@ -2,6 +2,7 @@
 line, ``]`` last; compressed as independent gzip members or zstd frames so a
 reader (and Perfetto) can use every complete member of a cut file."""
 
+import os
 import zlib
 
 import zstandard
@@ -62,6 +63,11 @@ class TraceWriter:
         self._flush()
         self._file.close()
 
+    def abort(self):
+        """Closes and removes the file: a failed command leaves no partial output."""
+        self._file.close()
+        os.unlink(self.path)
+
     def __enter__(self):
         return self
 
@@ -69,4 +75,4 @@ class TraceWriter:
         if exc_type is None:
             self.close()
         else:
-            self._file.close()
+            self.abort()
