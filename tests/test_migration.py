@@ -313,3 +313,11 @@ def test_validate_says_perfetto_shows_pydftracers_trace_empty(pyd):
     p = cli("validate", pyd[2])
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Perfetto" in p.stdout and "empty" in p.stdout, p.stdout
+
+
+def test_configuration_names_where_the_meanings_differ():
+    pytest.importorskip("dftracer.python")
+    p = run_python(["-c", "from dftracer.python import env; print(env.DFTRACER_LOG_LEVEL)"], None, {})
+    assert p.stdout.strip() == "ERROR"
+    page = " ".join((ROOT / "docs" / "configuration.rst").read_text().split())
+    assert "DFTracer defaults to ``ERROR``" in page and "``DFTRACER_INC_METADATA``: in DFTracer, ``1`` is needed" in page
