@@ -1,5 +1,5 @@
-"""Step analysis: summary's step, graphs and rank views, warm-up steps apart, diff between
-runs, runs kept apart, and big traces cut by convert --split. Traces with step structure
+"""Step analysis: summary's step, graphs and rank views, warm-up steps apart (diff between
+runs: test_cli_diff.py), runs kept apart, and big traces cut by convert --split. Traces with step structure
 are written by the real C writer (tests/scripts/stepgen.py) and by real traced training loops."""
 
 import json
@@ -200,64 +200,6 @@ def test_traces_without_steps_keep_working(tmp_path):
     assert result["steps"] is None and result["op_events"] == 500
     table = cli("summary", trace, "--by", "step", "--by", "op").stdout
     assert "(no step slices in these traces)" in table and "Top ops by total time" in table
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("diff")
-    base = stepgen(d / "base" / "t", "--steps", 30, "--seed", 1)
-    same = stepgen(d / "same" / "t", "--steps", 30, "--seed", 2)
-    slow = stepgen(d / "slow" / "t", "--steps", 30, "--seed", 3, "--slow", "0-99:2")
-    return base, same, slow
-
-
-def diff_json(*args):
-    p = cli("diff", "--format", "json", *args)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
-def test_diff_ranks_the_injected_regression_first(runs):
-    base, _, slow = runs
-    d = diff_json(base, os.path.dirname(slow))
-    st = d["step_time"]
-    assert d["per"] == "step" and st["base"]["steps"] == st["new"]["steps"] == 29
-    assert st["change_us"] == pytest.approx(2000, rel=0.05) and not st["within_noise"]
-    first = {}
-    for r in d["up"]:
-        first.setdefault(r["view"], r)
-    assert first["op"]["key"] == "function.relu.default" and first["module"]["key"] == "layers.1"
-    assert first["op"]["change_us"] == pytest.approx(2000, rel=0.01) and not first["op"]["within_noise"]
-    assert first["op"]["base_count_per_step"] == first["op"]["new_count_per_step"] == 4
-    assert first["op"]["new_mean_us"] - first["op"]["base_mean_us"] == pytest.approx(500, rel=0.01)
-    assert d["up"][0]["change_us"] >= max(abs(r["change_us"]) for r in d["down"])
-    assert all(r["within_noise"] for r in d["down"])
-    assert cli("diff", base, slow, "--fail-above", "10").returncode == 1
-    assert cli("diff", base, slow, "--fail-above", "80").returncode == 0
-
-
-def test_diff_marks_an_unchanged_run_within_noise(runs):
-    base, same, _ = runs
-    d = diff_json(base, same)
-    assert d["step_time"]["within_noise"] and abs(d["step_time"]["change"]) < 0.02
-    assert all(r["within_noise"] for r in d["up"] + d["down"])
-    assert d["only_base"] == d["only_new"] == []
-    p = cli("diff", base, same, "--fail-above", "5")
-    assert p.returncode == 0 and "within the step-to-step noise" in p.stdout
-    csv_lines = cli("diff", base, same, "--format", "csv").stdout.splitlines()
-    assert csv_lines[0].startswith("section,view,key") and csv_lines[1].startswith("step_time,step,median")
-
-
-def test_diff_ops_on_one_side_only(runs, tmp_path):
-    from scripts import tracegen
-
-    base, _, _ = runs
-    other = tracegen.write(tmp_path / "other.pfw.gz", 100)
-    d = diff_json(base, other)
-    assert d["per"] == "trace" and d["step_time"] is None
-    assert "function._log_softmax.default" in {r["key"] for r in d["only_new"]}
-    assert {(r["view"], r["key"]) for r in d["only_base"]} == {("module", "layers.3")}
-    assert_bad_input(cli("diff", base, tmp_path / "missing"), "no such file")
 
 
 def test_two_runs_land_in_two_directories_and_are_not_mixed(tmp_path):

@@ -1,4 +1,5 @@
-"""``dftrace-dynamo diff``: what changed between two runs, per steady-state step."""
+"""``dftrace-dynamo diff``: what changed between two runs, per steady-state step, judged
+against each row's own step-to-step variation."""
 
 import csv
 import io
@@ -10,30 +11,41 @@ from ._common import progress_bar, warn
 
 FORMATS = ("table", "csv", "json")
 _CSV = ("section", "view", "key", "base_count_per_step", "new_count_per_step", "base_us_per_step",
-        "new_us_per_step", "change_us", "change", "base_mean_us", "new_mean_us", "within_noise")
+        "new_us_per_step", "change_us", "change", "interval_low_us", "interval_high_us", "base_samples",
+        "new_samples", "p_value", "within_noise")
 
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "diff", help="compare two runs: step time, and the ops, modules and phases that changed most per step",
-        description="Steady-state comparison of two runs (warm-up steps left out): the median step time with "
-                    "its spread on both sides, then the ops, modules and step phases whose time per step "
-                    "changed most, up and down, with calls per step and mean time per call on both sides; "
-                    "ops found on one side only. A change not larger than the step-to-step noise (the larger "
-                    "interquartile range of the step times) is marked as within noise. Without step slices "
-                    "the runs are compared per trace.")
+        "diff", help="compare two runs: step time, and the ops, modules and phases that changed beyond noise",
+        description="Steady-state comparison of two runs (warm-up steps left out). Every row (the step time, "
+                    "each part of a step, each op, module and phase) is judged against its own variation "
+                    "from step to step: its time in each steady step on both sides, compared with a "
+                    "Mann-Whitney U test; the change is the Hodges-Lehmann shift with its confidence "
+                    "interval, corrected for the number of rows (95%% confidence for the whole comparison). "
+                    "A row changed beyond noise when its interval excludes zero. Without step slices on both "
+                    "sides the runs are compared per trace, and nothing is judged.")
     p.add_argument("base", metavar="BASE", help="trace file or directory of the reference run")
     p.add_argument("new", metavar="NEW", help="trace file or directory of the run to compare")
     p.add_argument("--top", type=int, default=10, metavar="N", help="rows up and down (default 10)")
     p.add_argument("--include-warmup", action="store_true", help="count warm-up steps too")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--fail-above", type=float, metavar="PCT",
-                   help="exit status 1 when the median step time grew by more than PCT percent (for CI)")
+                   help="exit status 1 when some row's confidence interval lies entirely above +PCT%% of its "
+                        "BASE time per step: it grew by more than PCT%% (for CI; needs step slices)")
     p.set_defaults(func=run)
 
 
 def _pct(x):
     return "new" if x is None else f"{100 * x:+.1f}%"
+
+
+def _interval(r):
+    if r["interval"]:
+        return f"[{100 * r['interval'][0]:+.1f}, {100 * r['interval'][1]:+.1f}]"
+    if r["interval_us"]:
+        return f"[{fmt_ms(r['interval_us'][0])}, {fmt_ms(r['interval_us'][1])}] ms"
+    return "-" if r["samples"] is None else "too few steps"
 
 
 def _side_text(st):
@@ -42,66 +54,81 @@ def _side_text(st):
 
 
 def to_table(result):
-    out = []
+    out = [f"verdict: {result['verdict']['text']}"]
     st = result["step_time"]
     if st:
-        noise = "within" if st["within_noise"] else "outside"
-        out += [f"median step time: base {_side_text(st['base'])}",
-                f"                  new  {_side_text(st['new'])}",
-                f"change: {fmt_ms(st['change_us'])} ms ({_pct(st['change'])}), {noise} the step-to-step noise "
-                f"(±{fmt_ms(st['noise_us'])} ms)"]
+        noise = "within noise" if st["within_noise"] else "beyond noise"
+        out += [f"step time: base {_side_text(st['base'])}",
+                f"           new  {_side_text(st['new'])}",
+                f"change: {fmt_ms(st['change_us'])} ms ({_pct(st['change'])}), interval {_interval(st)}%: {noise}"]
+        method = result["method"]
+        out.append(f"method: Mann-Whitney U per row over its per-step times, Hodges-Lehmann shift and interval "
+                   f"({100 * method['row_confidence']:.3f}% per row, {method['confidence']:.0%} for all "
+                   f"{method['rows']} rows together)")
     else:
         out.append("no step slices on both sides: times are totals per trace, noise unknown")
     unit = "ms/step" if result["per"] == "step" else "ms"
     head = (f"{'view':<6}  {'key':<40}  {'calls b':>8}  {'calls n':>8}  {'base ' + unit:>12}  {'new ' + unit:>12}  "
-            f"{'change':>10}  {'':>7}  {'mean us b':>10}  {'mean us n':>10}")
+            f"{'change':>10}  {'':>7}  {'interval %':>16}  {'p':>8}  {'mean us b':>10}  {'mean us n':>10}")
 
-    def line(r):
+    def line(r, value):
         count = (lambda c: "" if c is None else f"{c:,.1f}")
         mean = (lambda m: "-" if m is None else f"{m:,.2f}")
-        note = "  (within noise)" if r["within_noise"] else ""
+        p = "-" if r["p_value"] is None else f"{r['p_value']:.2g}"
         return (f"{r['view']:<6}  {r['key'][:40]:<40}  {count(r['base_count_per_step']):>8}  "
-                f"{count(r['new_count_per_step']):>8}  {fmt_ms(r['base_us_per_step']):>12}  "
-                f"{fmt_ms(r['new_us_per_step']):>12}  {fmt_ms(r['change_us']):>10}  {_pct(r['change']):>7}  "
-                f"{mean(r['base_mean_us']):>10}  {mean(r['new_mean_us']):>10}{note}")
+                f"{count(r['new_count_per_step']):>8}  {fmt_ms(r[f'base_{value}']):>12}  "
+                f"{fmt_ms(r[f'new_{value}']):>12}  {fmt_ms(r['change_us']):>10}  {_pct(r['change']):>7}  "
+                f"{_interval(r):>16}  {p:>8}  {mean(r['base_mean_us']):>10}  {mean(r['new_mean_us']):>10}")
 
-    for title, key in (("Grew most", "up"), ("Shrank most", "down"), ("Only in BASE", "only_base"),
-                       ("Only in NEW", "only_new")):
+    judged = result["per"] == "step"
+    value = "median_us" if judged else "us_per_step"
+    what = "median time per step; calls per step" if judged else "time per trace; calls per trace"
+    sections = (("Grew beyond noise" if judged else "Grew most", "up"),
+                ("Shrank beyond noise" if judged else "Shrank most", "down"),
+                ("Only in BASE", "only_base"), ("Only in NEW", "only_new"))
+    for title, key in sections:
         if result[key]:
-            out += ["", f"{title} (time per {result['per']}; calls per {result['per']}; mean time per call)", head]
-            out += [line(r) for r in result[key]]
+            out += ["", f"{title} ({what}; mean time per call)", head]
+            out += [line(r, value) for r in result[key]]
+    if judged:
+        out += ["", f"{result['within_noise']} rows changed within noise (their interval holds zero)"]
     return "\n".join(out) + "\n"
+
+
+def _csv_row(section, r):
+    low, high = r["interval_us"] or (None, None)
+    n_base, n_new = r["samples"] or (None, None)
+    return (section, r["view"], r["key"], r["base_count_per_step"], r["new_count_per_step"], r["base_us_per_step"],
+            r["new_us_per_step"], r["change_us"], r["change"], low, high, n_base, n_new, r["p_value"],
+            r["within_noise"])
 
 
 def to_csv(result):
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(_CSV)
-    st = result["step_time"]
-    if st:
-        w.writerow(("step_time", "step", "median", None, None, st["base"]["median_us"], st["new"]["median_us"],
-                    st["change_us"], st["change"], None, None, st["within_noise"]))
+    if result["step_time"]:
+        w.writerow(_csv_row("step_time", result["step_time"]))
     for section in ("up", "down", "only_base", "only_new"):
         for r in result[section]:
-            w.writerow((section, *(r[k] for k in _CSV[1:])))
+            w.writerow(_csv_row(section, r))
     return buf.getvalue()
 
 
 def run(args):
-    from dftrace_dynamo.traces.diff import diff, regressed_above
+    from dftrace_dynamo.traces.diff import diff
     from dftrace_dynamo.traces.reader import TraceError, find_traces
 
     if args.top < 1:
         raise TraceError("--top must be at least 1")
     base, new = find_traces([args.base]), find_traces([args.new])
     with progress_bar(200, "diff", unit="%") as bar:
-        result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update)
+        result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update, args.fail_above)
     for note in result["warnings"]:
         warn("diff", note)
     render = {"table": to_table, "csv": to_csv, "json": lambda r: json.dumps(r, indent=1) + "\n"}[args.format]
     sys.stdout.write(render(result))
-    if args.fail_above is not None and regressed_above(result, args.fail_above):
-        print(f"dftrace-dynamo diff: median step time grew by {100 * result['step_time']['change']:.1f}%, "
-              f"more than --fail-above {args.fail_above:g}%", file=sys.stderr)
+    if result["verdict"]["fail"]:
+        print(f"dftrace-dynamo diff: {result['verdict']['text']}", file=sys.stderr)
         return 1
     return 0

@@ -2,65 +2,223 @@
 
 Each side is summarised (:func:`.summary.summarize`, warm-up steps left out),
 both at the same time in two threads.
-Times are compared **per step**: an op's total time divided by the side's
-number of steady-state steps, so runs of different lengths compare. Without
-step slices on both sides, totals are compared per trace instead.
 
-Noise: the step-to-step spread of the step time, the larger interquartile
-range (p75 - p25) of the two sides. A change of the median step time, or of
-an op's / module's / phase's time per step, not larger than that is marked
-*within noise*: steps of one run already differ by as much.
+Every row (the step time, each part of a step, each op, module and phase) is
+judged against its **own** step-to-step variation: its samples are its time
+in each steady-state step (per process: a step's time summed over the row's
+events, divided by the processes that ran the step), on both sides. The test
+is Mann-Whitney U with the Hodges-Lehmann shift: the change is the median of
+all differences between a NEW step's and a BASE step's time, with the
+distribution-free confidence interval made of two order statistics of those
+differences (Hollander & Wolfe, normal approximation of the critical value).
+The intervals are Bonferroni-corrected, so that :data:`CONFIDENCE` holds for
+the whole comparison, every row at once. A row changed *beyond noise* when its
+interval excludes zero.
+
+The verdict and the exit status follow one rule (:func:`_verdict`): with
+``fail_above`` PCT, the comparison fails when some row's whole interval lies
+above +PCT % of the row's BASE median time per step (it grew by more than
+PCT % with that confidence). Without step slices on both sides there are no samples:
+totals per trace are compared as raw deltas and nothing is judged.
 """
 
+import statistics
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from .reader import TraceError
 from .steps import CATEGORIES
-from .summary import summarize
+from .summary import SAMPLE_VIEWS, summarize
 
-VIEWS = ("op", "module", "phase")
+VIEWS = SAMPLE_VIEWS
+CONFIDENCE = 0.95  # for all rows of a comparison together
+RULE = ("fails when some row's {:.0%} interval lies entirely above +PCT % of that row's BASE median time per step"
+        .format(CONFIDENCE))
 
 
 def _side(paths, include_warmup, progress):
-    result = summarize(paths, VIEWS, top=None, progress=progress, include_warmup=include_warmup)
+    result = summarize(paths, VIEWS, top=None, progress=progress, include_warmup=include_warmup, step_samples=True)
     if not result["op_events"] and not result["steps"]:
         raise TraceError(f"no op events and no steps in {', '.join(paths[:3])}")
     return result
 
 
-def _changes(base, new, n_base, n_new, noise):
-    """Rows per (view, key) present on either side, with per-step times and the change."""
+def _kth_differences(x, y, ks):
+    """The ``ks``-th smallest (1-based) of the differences ``y[j] - x[i]``, x and y sorted,
+    without forming all of them: bisection on the value, counting the differences
+    below it with a binary search per element of x, then the largest difference not
+    above the bound found (an actual difference)."""
+    ks = np.asarray(ks, dtype=np.int64)
+    lo = np.full(len(ks), y[0] - x[-1] - 1.0)  # count(lo) < k <= count(hi)
+    hi = np.full(len(ks), y[-1] - x[0])
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        moving = (mid > lo) & (mid < hi)
+        if not moving.any():
+            break
+        counts = np.searchsorted(y, (x[None, :] + mid[:, None]).ravel(), "right").reshape(len(ks), -1).sum(1)
+        below = counts < ks
+        lo = np.where(moving & below, mid, lo)
+        hi = np.where(moving & ~below, mid, hi)
+    idx = np.searchsorted(y, x[None, :] + hi[:, None], "right") - 1
+    return np.where(idx >= 0, y[np.maximum(idx, 0)] - x[None, :], -np.inf).max(1)
+
+
+def shift_test(base, new, z):
+    """Mann-Whitney U test of two samples with the Hodges-Lehmann shift and its
+    interval; ``z``: the normal quantile of the interval. Returns shift_us,
+    interval_us ([low, high], or None with too few samples for that confidence),
+    p_value (two-sided, normal approximation, tie-corrected) and prob_new_greater
+    (U / nm: the chance that a NEW step's time exceeds a BASE step's, ties half)."""
+    x, y = np.sort(np.asarray(base, float)), np.sort(np.asarray(new, float))
+    n, m = len(x), len(y)
+    values, inverse, ties = np.unique(np.concatenate([x, y]), return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(ties) - (ties - 1) / 2)[inverse]
+    u = ranks[n:].sum() - m * (m + 1) / 2
+    total = n + m
+    var = n * m / 12 * (total + 1 - (ties ** 3 - ties).sum() / (total * (total - 1)))
+    p = 1.0 if var <= 0 else min(1.0, 2 * (1 - statistics.NormalDist().cdf(max(abs(u - n * m / 2) - 0.5, 0)
+                                                                            / var ** 0.5)))
+    c = int(np.floor(n * m / 2 - z * (n * m * (total + 1) / 12) ** 0.5))
+    half = (n * m + 1) // 2
+    ks = [half, n * m + 1 - half] + ([c, n * m + 1 - c] if c >= 1 else [])
+    got = _kth_differences(x, y, ks)
+    return {"shift_us": float(got[:2].mean()), "interval_us": [float(got[2]), float(got[3])] if c >= 1 else None,
+            "p_value": p, "prob_new_greater": float(u / (n * m))}
+
+
+def _steady(side, include_warmup):
+    """The step-analysis rows (one per step number) of one side's steady-state steps."""
+    return [r for r in side["steps"]["rows"] if include_warmup or not r["warmup"]]
+
+
+def _sides(base, new, include_warmup):
+    """(view, key) -> [BASE, NEW] for every row with time in some step, each side a dict
+    with count_per_step and mean_us (per call; None for the step rows) and samples (the
+    row's time in each steady step, 0 where it has none); None for a side without the row."""
+    out = {}
+    for i, side in enumerate((base, new)):
+        steady = _steady(side, include_warmup)
+        procs = sum(r["processes"] for r in steady)  # count per step: per step and process
+        found = {("step", "time"): (None, None, [r["wall_us"] for r in steady])}
+        found.update({("step", part): (None, None, [r[f"{part}_us"] for r in steady]) for part in CATEGORIES})
+        for view, keys in side["step_samples"].items():
+            stats = {r["key"]: r for r in side["views"][view]}
+            for key, by_step in keys.items():
+                got = stats.get(key)
+                found[(view, key)] = (got and got["count"] / procs, got and got["mean_us"],
+                                      [by_step.get(r["step"], 0.0) / r["processes"] for r in steady])
+        for key, (count, mean, samples) in found.items():
+            out.setdefault(key, [None, None])[i] = {"count_per_step": count, "mean_us": mean, "samples": samples}
+    return {key: got for key, got in out.items()
+            if any(sum(s["samples"]) for s in got if s is not None) or key == ("step", "time")}
+
+
+def _row(view, key, b, n):
+    """A row of the comparison from its two sides (dicts with count_per_step, mean_us
+    and us_per_step, or None where the row is missing)."""
+    row = {"view": view, "key": key}
+    for side, got in (("base", b), ("new", n)):
+        row[f"{side}_count_per_step"] = got["count_per_step"] if got else 0.0
+        row[f"{side}_us_per_step"] = got["us_per_step"] if got else 0.0
+        row[f"{side}_mean_us"] = got["mean_us"] if got else None
+    row["change_us"] = row["new_us_per_step"] - row["base_us_per_step"]
+    row["change"] = row["change_us"] / row["base_us_per_step"] if row["base_us_per_step"] else None
+    row["only_in"] = "base" if n is None else "new" if b is None else None
+    row.update(base_median_us=None, new_median_us=None, interval_us=None, interval=None, samples=None,
+               p_value=None, prob_new_greater=None, within_noise=None)
+    return row
+
+
+def _per_trace_rows(base, new):
+    """Rows of totals per trace (no step slices on both sides): raw deltas, nothing judged."""
     rows = []
     for view in VIEWS:
-        b = {r["key"]: r for r in base["views"][view]}
-        n = {r["key"]: r for r in new["views"][view]}
-        for key in dict.fromkeys([*b, *n]):
-            row = {"view": view, "key": key}
-            for side, got, steps in (("base", b.get(key), n_base), ("new", n.get(key), n_new)):
-                row[f"{side}_count_per_step"] = got["count"] / steps if got else 0.0
-                row[f"{side}_us_per_step"] = got["total_us"] / steps if got else 0.0
-                row[f"{side}_mean_us"] = got["mean_us"] if got else None
-            row["change_us"] = row["new_us_per_step"] - row["base_us_per_step"]
-            row["change"] = row["change_us"] / row["base_us_per_step"] if row["base_us_per_step"] else None
-            row["within_noise"] = None if noise is None else abs(row["change_us"]) <= noise
-            row["only_in"] = "base" if key not in n else "new" if key not in b else None
-            rows.append(row)
+        b, n = ({r["key"]: dict(r, count_per_step=r["count"], us_per_step=r["total_us"]) for r in side["views"][view]}
+                for side in (base, new))
+        rows += [_row(view, key, b.get(key), n.get(key)) for key in dict.fromkeys([*b, *n])]
     return rows
 
 
-def _step_parts(b_st, n_st, noise):
-    """Rows for the parts of a step (data, forward, backward, optimizer, other), mean per step."""
+def _per_step_rows(base, new, include_warmup):
+    """Rows judged on their per-step samples (see the module docstring); also the
+    normal quantile of each row's interval."""
+    sides = _sides(base, new, include_warmup)
+    steps = [len(_steady(side, include_warmup)) for side in (base, new)]
+    z = statistics.NormalDist().inv_cdf(1 - (1 - CONFIDENCE) / len(sides) / 2)
     rows = []
-    for part in CATEGORIES:
-        b, n = b_st[f"{part}_mean_us"], n_st[f"{part}_mean_us"]
-        rows.append({"view": "step", "key": part, "base_count_per_step": None, "new_count_per_step": None,
-                     "base_us_per_step": b, "new_us_per_step": n, "base_mean_us": None, "new_mean_us": None,
-                     "change_us": n - b, "change": (n - b) / b if b else None,
-                     "within_noise": abs(n - b) <= noise, "only_in": None})
-    return rows
+    for (view, key), got in sides.items():
+        for s in got:
+            if s is not None:
+                s["us_per_step"] = statistics.fmean(s["samples"]) if s["samples"] else 0.0
+        row = _row(view, key, *got)
+        if view == "step":
+            row["base_count_per_step"] = row["new_count_per_step"] = None
+        b_samples, n_samples = (s["samples"] if s else [0.0] * count for s, count in zip(got, steps))
+        if b_samples and n_samples:
+            test = shift_test(b_samples, n_samples, z)
+            # percent of the BASE median: a shift of medians, and one descheduled step
+            # (tens of ms) would inflate a mean
+            row["base_median_us"], row["new_median_us"] = statistics.median(b_samples), statistics.median(n_samples)
+            base_us = row["base_median_us"]
+            lo, hi = test["interval_us"] or (float("-inf"), float("inf"))
+            row.update(change_us=test["shift_us"], change=test["shift_us"] / base_us if base_us else None,
+                       interval_us=test["interval_us"], samples=[len(b_samples), len(n_samples)],
+                       interval=[lo / base_us, hi / base_us] if test["interval_us"] and base_us else None,
+                       p_value=test["p_value"], prob_new_greater=test["prob_new_greater"],
+                       within_noise=lo <= 0 <= hi)
+        rows.append(row)
+    return rows, z
 
 
-def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None):
+def _grew_above(row, pct):
+    """Whether the row's whole interval lies above +pct % of its BASE median time per
+    step (a row whose BASE median is zero: above zero)."""
+    if not row["interval_us"] or row["interval_us"][0] <= 0:
+        return False
+    return row["interval"] is None or row["interval"][0] * 100 > pct
+
+
+def _name(row):
+    return f"{row['view']} {row['key']}"
+
+
+def _change_text(row):
+    if row["change"] is None:
+        return f"{row['change_us'] / 1e3:+,.3f} ms/step (BASE median 0)"
+    low, high = (f"{100 * v:+.1f}%" for v in row["interval"])
+    return f"{100 * row['change']:+.1f}% [{low}, {high}]"
+
+
+def _verdict(rows, per_step, fail_above, steps):
+    """The headline: ``fail`` (the exit status is 1 exactly when it is true), ``text``,
+    ``rows`` (the names of the rows that failed the rule, biggest change first)."""
+    if not per_step:
+        return {"fail": False, "rows": [], "text": "not judged: no step slices on both sides, so no per-step "
+                                                   "samples; the changes are raw differences of totals"}
+    moved = sorted((r for r in rows if r["within_noise"] is False), key=lambda r: -abs(r["change_us"]))
+    grew = [r for r in moved if r["change_us"] > 0]
+    failed = [r for r in grew if fail_above is not None and _grew_above(r, fail_above)]
+    tested = f"{len(rows)} rows over {steps[0]} and {steps[1]} steady steps, {CONFIDENCE:.0%} confidence"
+    if failed:
+        names = "; ".join(f"{_name(r)} {_change_text(r)}" for r in failed[:5])
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        text = f"FAIL: grew by more than --fail-above {fail_above:g}%: {names}{more} ({tested})"
+    elif moved:
+        names = "; ".join(f"{_name(r)} {_change_text(r)}" for r in moved[:5])
+        more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
+        text = f"changed beyond noise: {names}{more} ({tested})"
+        if fail_above is not None:
+            text = f"PASS: no row grew by more than --fail-above {fail_above:g}%; " + text
+    else:
+        text = f"no row changed beyond noise ({tested})"
+        if fail_above is not None:
+            text = "PASS: " + text
+    return {"fail": bool(failed), "rows": [_name(r) for r in failed], "text": text}
+
+
+def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None, fail_above=None):
     """The comparison as a dict (the ``--format json`` document)."""
     # both sides at once: DuckDB runs without the GIL, so one side's Python work (cutting the
     # files into pieces, the step analysis) overlaps the other's scan
@@ -69,31 +227,34 @@ def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None):
         base, new = (side.result() for side in sides)
     b_st, n_st = ((side["steps"] or {}).get("steady") for side in (base, new))
     per_step = bool(b_st and n_st)
-    step = noise = None
+    if fail_above is not None and not per_step:
+        raise TraceError("--fail-above needs step slices in both runs (per-step samples to judge a change "
+                         "against); one of them has none")
+    step, z, steps = None, None, None
     if per_step:
-        noise = max(b_st["p75_us"] - b_st["p25_us"], n_st["p75_us"] - n_st["p25_us"])
-        change = n_st["median_us"] - b_st["median_us"]
-        step = {"base": b_st, "new": n_st, "change_us": change,
-                "change": change / b_st["median_us"] if b_st["median_us"] else None,
-                "noise_us": noise, "within_noise": abs(change) <= noise}
-        rows = _changes(base, new, b_st["steps"], n_st["steps"], noise) + _step_parts(b_st, n_st, noise)
+        rows, z = _per_step_rows(base, new, include_warmup)
+        step = dict(next(r for r in rows if (r["view"], r["key"]) == ("step", "time")), base=b_st, new=n_st)
+        steps = [b_st["steps"], n_st["steps"]]
     else:
-        rows = _changes(base, new, 1, 1, noise)
-    both = [r for r in rows if r["only_in"] is None]
+        rows = _per_trace_rows(base, new)
+    both = [r for r in rows if r["only_in"] is None and r["within_noise"] is not True]
+    judged = [r for r in rows if r["within_noise"] is not None]
     return {
         "base": base_paths,
         "new": new_paths,
         "per": "step" if per_step else "trace",
+        "method": {
+            "test": "Mann-Whitney U; change: Hodges-Lehmann shift (median of the differences NEW step - "
+                    "BASE step) with its distribution-free interval, Bonferroni-corrected",
+            "confidence": CONFIDENCE, "rows": len(judged), "row_confidence": 1 - (1 - CONFIDENCE) / len(judged)
+            if judged else None, "z": z, "steps": steps, "fail_above": fail_above, "rule": RULE},
+        "verdict": _verdict(judged, per_step, fail_above, steps),
         "step_time": step,
         "up": sorted((r for r in both if r["change_us"] > 0), key=lambda r: -r["change_us"])[:top],
         "down": sorted((r for r in both if r["change_us"] < 0), key=lambda r: r["change_us"])[:top],
+        "within_noise": sum(r["within_noise"] is True for r in rows),
         "only_base": sorted((r for r in rows if r["only_in"] == "base"), key=lambda r: -r["base_us_per_step"]),
         "only_new": sorted((r for r in rows if r["only_in"] == "new"), key=lambda r: -r["new_us_per_step"]),
+        "rows": rows,
         "warnings": base["warnings"] + new["warnings"],
     }
-
-
-def regressed_above(result, pct):
-    """True when the median step time grew by more than ``pct`` percent."""
-    st = result["step_time"]
-    return st is not None and st["change"] is not None and st["change"] * 100 > pct

@@ -40,6 +40,7 @@ from .report import OP_VIEWS, VIEWS
 UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME, STEP, DATA, BACKWARD, OPTIMIZER, START = range(10)
 # step-structure categories -> kind (the step vocabulary, see docs/design.rst)
 STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
+SAMPLE_VIEWS = ("op", "module", "phase")  # views with per-step samples (step_samples=True)
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
@@ -255,13 +256,14 @@ def _load(con, paths, module_depth, progress, tmpdir):
 
 
 def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, include_warmup=False,
-              all_runs=False):
+              all_runs=False, step_samples=False):
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
     document): totals, ``steps`` (the step analysis, see :mod:`.steps`),
     ``compile`` (graphs compiled, graph breaks, recompiles), ``views`` (view ->
     rows sorted by total time, at most ``top`` each; all with ``top=None``)
-    and ``warnings`` (what could not be read). Raises :class:`TraceError`
+    and ``warnings`` (what could not be read); with ``step_samples``, also
+    ``step_samples`` (see :func:`_step_samples`). Raises :class:`TraceError`
     when the files hold several runs, unless ``all_runs``. ``progress(n)`` is
     called with percent steps."""
     views = list(dict.fromkeys(views))
@@ -299,11 +301,33 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     rows = con.execute(sql).fetchall()
     kernel_rows = kernels.view(con, f"kind = {OP} {warm_filter}", top) if "kernel" in views else []
     unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
+    samples = _step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter) if step_samples else None
     con.close()
     result = _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
+    if samples is not None:
+        result["step_samples"] = samples
     if kernel_rows:
         result["views"]["kernel"] = kernel_rows
     return result
+
+
+def _step_samples(con, views, warm_filter):
+    """view -> key -> {step: op time in that step (µs), all processes together}, for the
+    views of one key column (op, module, phase): the per-step samples ``diff`` tests.
+    Steps in which a key has no event are absent."""
+    if not views:
+        return {}
+    cols = [_SETS[v][0] for v in views]
+    rows = con.execute(f"""
+        SELECT grouping({", ".join(cols)}), step, {", ".join(cols)}, sum(coalesce(dur, 0)) FROM ev e
+        WHERE kind = {OP} AND step IS NOT NULL {warm_filter}
+        GROUP BY GROUPING SETS ({", ".join(f"(step, {c})" for c in cols)})""").fetchall()
+    out = {v: {} for v in views}
+    masks = {_mask(cols, (c,)): (v, i) for i, (v, c) in enumerate(zip(views, cols))}
+    for mask, step, *rest in rows:
+        view, i = masks[mask]
+        out[view].setdefault(rest[i], {})[step] = rest[-1]
+    return out
 
 
 def _warm_filter(con, keys, inline_max=256):
