@@ -210,8 +210,6 @@ log.finalize()
 """
 
 
-@pytest.mark.xfail(strict=True, reason="Dynamo.compile takes fn= and a keyword-only autograd: "
-                                       "needs compile(self, f_py=None, autograd=None, *, level=None, ...)")
 def test_pydftracers_call_forms(tmp_path):
     pytest.importorskip("dftracer.python")
     (tmp_path / "pyd.py").write_text(CALL_FORMS.format(tool="dftracer.python"))

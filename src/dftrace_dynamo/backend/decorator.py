@@ -37,13 +37,14 @@ class Dynamo:
         self.backend.update(epoch, step, image_idx, image_size, args)
         return self
 
-    def compile(self, fn: Optional[Callable] = None, *, level: Optional[str] = None,
-                autograd: Optional[bool] = None, **compile_kwargs):
+    def compile(self, f_py: Optional[Callable] = None, autograd: Optional[bool] = None, *,
+                level: Optional[str] = None, **compile_kwargs):
         """``torch.compile`` with this tracer as backend; usable as ``@compile`` or ``@compile(...)``.
 
-        ``level`` (or pydftracer's ``autograd=True/False`` for ``"aten"``/``"torch"``) overrides the
-        tracer's level; other keywords go to ``torch.compile``. Disabled (``enable=False`` or
-        ``DFTRACER_ENABLE=0``): ``fn`` is returned as it is, not compiled.
+        Takes pydftracer's call forms (``compile(f_py=f)``, ``compile(f, False)``): ``autograd=True/False``
+        is ``level="aten"/"torch"`` and wins over ``level``; either overrides the tracer's level; other
+        keywords go to ``torch.compile``. Disabled (``enable=False`` or ``DFTRACER_ENABLE=0``): ``f_py``
+        is returned as it is, not compiled.
         """
         level = resolve_level(level, autograd)
         backend = self.backend
@@ -55,7 +56,7 @@ class Dynamo:
                 return func
             return torch.compile(func, backend=backend, **compile_kwargs)
 
-        return decorate(fn) if fn is not None else decorate
+        return decorate(f_py) if f_py is not None else decorate
 
 
 dynamo = Dynamo()
