@@ -31,6 +31,7 @@
  * NOSTEP an event whose own args hold "step" (log() with a step arg). */
 #define DFT_FLAG_STEP 64u
 #define DFT_FLAG_NOSTEP 128u
+#define DFT_FLAG_COUNTER 256u /* a counter sample ("ph":"C", steps.c counter()): not placed */
 /* the bits a caller of record() may set; the others are the writer's own */
 #define DFT_FLAGS_PUBLIC (DFT_FLAG_GRAD | DFT_PHASE_MASK | DFT_FLAG_FAILED)
 enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE };

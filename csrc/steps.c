@@ -48,22 +48,70 @@ static PyObject *py_set_ops_on(PyObject *m, PyObject *o) {
 
 static PyObject *py_ops_on(PyObject *m, PyObject *unused) { return PyBool_FromLong(dft_ops_on); }
 
-/* step_slice(step, start_ns, end_ns): the slice "step N" (cat step) on the
- * calling thread, carrying its own number whatever the current step is. */
+/* "\0" name/cat (none, or the counter's) "\0" args "\0": the extra text of a
+ * site-0 record (writer.c); NULL with a Python error. */
+static char *extra_text(PyObject *name, PyObject *cat, PyObject *args) {
+    dft_buf b = {0};
+    if (dft_buf_reserve(&b, 16) < 0)
+        return (char *)PyErr_NoMemory();
+    if (name) {
+        dft_buf_put(&b, ",\"name\":", 8);
+        if (dft_json_str(&b, name) < 0 || dft_buf_reserve(&b, 8) < 0)
+            goto fail;
+        dft_buf_put(&b, ",\"cat\":", 7);
+        if (dft_json_str(&b, cat) < 0)
+            goto fail;
+    }
+    if (dft_buf_reserve(&b, 1) < 0)
+        goto fail;
+    dft_buf_put(&b, "", 1);
+    if (dft_json_fields(&b, args) < 0 || dft_buf_reserve(&b, 1) < 0)
+        goto fail;
+    dft_buf_put(&b, "", 1);
+    return b.p;
+fail:
+    if (!PyErr_Occurred())
+        PyErr_NoMemory();
+    dft_buf_free(&b);
+    return NULL;
+}
+
+/* step_slice(step, start_ns, end_ns, args=None): the slice "step N" (cat step)
+ * on the calling thread, carrying its own number whatever the current step
+ * is, and args (the step's peak memory). */
 static PyObject *py_step_slice(PyObject *m, PyObject *args) {
-    PyObject *n;
+    PyObject *n, *extra_args = Py_None;
     unsigned long long s, e;
     uint32_t tag;
-    if (!PyArg_ParseTuple(args, "OKK:step_slice", &n, &s, &e) || get_step_arg(n, &tag) < 0)
+    if (!PyArg_ParseTuple(args, "OKK|O:step_slice", &n, &s, &e, &extra_args) || get_step_arg(n, &tag) < 0)
         return NULL;
     if (!tag) {
         PyErr_SetString(PyExc_ValueError, "a step slice needs a step number");
         return NULL;
     }
+    char *extra = NULL;
+    if (extra_args != Py_None && !(extra = extra_text(NULL, NULL, extra_args)))
+        return NULL;
     uint32_t saved = dft_step_tag;
     dft_step_tag = tag;
-    dft_push(0, s, e, DFT_FLAG_NOCTX | DFT_FLAG_STEP, 0, NULL);
+    if (dft_push(0, s, e, DFT_FLAG_NOCTX | DFT_FLAG_STEP, 0, extra) < 0)
+        free(extra);
     dft_step_tag = saved;
+    Py_RETURN_NONE;
+}
+
+/* counter(name, cat, ts_ns, values): one sample of counter tracks ("ph":"C",
+ * one track per key of values), without the current step. */
+static PyObject *py_counter(PyObject *m, PyObject *args) {
+    PyObject *name, *cat, *values;
+    unsigned long long ts;
+    if (!PyArg_ParseTuple(args, "UUKO!:counter", &name, &cat, &ts, &PyDict_Type, &values))
+        return NULL;
+    char *extra = extra_text(name, cat, values); /* dropped by dft_push when no file is open */
+    if (!extra)
+        return NULL;
+    if (dft_push(0, ts, ts, DFT_FLAG_NOCTX | DFT_FLAG_NOSTEP | DFT_FLAG_COUNTER, 0, extra) < 0)
+        free(extra);
     Py_RETURN_NONE;
 }
 
@@ -75,6 +123,8 @@ PyMethodDef dft_step_methods[] = {
      "set_ops_on(flag): record op-level events (interceptors, graphs) or skip them."},
     {"ops_on", py_ops_on, METH_NOARGS, "Whether op-level events are recorded."},
     {"step_slice", py_step_slice, METH_VARARGS,
-     "step_slice(n, start_ns, end_ns): record the slice 'step n' (cat step)."},
+     "step_slice(n, start_ns, end_ns, args=None): record the slice 'step n' (cat step)."},
+    {"counter", py_counter, METH_VARARGS,
+     "counter(name, cat, ts_ns, values): one sample of counter tracks (\"ph\":\"C\")."},
     {NULL, NULL, 0, NULL},
 };

@@ -294,7 +294,11 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
                   (tags ? tags->len : 0);
     uint64_t s = x->start, e = x->end > x->start ? x->end : x->start, S, E;
     uint32_t tid = r->tid;
-    if (DFT_UNLIKELY(x->flags & DFT_FLAG_TIMED)) {
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER)) {
+        if (dft_buf_reserve(b, need) < 0)
+            return -1;
+        S = E = s;
+    } else if (DFT_UNLIKELY(x->flags & DFT_FLAG_TIMED)) {
         if (place_timed(r, s, e, &S, &E, &tid) < 0 || dft_buf_reserve(b, need) < 0)
             return -1;
     } else {
@@ -312,7 +316,10 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":");
     p = dft_fmt_us(p, E - S);
-    PUT(",\"ph\":\"X\",\"args\":{\"hhash\":");
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER))
+        PUT(",\"ph\":\"C\",\"args\":{\"hhash\":");
+    else
+        PUT(",\"ph\":\"X\",\"args\":{\"hhash\":");
     PUTS(dft_w.hhash_json, dft_w.hhash_len);
     PUTS(site->args.p, site->args.len);
     if (tags)

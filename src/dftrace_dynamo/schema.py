@@ -19,9 +19,11 @@ CAT_DATA = "data"  # a DataLoader ``next()``
 CAT_BACKWARD = "backward"  # an outermost autograd backward/grad call
 CAT_OPTIMIZER = "optimizer"  # an optimizer's ``step()`` or ``zero_grad()``
 CAT_DFTRACER = "dftracer"  # the ``start`` and ``end`` records
+CAT_COMM = "comm"  # one collective or point-to-point operation (torch.distributed, DDP buckets)
+CAT_MEMORY = "memory"  # memory counter samples ("ph": "C")
 
 CATEGORIES = (CAT_OP, CAT_GRAPH, CAT_COMPILE, CAT_MODULE, CAT_KERNEL, CAT_CUDA, CAT_STEP, CAT_DATA,
-              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER)
+              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER, CAT_COMM, CAT_MEMORY)
 # the step structure: the categories that split a step's wall time
 STEP_STRUCTURE = (CAT_STEP, CAT_DATA, CAT_BACKWARD, CAT_OPTIMIZER)
 
@@ -46,6 +48,19 @@ ARG_REASON = "reason"
 ARG_LOCATION = "location"
 ARG_FRAME = "frame"
 ARG_COMPILE_ID = "compile_id"
+# comm events: the operation, its payload and its process group
+ARG_OP = "op"  # all_reduce, broadcast, send, ... (the event name says the same)
+ARG_BYTES = "bytes"  # payload of this rank (its input tensors; all_gather: its own part)
+ARG_DTYPE = "dtype"
+ARG_GROUP = "group"  # the process group's name (same on every member)
+ARG_GROUP_SIZE = "group_size"
+ARG_RANK = "rank"  # this process's rank in the default group
+ARG_ASYNC = "async_op"  # issued with async_op=True: the event ends when the work completed
+ARG_BUCKET = "bucket"  # DDP gradient bucket index
+# memory: on step slices, and the counter tracks
+ARG_PEAK_RSS = "peak_rss"  # bytes: the process's peak resident memory during the step
+ARG_CUDA_PEAK = "cuda_max_allocated"  # bytes: torch.cuda.max_memory_allocated during the step
+ARG_RSS = "rss"  # bytes: resident memory at the sample (counter track)
 
 # ---- phases (``args.phase``) ------------------------------------------------------
 PHASE_FORWARD = "forward"

@@ -136,6 +136,41 @@ def _rank_table(result):
                    f"({100 * spread['spread']:.1f}%) above the fastest ({spread['fastest']}) in median step time")
         out.append(f"straggler: {spread['straggler']}, {fmt_ms(spread['straggler_ops_us'])} ms more time in ops "
                    "per step (median) than the least busy rank; in a synchronous job the others wait for it")
+    return out + _wait_lines(result.get("ranks"))
+
+
+def _mb(n):
+    return "-" if n is None else f"{n / 2**20:,.1f}"
+
+
+def _wait_lines(info):
+    """Who waits for whom (traces.ranks): time per step by part, the straggler, skew, divergence,
+    memory."""
+    if not info:
+        return []
+    width = max(len("rank"), *(len(r["rank"]) for r in info["ranks"]))
+    cols = ("wall", "compute", "comm", "wait", "data", "other", "wait_caused")
+    out = ["", "Who waits for whom (ms per steady step, mean; wait: blocked in a collective before the "
+           "last peer arrived; wait_caused: the others' wait charged to the rank that came last)",
+           f"{'rank':<{width}}  " + "  ".join(f"{c:>11}" for c in cols) + f"  {'peak MiB':>9}"]
+    for r in info["ranks"]:
+        out.append(f"{r['rank']:<{width}}  " + "  ".join(f"{fmt_ms(r.get(f'{c}_us')):>11}" for c in cols)
+                   + f"  {_mb(r.get('peak_rss_max')):>9}")
+    s = info["straggler"]
+    if info["threshold_us"] is not None:
+        why = (f"threshold {fmt_ms(info['threshold_us'])} ms: 3 x the step-to-step noise "
+               f"({fmt_ms(info['noise_us'])} ms), at least 5% of the median step")
+        out.append(f"straggler: {s['rank']}, the others wait {fmt_ms(s['wait_caused_us'])} ms per step for it ({why})"
+                   if s else f"straggler: none (no rank makes the others wait more than the {why})")
+    sk = info["skew"]
+    if sk["median_us"] is not None:
+        out.append(f"step-end skew across ranks: median {fmt_ms(sk['median_us'])} ms, max {fmt_ms(sk['max_us'])} ms")
+    for rank, d in (info["divergence"] or {}).items():
+        out.append(f"compile divergence: {rank} compiled {d['graphs_compiled']} graphs, recompiled in steps "
+                   f"{d['recompile_steps'] or 'none'}")
+    if info["memory"]:
+        out.append("peak memory per step (MiB, largest rank): " + ", ".join(
+            f"{m['step']}: {_mb(m['peak_rss_max'])}" for m in info["memory"][:20]))
     return out
 
 

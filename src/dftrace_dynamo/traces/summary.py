@@ -31,13 +31,15 @@ import threading
 import duckdb
 
 from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
-from . import compiles, runs, steps
+from ..schema import ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, CAT_COMM, CAT_STEP
+from . import compiles, ranks, runs, steps
 from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
                      rank_of, starts_a_line, tail_damage)
 from . import kernels
 from .report import OP_VIEWS, VIEWS
 
 UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME, STEP, DATA, BACKWARD, OPTIMIZER, START = range(10)
+COMM = 11  # collectives (ranks)
 # step-structure categories -> kind (the step vocabulary, see docs/design.rst)
 STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
 SAMPLE_VIEWS = ("op", "module", "phase")  # views with per-step samples (step_samples=True)
@@ -46,9 +48,10 @@ PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
 # each one costs parsing time on every event: only those a view uses
 _INFO = ("kind", "reason", "location", "frame", "run_id")  # of compile events and the start record
-_ARGS = ("graph", "node", "module", "phase", "name", "step", "kernel_type", *_INFO)
+_RANK_INFO = (ARG_BYTES, ARG_GROUP, ARG_PEAK_RSS, ARG_CUDA_PEAK)  # of comm events and step slices (ranks)
+_ARGS = ("graph", "node", "module", "phase", "name", "step", "kernel_type", *_INFO, *_RANK_INFO)
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
-            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f"{a} VARCHAR" for a in _ARGS)
+            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in _ARGS)
             + ", aten_ops VARCHAR[])'}")
 _KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns, in result order
 _SETS = {
@@ -114,6 +117,7 @@ def _load_sql(module_depth, source_sql):
         module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
     step_kinds = " ".join(f"WHEN e.ph = 'X' AND e.cat = '{cat}' THEN {kind}" for cat, kind in STEP_KINDS.items())
     info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in ("graph", *_INFO)) + ")"
+    rank_info = "struct_pack(" + ", ".join(f'"{a}" := e.args."{a}"' for a in _RANK_INFO) + ")"
     return f"""
 CREATE TEMP TABLE ev AS
 SELECT * FROM (
@@ -124,13 +128,15 @@ SELECT * FROM (
                 {step_kinds}
                 WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
                 WHEN e.ph = 'X' AND e.name = 'start' AND e.cat = '{CAT_DFTRACER}' THEN {START}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_COMM}' THEN {COMM}
                 WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind,
            e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
            coalesce({module}, '(top level)') AS module,
            coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
            CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = '{CAT_DFTRACER}') THEN to_json({info})::VARCHAR
-                WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR END AS extra
+                WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR
+                WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR END AS extra
     FROM ({source_sql}) e
 ) WHERE kind IS NOT NULL
 """
@@ -302,12 +308,16 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     kernel_rows = kernels.view(con, f"kind = {OP} {warm_filter}", top) if "kernel" in views else []
     unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
     samples = _step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter) if step_samples else None
+    rank_info = ranks.analyse(con, paths, {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH,
+                                           "backward": BACKWARD, "optimizer": OPTIMIZER}, records, step_info) \
+        if slices else None
     con.close()
     result = _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
     if samples is not None:
         result["step_samples"] = samples
     if kernel_rows:
         result["views"]["kernel"] = kernel_rows
+    result["ranks"] = rank_info
     return result
 
 

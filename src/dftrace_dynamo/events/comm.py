@@ -1,0 +1,388 @@
+"""Collectives in the trace: every ``torch.distributed`` operation is an event (cat ``comm``).
+
+Covered, on the rank that issues them:
+
+* eager ``torch.distributed`` calls (``all_reduce``, ``broadcast``, ``reduce``,
+  ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``,
+  ``reduce_scatter_tensor``, ``all_to_all``, ``all_to_all_single``, ``gather``,
+  ``scatter``, ``barrier``, ``send``, ``recv``, ``isend``, ``irecv``,
+  ``all_reduce_coalesced``), which also covers what is built on them (FSDP2's
+  all-gathers and reduce-scatters, the ``*_object`` collectives);
+* DDP's gradient-bucket all-reduces: a DDP model gets a communication hook
+  that runs DDP's default all-reduce (``allreduce_hook``, the same arithmetic
+  as DDP's built-in one) and times it; a hook the program registers itself
+  (``register_comm_hook``, ``_register_builtin_comm_hook``) takes its place
+  and is timed the same way;
+* functional collectives in compiled graphs are op events named
+  ``function._c10d_functional.*`` (see :func:`is_functional_collective`).
+
+Each event spans the operation from its issue to its completion: a
+synchronous call is timed around the call; with ``async_op=True`` (and for
+``isend``/``irecv`` and DDP buckets) the event ends when the work's future
+completes (``Work.get_future().then``), on the thread that completes it, and
+carries ``args.async_op``. Args: ``op``, ``bytes`` (this rank's payload),
+``dtype``, ``group`` (the process group's name), ``group_size``, ``rank`` and,
+for DDP, ``bucket``; ``step`` is the step in which the operation was issued.
+
+NCCL: a future completes when the work is enqueued, not when the GPU has run
+it, so for process groups whose backend is NCCL the Python wrappers record
+nothing and the group's completion hook (``_register_on_completion_hook``,
+``TORCH_NCCL_ENABLE_TIMING=1`` for the start time) records each operation
+with the times NCCL measured (no ``bytes``/``dtype``). That path is written but
+untested here: no GPU was available.
+
+Everything is installed (hook group ``comm``) when a trace file opens in a
+process that has imported ``torch.distributed``. Outside the step windows a
+wrapper costs one check before it calls the original.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+import threading
+from typing import Any, Optional
+
+import torch
+
+from .. import _core
+from ..schema import (ARG_ASYNC, ARG_BUCKET, ARG_BYTES, ARG_DTYPE, ARG_GROUP, ARG_GROUP_SIZE, ARG_OP,
+                      ARG_RANK, ARG_STEP, CAT_COMM)
+from ..session import config, hooks, logger
+
+GROUP = "comm"
+FUNCTIONAL_PREFIX = "function._c10d_functional."  # op events of functional collectives in graphs
+# op -> (payload argument name, its position, position of group, of async_op; -1: always async,
+# None: never); the payload is a tensor or a list of tensors (this rank's input)
+OPS = {
+    "all_reduce": ("tensor", 0, 2, 3),
+    "broadcast": ("tensor", 0, 2, 3),
+    "reduce": ("tensor", 0, 3, 4),
+    "all_gather": ("tensor", 1, 2, 3),
+    "all_gather_into_tensor": ("input_tensor", 1, 2, 3),
+    "reduce_scatter": ("input_list", 1, 3, 4),
+    "reduce_scatter_tensor": ("input", 1, 3, 4),
+    "all_to_all": ("input_tensor_list", 1, 2, 3),
+    "all_to_all_single": ("input", 1, 4, 5),
+    "gather": ("tensor", 0, 3, 4),
+    "scatter": ("tensor", 0, 3, 4),
+    "barrier": (None, None, 0, 1),
+    "send": ("tensor", 0, 2, None),
+    "recv": ("tensor", 0, 2, None),
+    "isend": ("tensor", 0, 2, -1),
+    "irecv": ("tensor", 0, 2, -1),
+    "all_reduce_coalesced": ("tensors", 0, 2, 3),
+}
+
+_local = threading.local()  # depth: inside a recorded operation (inner calls are its parts)
+_groups: dict = {}  # id(group) -> (name, size, rank, nccl, group)
+_watched: set = set()  # ids of the NCCL groups whose completion hook is registered
+
+
+def _recording() -> bool:
+    from . import steps  # imports this module: looked up at run time
+
+    return steps._state.ops
+
+
+def is_functional_collective(target: Any) -> bool:
+    """Whether an FX node target is a functional collective (``_c10d_functional`` ops): its op
+    event is communication, not computation."""
+    return getattr(target, "namespace", None) in ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def _arg(args, kwargs, name, pos):
+    if name in kwargs:
+        return kwargs[name]
+    return args[pos] if pos is not None and pos < len(args) else None
+
+
+def _payload(value) -> tuple:
+    """(bytes, dtype) of a tensor or a list of tensors."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size(), str(value.dtype).removeprefix("torch.")
+    if isinstance(value, (list, tuple)):
+        tensors = [t for t in value if isinstance(t, torch.Tensor)]
+        if tensors:
+            return sum(t.numel() * t.element_size() for t in tensors), str(tensors[0].dtype).removeprefix("torch.")
+    return 0, None
+
+
+def _group(group) -> tuple:
+    """(name, size, this process's global rank, backend is NCCL) of a process group (None: the default)."""
+    info = _groups.get(id(group))
+    if info is None:
+        import torch.distributed as dist
+
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        info = (getattr(pg, "group_name", None) or "default", dist.get_world_size(pg), dist.get_rank(),
+                dist.get_backend(pg) == "nccl")
+        _groups[id(group)] = (*info, pg)  # holds pg: its id is not reused while cached
+    return info[:4]
+
+
+def _args(op: str, group, payload) -> Optional[dict]:
+    name, size, rank, nccl = _group(group)
+    if nccl:
+        _watch_nccl(group)
+        return None  # the completion hook records it
+    nbytes, dtype = _payload(payload)
+    args = {ARG_OP: op, ARG_BYTES: nbytes, ARG_GROUP: name, ARG_GROUP_SIZE: size, ARG_RANK: rank,
+            ARG_STEP: _core.get_step()}
+    if dtype is not None:
+        args[ARG_DTYPE] = dtype
+    return args
+
+
+def _on_completion(fut, op: str, start: int, args: dict) -> None:
+    """Ends the event of an asynchronous operation (on the thread that completes it)."""
+    try:
+        _core.log(op, CAT_COMM, start, _core.now_ns(), args, timed=True)
+    except Exception:  # the trace closed meanwhile
+        pass
+
+
+def _completed(fut, op: str, start: int, args: dict):
+    _on_completion(fut, op, start, args)
+    return fut.value()
+
+
+def _when_done(work, op: str, start: int, args: dict) -> None:
+    """The event ends when ``work`` (a ``Work``, or a DDP hook's future) completes."""
+    args[ARG_ASYNC] = True
+    try:
+        fut = work.get_future() if hasattr(work, "get_future") else work
+        fut.then(functools.partial(_on_completion, op=op, start=start, args=args))
+    except Exception:  # a backend without futures: the event covers the issue only
+        _core.log(op, CAT_COMM, start, _core.now_ns(), args, timed=True)
+
+
+def _wrap_op(op: str, spec: tuple):
+    payload_name, payload_pos, group_pos, async_pos = spec
+
+    def wrap(original):
+        @functools.wraps(original)
+        def traced(*args, **kwargs):
+            # Dynamo tracing the call must see the original (it maps it to a functional collective)
+            if torch.compiler.is_compiling() or not _recording() or getattr(_local, "depth", 0):
+                return original(*args, **kwargs)
+            try:
+                ev_args = _args(op, _arg(args, kwargs, "group", group_pos),
+                                _arg(args, kwargs, payload_name, payload_pos) if payload_name else None)
+            except Exception:  # not initialised, a bad argument: the original says so
+                ev_args = None
+            if ev_args is None:
+                return original(*args, **kwargs)
+            start = _core.now_ns()
+            _local.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                _local.depth = 0
+            is_async = async_pos == -1 or (async_pos is not None and _arg(args, kwargs, "async_op", async_pos))
+            if is_async and result is not None:
+                _when_done(result, op, start, ev_args)
+            else:
+                _core.log(op, CAT_COMM, start, _core.now_ns(), ev_args)
+            return result
+
+        return traced
+
+    return wrap
+
+
+# ---- DDP ------------------------------------------------------------------------
+
+class _DDPHook:
+    """The communication hook a DDP model runs: the program's own hook, else DDP's default
+    all-reduce, timed from the hook's call to its future's completion."""
+
+    def __init__(self, process_group):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.__name__ = self.__qualname__ = "dftrace_timed_comm_hook"  # DDP checks and logs hooks by name
+        self.process_group = process_group
+        self.hook, self.state, self.replaced = default_hooks.allreduce_hook, process_group, False
+
+    def __call__(self, state, bucket):
+        if torch.compiler.is_compiling() or not _recording():
+            return self.hook(self.state, bucket)
+        start = _core.now_ns()
+        _local.depth = 1  # the all_reduce inside the hook is part of this event
+        try:
+            fut = self.hook(self.state, bucket)
+        finally:
+            _local.depth = 0
+        try:
+            args = _args("all_reduce", self.process_group, bucket.buffer())
+        except Exception as exc:
+            _fail(exc)
+            return fut
+        if args is None:
+            return fut
+        args[ARG_BUCKET], args[ARG_ASYNC] = bucket.index(), True
+        # DDP waits for the future we return: the event is recorded before DDP goes on
+        return fut.then(functools.partial(_completed, op="all_reduce", start=start, args=args))
+
+
+def _adopt(ddp) -> None:
+    """Gives ``ddp`` the timed hook, unless it runs a hook of the program's already."""
+    if getattr(ddp, "_dft_hook", None) is not None or getattr(ddp, "_comm_hooks", None):
+        return
+    hook = _DDPHook(ddp.process_group)
+    try:
+        ddp.register_comm_hook(None, hook)
+    except Exception:  # a built-in hook registered before the trace opened: DDP refuses a second
+        return
+    ddp._dft_hook = hook
+
+
+def _wrap_ddp_init(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        try:
+            _adopt(self)
+        except Exception as exc:
+            _fail(exc)
+
+    return __init__
+
+
+def _ours(ddp) -> Optional[_DDPHook]:
+    """The timed hook of ``ddp`` while it still runs DDP's default all-reduce."""
+    hook = getattr(ddp, "_dft_hook", None)
+    return hook if hook is not None and not hook.replaced else None
+
+
+def _wrap_register(original):
+    @functools.wraps(original)
+    def register_comm_hook(self, state, hook):
+        ours = _ours(self)
+        if ours is None:
+            return original(self, state, hook)
+        # DDP takes one hook only, and holds ours: the program's runs inside it, timed
+        self._check_comm_hook(hook)
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks[:] = [(hook, state)]
+        ours.hook, ours.state, ours.replaced = hook, state, True
+
+    return register_comm_hook
+
+
+def _wrap_register_builtin(original):
+    @functools.wraps(original)
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        ours = _ours(self)
+        if ours is None:
+            return original(self, comm_hook_type)
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+                dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}[comm_hook_type]
+        self.logger._set_comm_hook_name(str(comm_hook_type))
+        ours.hook, ours.state, ours.replaced = hook, self.process_group, True
+
+    return _register_builtin_comm_hook
+
+
+def _adopt_existing() -> None:
+    """DDP models built before the trace opened (a trace that opens at the first compile)."""
+    ddp_module = sys.modules.get("torch.nn.parallel.distributed")
+    if ddp_module is None:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, ddp_module.DistributedDataParallel):
+            _adopt(obj)
+
+
+# ---- NCCL -------------------------------------------------------------------------
+
+def _nccl_done(info, group: str, size: int, rank: int) -> None:
+    """One NCCL operation completed (NCCL's completion hook; untested without a GPU)."""
+    try:
+        if not _recording():
+            return
+        end = int(info.time_finished.timestamp() * 1e9)
+        start = int(info.time_started.timestamp() * 1e9) if info.time_started else end
+        op = str(info.op_type).rsplit(".", 1)[-1].lower()
+        _core.log(op, CAT_COMM, start, end, {ARG_OP: op, ARG_GROUP: group, ARG_GROUP_SIZE: size, ARG_RANK: rank,
+                                            ARG_ASYNC: True}, timed=True)
+    except Exception:
+        pass
+
+
+def _watch_nccl(group) -> None:
+    """Registers the completion hook of an NCCL process group (once per group)."""
+    name, size, rank, nccl = _group(group)
+    pg = _groups[id(group)][4]
+    if not nccl or id(pg) in _watched:
+        return
+    _watched.add(id(pg))
+    try:
+        pg._get_backend(torch.device("cuda"))._register_on_completion_hook(
+            functools.partial(_nccl_done, group=name, size=size, rank=rank))
+    except Exception as exc:
+        config.get()
+        config.log.warning("NCCL operations are not recorded: %s: %s", type(exc).__name__, exc)
+
+
+# ---- install ------------------------------------------------------------------------
+
+def _fail(exc: BaseException) -> None:
+    """Communication events stop (one message); the program runs on."""
+    config.get()
+    config.log.error("communication events are off: %s: %s", type(exc).__name__, exc)
+    hooks.remove(GROUP)
+
+
+def _c10d():
+    import torch.distributed.distributed_c10d as c10d
+
+    return c10d
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def _ddp_class():
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel
+
+
+for _op, _spec in OPS.items():
+    # both names: the program's ``dist.x`` and torch's own calls inside distributed_c10d
+    hooks.declare(hooks.Patch(f"torch.distributed.{_op}", GROUP, _dist, _op, _wrap_op(_op, _spec)))
+    hooks.declare(hooks.Patch(f"distributed_c10d.{_op}", GROUP, _c10d, _op, _wrap_op(_op, _spec)))
+for _hook in (
+    hooks.Patch("DistributedDataParallel.__init__", GROUP, _ddp_class, "__init__", _wrap_ddp_init),
+    hooks.Patch("DistributedDataParallel.register_comm_hook", GROUP, _ddp_class, "register_comm_hook",
+                _wrap_register),
+    hooks.Patch("DistributedDataParallel._register_builtin_comm_hook", GROUP, _ddp_class,
+                "_register_builtin_comm_hook", _wrap_register_builtin),
+):
+    hooks.declare(_hook)
+
+
+def _on_open() -> None:
+    try:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available():
+            return
+        hooks.install(GROUP)
+        if dist.is_initialized():
+            _watch_nccl(None)
+            _adopt_existing()
+    except Exception as exc:
+        _fail(exc)
+
+
+logger.add_hooks(_on_open, lambda: None)
+if _core.is_open():  # a trace opened before this module was imported
+    _on_open()

@@ -1,0 +1,253 @@
+"""Who waits for whom in a multi-rank run, from the per-rank trace files.
+
+Input: the summary's DuckDB table ``ev`` (step slices, ``comm`` events, data,
+graph calls, ``backward``, ``optimizer``; functional collectives inside
+compiled graphs are op events named ``function._c10d_functional.*`` and count
+as communication) and the compile records.
+
+Clocks: the ranks' clocks are aligned on the collectives themselves. Every
+member of a collective finishes it at (nearly) the same instant, when the last
+one has arrived and the data has moved, so each process's offset is the median
+difference between its collective ends and those of the lowest rank
+(``clock_offset_us``). Ranks on one host share a clock to within that.
+
+A collective is matched across ranks by (process group, op, step, its ordinal
+among the same op and group in that step). The **wait** of rank r in a
+collective is ``min(latest arrival - arrival of r, its duration)``: the time it
+sat in the collective before the last peer arrived. The last rank to arrive
+is the one waited for: it is charged the mean wait of the others. Per rank and
+steady step, the wall time is split (each instant counted once, in this order)
+into wait, communication (the rest of the collectives' time), data, compute
+(graph calls, ``backward``, optimizer) and other.
+
+The first step of the run and warm-up steps are left out. The **straggler** is the rank charged the most wait per step (median over the
+steady steps), named only when that is above the threshold: three times the
+run's own step-to-step noise (1.4826 × the median absolute deviation of the
+step times, median over the ranks), and at least 5 % of the median step.
+"""
+
+import bisect
+import json
+import statistics
+
+from ..schema import ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS
+from . import compiles
+from .reader import rank_of
+from .steps import quantile
+
+FUNCTIONAL = "function._c10d_functional."  # op events of functional collectives (events.comm)
+PARTS = ("wait", "comm", "data", "compute", "other")  # in the order an instant is counted
+NOISE_FACTOR, MIN_SHARE = 3.0, 0.05
+
+
+def _label(paths, file, pid, rank):
+    return f"rank{rank}" if rank is not None else f"{paths[file].rsplit('/', 1)[-1].split('.')[0]} [pid {pid}]"
+
+
+def _union(intervals):
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        elif e > s:
+            out.append([s, e])
+    return out
+
+
+def _split(lo, hi, layers):
+    """Time of [lo, hi] in each layer (a list of intervals), an instant counted in the first
+    layer that holds it; the rest is the last item."""
+    points = sorted({lo, hi, *(x for layer in layers for iv in layer for x in iv if lo < x < hi)})
+    merged = [_union(layer) for layer in layers]
+    out = [0.0] * (len(layers) + 1)
+    for a, b in zip(points, points[1:]):
+        mid = (a + b) / 2
+        for i, layer in enumerate(merged):
+            if any(s <= mid < e for s, e in layer):
+                out[i] += b - a
+                break
+        else:
+            out[-1] += b - a
+    return out
+
+
+def analyse(con, paths, kinds, records, step_info):
+    """The rank document (JSON-ready), or None with fewer than two processes with steps.
+    ``kinds``: the summary's kind numbers by name (step, comm, op, data, graph, backward, optimizer)."""
+    k = kinds
+    slices = con.execute(f"SELECT file, pid, step, ts, dur, extra FROM ev WHERE kind = {k['step']} "
+                         "AND step IS NOT NULL ORDER BY file, pid, ts").fetchall()
+    procs = sorted({(f, p) for f, p, *_ in slices})
+    if len(procs) < 2:
+        return None
+    comm = con.execute(f"""SELECT file, pid, step, name, ts, dur, extra FROM ev
+        WHERE step IS NOT NULL AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
+        ORDER BY file, pid, ts""").fetchall()
+    spans = con.execute(f"""SELECT file, pid, step, kind, ts, dur FROM ev WHERE step IS NOT NULL
+        AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""").fetchall()
+    rank = {(f, p): rank_of(paths[f]) for f, p in procs}
+    label = {key: _label(paths, *key, rank[key]) for key in procs}
+    warm = {tuple(w) for w in step_info["warmup_keys"]}
+
+    step_of = {}  # (file, pid) -> step -> (ts, end, extra)
+    for f, p, s, ts, dur, extra in slices:
+        step_of.setdefault((f, p), {})[s] = (ts, ts + (dur or 0), _memory_args(extra))
+    starts = {q: sorted((v[0], s) for s, v in steps.items()) for q, steps in step_of.items()}
+
+    def step_at(q, ts, step):
+        """The step slice of process q that holds the instant ts (else the event's step)."""
+        i = bisect.bisect_right(starts[q], (ts, float("inf"))) - 1
+        if i >= 0:
+            s = starts[q][i][1]
+            if ts < step_of[q][s][1]:
+                return s
+        return step
+
+    comm = [(f, p, step_at((f, p), ts, s), *rest, ts, dur, extra) for f, p, s, *rest, ts, dur, extra in comm
+            if (f, p) in step_of]
+    spans = [(f, p, step_at((f, p), ts, s), kind, ts, dur) for f, p, s, kind, ts, dur in spans
+             if (f, p) in step_of]
+    # collectives matched across ranks
+    matched, seen = {}, {}
+    for f, p, s, name, ts, dur, extra in comm:
+        group = (json.loads(extra) if extra else {}).get(ARG_GROUP) or "graph"
+        n = seen[(f, p, s, group, name)] = seen.get((f, p, s, group, name), -1) + 1
+        matched.setdefault((group, name, s, n), {})[(f, p)] = (ts, ts + (dur or 0))
+    offsets = _offsets(procs, matched)
+    common = set.intersection(*(set(step_of[q]) for q in procs))
+    # the first step holds the job's start-up (process group, first collectives): never steady
+    steady = sorted(s for s in common if not any((*q, s) in warm for q in procs) and s != min(common))
+
+    wait_iv, blame = {}, {}  # (proc, step) -> wait intervals; (proc, step) -> wait charged
+    for (group, name, s, n), members in matched.items():
+        if len(members) < 2:
+            continue
+        arrive = {q: members[q][0] - offsets[q] for q in members}
+        last_q = max(arrive, key=arrive.get)
+        waits = {q: min(arrive[last_q] - arrive[q], members[q][1] - members[q][0]) for q in members}
+        for q, w in waits.items():
+            wait_iv.setdefault((q, s), []).append((arrive[q], arrive[q] + w))
+        others = [w for q, w in waits.items() if q != last_q]
+        blame[(last_q, s)] = blame.get((last_q, s), 0.0) + statistics.fmean(others)
+
+    comm_iv, data_iv, compute_iv = {}, {}, {}
+    for f, p, s, name, ts, dur, extra in comm:
+        comm_iv.setdefault(((f, p), s), []).append((ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)]))
+    for f, p, s, kind, ts, dur in spans:
+        target = data_iv if kind == k["data"] else compute_iv
+        target.setdefault(((f, p), s), []).append((ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)]))
+
+    rows, per_rank = [], []
+    for q in procs:
+        own = []
+        for s in steady:
+            ts, end, _ = step_of[q][s]
+            lo, hi = ts - offsets[q], end - offsets[q]
+            parts = _split(lo, hi, [wait_iv.get((q, s), []), comm_iv.get((q, s), []), data_iv.get((q, s), []),
+                                    compute_iv.get((q, s), [])])
+            row = {"rank": label[q], "step": s, "wall_us": hi - lo, "end_us": hi,
+                   **{f"{c}_us": v for c, v in zip(PARTS, parts)}, "wait_caused_us": blame.get((q, s), 0.0)}
+            own.append(row)
+        rows += own
+        entry = {"rank": label[q], "steps": len(own), "clock_offset_us": offsets[q]}
+        if own:
+            entry.update({f"{c}_us": statistics.fmean(r[f"{c}_us"] for r in own) for c in ("wall", *PARTS)})
+            entry["wait_caused_us"] = statistics.fmean(r["wait_caused_us"] for r in own)
+            entry["wait_caused_median_us"] = quantile([r["wait_caused_us"] for r in own], 0.5)
+        peaks = [x[2].get(ARG_PEAK_RSS) for x in step_of[q].values() if x[2].get(ARG_PEAK_RSS) is not None]
+        if peaks:
+            entry["peak_rss_max"] = max(peaks)
+            entry["peak_rss_median"] = quantile(peaks, 0.5)
+        per_rank.append(entry)
+    return {"ranks": per_rank, "clock": "aligned on collective completions",
+            **_straggler(per_rank, rows), "skew": _skew(rows, steady),
+            "memory": _memory(procs, label, step_of), "divergence": _divergence(procs, label, records),
+            "collectives": sum(1 for m in matched.values() if len(m) > 1)}
+
+
+def _memory_args(extra):
+    """The memory args of a step slice as numbers (the table holds them as text)."""
+    out = {}
+    for key, value in (json.loads(extra) if extra else {}).items():
+        if key in (ARG_PEAK_RSS, ARG_CUDA_PEAK) and value is not None:
+            try:
+                out[key] = int(float(value))
+            except ValueError:
+                pass
+    return out
+
+
+def _offsets(procs, matched):
+    """(file, pid) -> clock offset (µs) from the lowest process, from the collectives' ends."""
+    ref = procs[0]
+    diffs = {q: [] for q in procs}
+    for members in matched.values():
+        if ref in members:
+            for q, (_, end) in members.items():
+                diffs[q].append(end - members[ref][1])
+    return {q: statistics.median(d) if d else 0.0 for q, d in diffs.items()}
+
+
+def _mad_sigma(values):
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - med) for v in values)
+
+
+def _straggler(per_rank, rows):
+    """The straggler (or None), the threshold and the noise it comes from."""
+    timed = [r for r in per_rank if r["steps"]]
+    if not timed:
+        return {"straggler": None, "threshold_us": None, "noise_us": None}
+    noise = statistics.median(_mad_sigma([x["wall_us"] for x in rows if x["rank"] == r["rank"]]) for r in timed)
+    median_step = statistics.median(x["wall_us"] for x in rows)
+    threshold = max(NOISE_FACTOR * noise, MIN_SHARE * median_step)
+    top = max(timed, key=lambda r: r["wait_caused_median_us"])
+    straggler = None
+    if top["wait_caused_median_us"] > threshold:
+        straggler = {"rank": top["rank"], "wait_caused_us": top["wait_caused_us"],
+                     "wait_caused_median_us": top["wait_caused_median_us"]}
+    return {"straggler": straggler, "threshold_us": threshold, "noise_us": noise}
+
+
+def _skew(rows, steady):
+    """Step-end skew across ranks (max - min of the aligned step ends), per steady step."""
+    per_step = []
+    for s in steady:
+        ends = [r["end_us"] for r in rows if r["step"] == s]
+        per_step.append({"step": s, "skew_us": max(ends) - min(ends)})
+    values = [x["skew_us"] for x in per_step]
+    return {"median_us": quantile(values, 0.5), "max_us": max(values) if values else None, "steps": per_step}
+
+
+def _memory(procs, label, step_of):
+    """Peak resident memory (and CUDA max allocated) per step, each rank's and the largest."""
+    steps = sorted({s for q in procs for s in step_of[q]})
+    out = []
+    for s in steps:
+        by_rank = {label[q]: step_of[q][s][2].get(ARG_PEAK_RSS) for q in procs if s in step_of[q]}
+        by_rank = {r: v for r, v in by_rank.items() if v is not None}
+        if not by_rank:
+            continue
+        row = {"step": s, "peak_rss_max": max(by_rank.values()), "peak_rss": by_rank}
+        cuda = [step_of[q][s][2].get(ARG_CUDA_PEAK) for q in procs if s in step_of[q]]
+        if any(c is not None for c in cuda):
+            row["cuda_max_allocated_max"] = max(c for c in cuda if c is not None)
+        out.append(row)
+    return out
+
+
+def _divergence(procs, label, records):
+    """Ranks that compiled a different number of graphs, or recompiled in different steps."""
+    per = {}
+    for q in procs:
+        own = [r for r in records if (r["file"], r["pid"]) == q]
+        rep = compiles.report(own, lambda r: label[q])
+        steps = sorted({r["step"] for r in own if compiles.kind_of(r) == "recompile" and r["step"] is not None})
+        per[label[q]] = {"graphs_compiled": rep["graphs_compiled"], "recompile_steps": steps}
+    kinds = {(v["graphs_compiled"], tuple(v["recompile_steps"])) for v in per.values()}
+    if len(kinds) < 2:
+        return None
+    return per
+
