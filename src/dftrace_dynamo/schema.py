@@ -19,11 +19,12 @@ CAT_DATA = "data"  # a DataLoader ``next()``
 CAT_BACKWARD = "backward"  # an outermost autograd backward/grad call
 CAT_OPTIMIZER = "optimizer"  # an optimizer's ``step()`` or ``zero_grad()``
 CAT_DFTRACER = "dftracer"  # the ``start`` and ``end`` records
+CAT_EVAL = "eval"  # forward work outside training (grad disabled after a complete step)
 CAT_COMM = "comm"  # one collective or point-to-point operation (torch.distributed, DDP buckets)
 CAT_MEMORY = "memory"  # memory counter samples ("ph": "C")
 
 CATEGORIES = (CAT_OP, CAT_GRAPH, CAT_COMPILE, CAT_MODULE, CAT_KERNEL, CAT_CUDA, CAT_STEP, CAT_DATA,
-              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER, CAT_COMM, CAT_MEMORY)
+              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER, CAT_EVAL, CAT_COMM, CAT_MEMORY)
 # the step structure: the categories that split a step's wall time
 STEP_STRUCTURE = (CAT_STEP, CAT_DATA, CAT_BACKWARD, CAT_OPTIMIZER)
 
@@ -42,6 +43,7 @@ ARG_OPTIMIZER = "optimizer"
 ARG_KERNEL_TYPE = "kernel_type"
 ARG_ATEN_OPS = "aten_ops"
 ARG_RUN_ID = "run_id"
+ARG_RECOMPUTE = "recompute"  # true on ops that activation checkpointing runs again in backward
 # compile events
 ARG_KIND = "kind"
 ARG_REASON = "reason"

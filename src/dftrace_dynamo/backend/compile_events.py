@@ -35,6 +35,7 @@ import types
 from typing import Callable, Iterator, Optional
 
 from .. import _core
+from ..events import steps
 from ..session import config, hooks
 from ..schema import CAT_COMPILE
 
@@ -129,6 +130,7 @@ def install() -> None:
 def _traced(install_callbacks):
     @contextlib.contextmanager
     def traced(trigger, compile_id):
+        steps.compile_starts()
         _push(_start(getattr(trigger, "name", "DYNAMO").lower(), compile_id))
         try:
             with install_callbacks(trigger, compile_id):

@@ -32,7 +32,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _core
-from ..schema import CAT_GRAPH, PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE
+from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, ARG_KERNEL_TYPE, ARG_LEVEL,
+                      ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, CAT_GRAPH, PHASE_BACKWARD, PHASE_FORWARD,
+                      PHASE_INFERENCE)
 from ..events import cuda as cuda_events, steps
 from ..session import config, logger
 from . import compile_events, instrument
@@ -61,6 +63,13 @@ def tracing_disabled() -> bool:
     return off
 
 
+# the fields the tracer writes on the events that carry tags (ops, graphs, modules, kernels): a
+# tag named like one is written as user_<name> instead of clobbering it (step is no tag: update()
+# names the step); docs/format.rst lists them
+OWN_FIELDS = frozenset({ARG_HHASH, ARG_GRAPH, ARG_NODE, ARG_MODULE, ARG_MODULE_TYPE, ARG_LEVEL, ARG_KERNEL_TYPE,
+                        ARG_ATEN_OPS, ARG_PHASE, ARG_GRAD, ARG_FAILED})
+
+
 class Tags:
     """Dynamic tags (name, epoch, step, ...) written in every event's args; shared by backends."""
 
@@ -80,8 +89,9 @@ class Tags:
         step = values.pop("step", None)
         if step is not None:
             steps.name_step(step)
-        self.values.update(values)
+        self.values.update(logger.own_fields(values, OWN_FIELDS))
         self.cell.set(self.values)  # the previous tags are freed once written
+        logger.note_arg_issues()
 
 
 def resolve_level(level: Optional[str], autograd: Optional[bool]) -> Optional[str]:
@@ -100,6 +110,11 @@ def _aot_grad_fn(phase: str, grad: bool) -> Callable[[], bool]:
     (grad off): its grad_enabled is the user's mode ``grad``, a constant; backward reads the
     mode the autograd engine set."""
     return torch.is_grad_enabled if phase == "backward" else _constant(grad)
+
+
+def _probed(phase: str, grad_fn: Callable[[], bool]) -> Callable[[], bool]:
+    """A forward graph's calls tell step tracking whether training or evaluation runs."""
+    return grad_fn if phase == PHASE_BACKWARD else steps.grad_probe(grad_fn)
 
 
 def _check_level(level) -> None:
@@ -195,7 +210,7 @@ class TracerBackend:
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
         forward = gm.forward if timer is None else timer.graph(gm.forward)
-        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn, plain)
+        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], _probed(phase, grad_fn), plain)
         if boxed:  # AOTAutograd then passes its argument list as is
             call._boxed_call = True
         return call
@@ -242,7 +257,7 @@ class TracerBackend:
 
         def wrap(fn, phase, args):
             site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH, args)
-            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _aot_grad_fn(phase, grad))
+            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _probed(phase, _aot_grad_fn(phase, grad)))
 
         def notify(fx_g, inputs, phase):
             self._notify_aot(fx_g, inputs, graph_id, "inductor", phase, start)
@@ -258,7 +273,7 @@ class TracerBackend:
         compiled = inner(gm, example_inputs, **kwargs)
         site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH,
                                  {"graph": graph_id, "level": "torch", "inner": self._inner_name()})
-        return _core.GraphCall(compiled, site, self.tags.cell, _PHASE[phase], torch.is_grad_enabled)
+        return _core.GraphCall(compiled, site, self.tags.cell, _PHASE[phase], _probed(phase, torch.is_grad_enabled))
 
 
 def create_backend(name=None, epoch=None, step=None, image_idx=None, image_size=None, enable=True,

@@ -1,21 +1,53 @@
-"""Training steps in the trace: step slices, the phases inside them, step windows.
+"""Training steps in the trace: step slices, the phases inside them, evaluation, step windows.
 
-A step ends at every ``step()`` of any ``torch.optim.Optimizer`` (torch's global
-optimizer hooks: no change to the user's loop), or where the user marks it with
-:func:`step` / :func:`step_context` (from then on, in that trace file, optimizer
-steps no longer end steps).
+A step is one training iteration. Without marks, optimizers decide where it ends:
+
+* every optimizer (``torch.optim.Optimizer``, seen through torch's global
+  optimizer hooks: no change to the user's loop) that has stepped in this
+  trace file is one of the training's optimizers; a step is *complete* once
+  each of them has stepped in it (one optimizer: at its ``step()``; a GAN's
+  D and G: at the second of the two; a critic stepping 5 times per generator
+  step: at the generator's step, so a step is one generator iteration);
+* a complete step ends where training work starts again: at the first
+  DataLoader ``next()`` or ``iter()`` or ``zero_grad()`` (whose slices are held
+  back until it is known what follows them) before a backward, an optimizer
+  step, or a graph call or Dynamo compile with grad enabled. Logging,
+  checkpointing and other Python between the last optimizer step and that point
+  stay in the step, so a step lasts as long as the iteration;
+* an optimizer joins the training's optimizers at its first ``zero_grad()`` or
+  ``step()``; a complete step that an optimizer joins is not complete any more
+  (so the first iteration of a GAN, whose G calls ``zero_grad()`` after D
+  stepped, is one step). In a critic loop, the critic steps before the
+  generator joins each end a step (warm-up steps);
+* an optimizer that stops stepping leaves the training's optimizers when
+  another one steps more than twice as often in a step as it did in any whole
+  step since the last optimizer joined.
+
+Marks override this: from the first :func:`step` / :func:`step_context` in a
+trace file on, the user's marks alone end steps (a mark just after an optimizer
+step ends that same step: no empty step).
+
+Evaluation: with optimizer-driven steps, a graph call with grad disabled while
+the step is complete (or evaluation runs already) begins an ``eval`` slice (cat
+``eval``) at the point where the step ended; it lasts until training work
+starts again, holds its own graphs, modules, ops and ``data`` slices, and its
+events carry no step. A trailing evaluation segment is an ``eval`` slice, not a
+step. Graph calls are seen only in the step windows: outside them, evaluation
+stays in the surrounding step, which is not recorded either.
+
 Each trace file numbers its steps from 0; step 0 begins when tracing starts
-(the trace file opens). Each step is written as the slice ``step N`` (cat ``step``) on the thread
-that ends it, from the end of the previous step to the end of this one, and
-every event recorded meanwhile carries ``args.step = N`` (the C core writes the
-current step into each record).
+(the trace file opens), so step N is the N-th iteration. Each step is written as
+the slice ``step N`` (cat ``step``) on the thread that ends it, and every event
+recorded meanwhile carries ``args.step = N`` (the C core writes the current step
+into each record). The last step ends at close, or, when it is complete, at its
+last optimizer step.
 
-Inside a step, each ``next()`` on a DataLoader iterator (``data``), each
-``Tensor.backward`` / ``torch.autograd.backward`` / ``torch.autograd.grad``
-(``backward``), each optimizer ``step()`` and ``zero_grad()`` (cat ``optimizer``)
-are slices of their own. Outside the step windows (``DFTRACER_STEPS`` or
-:func:`set_steps`) these and all op-level events are skipped; step slices are
-always written.
+Inside a step, each ``next()`` on a DataLoader iterator and each ``iter()`` of a
+DataLoader (worker start-up; ``data``), each ``Tensor.backward`` /
+``torch.autograd.backward`` / ``torch.autograd.grad`` (``backward``), each
+optimizer ``step()`` and ``zero_grad()`` (cat ``optimizer``) are slices of their
+own. Outside the step windows (``DFTRACER_STEPS`` or :func:`set_steps`) these
+and all op-level events are skipped; step slices are always written.
 
 Everything here is installed when a trace file opens, never at import, and a
 failure inside it turns step tracking off with one message: the user's program
@@ -32,8 +64,11 @@ from typing import Optional
 import torch
 
 from .. import _core
-from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_OPTIMIZER
+from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_EVAL, CAT_OPTIMIZER
 from ..session import config, dataloaders, hooks, logger
+
+# where the iteration is (optimizer-driven steps only; with marks, always TRAIN)
+TRAIN, COMPLETE, EVAL = "train", "complete", "eval"
 
 
 class _State:
@@ -47,6 +82,15 @@ class _State:
     windows_set = False  # set_steps() was called: DFTRACER_STEPS no longer applies
     ops = False  # a trace is open and the current step is in a window
     broken = False
+    mode = TRAIN
+    known: dict = {}  # id(optimizer) of the training's optimizers -> True (insertion-ordered)
+    stepped: dict = {}  # id(optimizer) -> its steps in the current step
+    most: dict = {}  # id(optimizer) -> its most steps in one step since the last optimizer joined
+    joined = False  # an optimizer joined in the current step (its counts teach nothing)
+    complete_ns = 0  # when the current step became complete
+    candidate: Optional[int] = None  # start of the first held slice since then: where the step ends
+    deferred: list = []  # (name, cat, start, end, args): slices held until it is known what follows
+    eval_ns = 0  # when the evaluation in progress began
 
 
 _state = _State()
@@ -59,6 +103,7 @@ def _fail(exc: BaseException) -> None:
     if not _state.broken:
         _state.broken = True
         _state.ops = False
+        _state.mode = TRAIN
         _core.set_ops_on(True)
         config.get()
         config.log.error("step tracking is off: %s: %s (the trace goes on without step slices)",
@@ -72,6 +117,8 @@ def _recorded() -> int:
 def _begin(now: int) -> None:
     """The current step starts at ``now``: its number goes into every record; window on or off."""
     _state.start_ns = now
+    _state.mode = TRAIN
+    _state.stepped, _state.joined = {}, False
     _enter(_state.number)
     _state.recorded_at = _recorded()
 
@@ -83,16 +130,120 @@ def _enter(number: int) -> None:
     _core.set_ops_on(_state.ops)
 
 
+def _write(number: int, start: int, end: int) -> None:
+    _core.step_slice(number, start, end)
+
+
+def _finish(end: int) -> None:
+    """Ends the current step at ``end`` (writing its slice: slices are written in the order they
+    end, which the writer's nesting relies on) and begins the next there."""
+    if not _state.joined:
+        for key, n in _state.stepped.items():
+            _state.most[key] = max(_state.most.get(key, 0), n)
+    _write(_state.number, _state.start_ns, end)
+    _state.ended = True
+    _state.number += 1
+    _begin(end)
+
+
+def _flush() -> None:
+    """The slices held back while the boundary was undecided, recorded in what was decided."""
+    deferred, _state.deferred, _state.candidate = _state.deferred, [], None
+    if _state.ops:
+        for name, cat, start, end, args in deferred:
+            _core.log(name, cat, start, end, args)
+
+
+def _end_eval(end: int) -> None:
+    _core.log("eval", CAT_EVAL, _state.eval_ns, end, None)
+    _begin(end)  # the step after the evaluation (its number was taken when the last one ended)
+
+
 def _end(now: int) -> None:
-    """Ends the current step at ``now`` (writing its slice) and begins the next."""
+    """Ends the current step at ``now`` (writing its slice) and begins the next (explicit marks)."""
     with _lock:
         if _state.start_ns is None or _state.broken:
             _state.number += 1
             return
-        _core.step_slice(_state.number, _state.start_ns, now)
-        _state.ended = True
-        _state.number += 1
-        _begin(now)
+        if _state.mode == EVAL:
+            _end_eval(now)
+            _flush()
+            return
+        _state.explicit = True
+        if _state.mode == COMPLETE:
+            _flush()  # held after the optimizer steps, before the mark: this step's
+        _finish(now)
+
+
+def _training(now: int) -> None:
+    """Training work starts at ``now``: a complete step ends, an evaluation ends."""
+    with _lock:
+        if _state.start_ns is None or _state.broken:
+            return
+        at = now if _state.candidate is None else _state.candidate
+        if _state.mode == COMPLETE:
+            _finish(at)
+        elif _state.mode == EVAL:
+            _end_eval(at)
+        else:
+            return
+        _flush()
+
+
+def _evaluation(now: int) -> None:
+    """A graph call with grad disabled at ``now``: after a complete step, evaluation begins."""
+    with _lock:
+        if _state.start_ns is None or _state.broken:
+            return
+        if _state.mode == COMPLETE:
+            at = now if _state.candidate is None else _state.candidate
+            _finish(at)  # a step on each side of an evaluation: never one step
+            _state.mode, _state.eval_ns = EVAL, at
+            _core.set_step(None)  # evaluation belongs to no step
+        if _state.mode == EVAL:
+            _flush()
+
+
+def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None) -> None:
+    """A data or ``zero_grad`` slice: recorded now inside a step; held back while the step is
+    complete or evaluation runs (it belongs to whatever comes next)."""
+    if _state.mode != TRAIN:
+        with _lock:
+            if _state.mode != TRAIN:
+                _state.deferred.append((name, cat, start, end, args))
+                if _state.candidate is None:
+                    _state.candidate = start
+                return
+    if _state.ops:
+        _slice(name, cat, start, args, end)
+
+
+def _join(optimizer) -> None:
+    """``optimizer`` is one of the training's optimizers from now on; a complete step that it
+    joins is not complete any more."""
+    with _lock:
+        if id(optimizer) in _state.known or _state.explicit or _state.start_ns is None:
+            return
+        _state.known[id(optimizer)] = True
+        _state.most, _state.joined = {}, True
+        if _state.mode == COMPLETE:
+            _state.mode = TRAIN
+            _flush()
+
+
+def _optimizer_stepped(optimizer, now: int) -> None:
+    """After an optimizer step: it joins the training's optimizers or counts; is the step complete?"""
+    with _lock:
+        if _state.start_ns is None or _state.broken or _state.explicit:
+            return
+        key = id(optimizer)
+        _join(optimizer)
+        stepped = _state.stepped
+        stepped[key] = stepped.get(key, 0) + 1
+        if any(n > 2 * _state.most[k] for k, n in stepped.items() if k in _state.most):
+            _state.known = {k: True for k in stepped}  # an optimizer that stopped stepping leaves
+        if all(k in stepped for k in _state.known):
+            _state.mode, _state.complete_ns = COMPLETE, now
 
 
 def _on_open() -> None:
@@ -106,19 +257,30 @@ def _on_open() -> None:
             if not _state.named:  # every trace file numbers its steps from 0
                 _state.number = 0
             _state.named = _state.ended = _state.explicit = False
+            _state.known, _state.most = {}, {}
+            _state.deferred, _state.candidate = [], None
             _begin(_core.now_ns())
     except Exception as exc:  # never let tracing break the program
         _fail(exc)
 
 
 def _on_close() -> None:
-    """The step in progress is written if steps ended before it and anything was recorded in it."""
+    """The step in progress is written if it is complete, or if steps ended before it and anything
+    was recorded in it; evaluation in progress is an ``eval`` slice."""
     try:
         with _lock:
-            if _state.start_ns is not None and not _state.broken and _state.ended \
-                    and _recorded() > _state.recorded_at:
-                _core.step_slice(_state.number, _state.start_ns, _core.now_ns())
+            if _state.start_ns is not None and not _state.broken:
+                now = _core.now_ns()
+                if _state.mode == EVAL:
+                    _flush()
+                    _core.log("eval", CAT_EVAL, _state.eval_ns, now, None)
+                elif _state.mode == COMPLETE:
+                    _write(_state.number, _state.start_ns, _state.complete_ns)
+                    _flush()
+                elif _state.ended and _recorded() > _state.recorded_at:
+                    _write(_state.number, _state.start_ns, now)
             _state.start_ns = None
+            _state.mode = TRAIN
             _state.ops = False
             _core.set_step(None)
             _core.set_ops_on(True)
@@ -129,8 +291,8 @@ def _on_close() -> None:
 # ---- public API -------------------------------------------------------------
 
 def step() -> None:
-    """Ends the current step now; the next one begins. For loops without an optimizer."""
-    _state.explicit = True
+    """Ends the current step now; the next one begins. For loops without an optimizer, or to
+    decide where iterations end: from the first call on, only these marks end steps."""
     try:
         _end(_core.now_ns())
     except Exception as exc:
@@ -145,11 +307,14 @@ class step_context:
     """
 
     def __enter__(self):
-        _state.explicit = True
         try:
             with _lock:
                 if _state.start_ns is not None and not _state.broken:
-                    _state.start_ns = _core.now_ns()
+                    now = _core.now_ns()
+                    if _state.mode != TRAIN:  # a complete step or an evaluation ends here
+                        _end(now)
+                    _state.start_ns = now
+                _state.explicit = True
         except Exception as exc:
             _fail(exc)
         return self
@@ -194,18 +359,60 @@ def name_step(number) -> None:
             _enter(number)
 
 
+def _forward(grad: bool) -> None:
+    """Forward work begins: with grad enabled training work, without it evaluation (once the
+    step is complete)."""
+    if _state.mode != TRAIN:
+        try:
+            (_training if grad else _evaluation)(_core.now_ns())
+        except Exception as exc:
+            _fail(exc)
+
+
+def grad_probe(grad_fn):
+    """``grad_fn`` of a forward graph call (``GraphCall`` calls it once per call, in the step
+    windows) that also tells step tracking about the call. Costs one test inside a step."""
+    def probe():
+        grad = grad_fn()
+        _forward(grad)
+        return grad
+
+    return probe
+
+
+def compile_starts() -> None:
+    """A Dynamo compile begins: forward work under the grad mode it compiles for (decided now,
+    so that the compile lands in what follows, not in the step before it)."""
+    _forward(torch.is_grad_enabled())
+
+
 # ---- patch points -------------------------------------------------------------
 
-def _slice(name: str, cat: str, start: int, args: Optional[dict] = None) -> None:
+def _slice(name: str, cat: str, start: int, args: Optional[dict] = None, end: Optional[int] = None) -> None:
     try:
-        _core.log(name, cat, start, _core.now_ns(), args)
+        _core.log(name, cat, start, _core.now_ns() if end is None else end, args)
     except Exception as exc:
         _fail(exc)
 
 
+def _work(now: int) -> None:
+    """Training work begins (runs whether or not ops are recorded: steps end everywhere)."""
+    if _state.mode != TRAIN:
+        try:
+            _training(now)
+        except Exception as exc:
+            _fail(exc)
+
+
 def _optimizer_pre_hook(optimizer, args, kwargs):
+    now = _core.now_ns()
+    try:
+        _join(optimizer)
+    except Exception as exc:
+        _fail(exc)
+    _work(now)
     if _state.ops:
-        _local.__dict__.setdefault("opt", {})[id(optimizer)] = _core.now_ns()
+        _local.__dict__.setdefault("opt", {})[id(optimizer)] = now
 
 
 def _optimizer_post_hook(optimizer, args, kwargs):
@@ -215,23 +422,25 @@ def _optimizer_post_hook(optimizer, args, kwargs):
         if start is not None and _state.ops:
             cls = type(optimizer).__name__
             _core.log(f"{cls}.step", CAT_OPTIMIZER, start, now, {ARG_OPTIMIZER: cls})
-        if not _state.explicit:
-            _end(now)
+        _optimizer_stepped(optimizer, now)
     except Exception as exc:
         _fail(exc)
 
 
-def _untraced() -> bool:
+def _compiling() -> bool:
     # Dynamo tracing into a patched function must see the original only
-    return not _state.ops or torch.compiler.is_compiling()
+    return torch.compiler.is_compiling()
 
 
 def _wrap_backward(original):
     @functools.wraps(original)
     def traced(*args, **kwargs):
-        if _untraced() or getattr(_local, "backward", 0):  # nested calls: the outermost is the slice
+        if _compiling() or getattr(_local, "backward", 0):  # nested calls: the outermost is the slice
             return original(*args, **kwargs)
         start = _core.now_ns()
+        _work(start)
+        if not _state.ops:
+            return original(*args, **kwargs)
         _local.backward = 1
         try:
             return original(*args, **kwargs)
@@ -242,30 +451,38 @@ def _wrap_backward(original):
     return traced
 
 
-def _wrap_next(original):
+def _wrap_data(original, name: str):
+    """``next()`` on a DataLoader iterator, ``iter()`` of a DataLoader: a data slice."""
     @functools.wraps(original)
-    def __next__(self):
-        if _untraced():
-            return original(self)
+    def fetch(self, *args):
+        if _compiling() or _state.start_ns is None:
+            return original(self, *args)
         start = _core.now_ns()
-        batch = original(self)  # StopIteration loaded nothing: no event
-        _slice("data", CAT_DATA, start)
-        return batch
+        result = original(self, *args)  # StopIteration loaded nothing: no event
+        try:
+            _held(name, CAT_DATA, start, _core.now_ns())
+        except Exception as exc:
+            _fail(exc)
+        return result
 
-    return __next__
+    return fetch
 
 
 def _wrap_zero_grad(original):
     @functools.wraps(original)
     def zero_grad(self, *args, **kwargs):
-        if _untraced():
+        if _compiling():
             return original(self, *args, **kwargs)
         start = _core.now_ns()
         try:
             return original(self, *args, **kwargs)
         finally:
-            cls = type(self).__name__
-            _slice(f"{cls}.zero_grad", CAT_OPTIMIZER, start, {ARG_OPTIMIZER: cls})
+            try:
+                _join(self)
+                cls = type(self).__name__
+                _held(f"{cls}.zero_grad", CAT_OPTIMIZER, start, _core.now_ns(), {ARG_OPTIMIZER: cls})
+            except Exception as exc:
+                _fail(exc)
 
     return zero_grad
 
@@ -278,6 +495,12 @@ def _dataloader_iter():
     from torch.utils.data import dataloader
 
     return dataloader._BaseDataLoaderIter
+
+
+def _dataloader():
+    from torch.utils.data import dataloader
+
+    return dataloader.DataLoader
 
 
 def _optimizer_hook(register_name: str, hook):
@@ -297,7 +520,10 @@ for _hook in (
                        _optimizer_hook("register_optimizer_step_post_hook", _optimizer_post_hook)),
     hooks.Patch("torch.autograd.backward", GROUP, _torch_autograd, "backward", _wrap_backward),
     hooks.Patch("torch.autograd.grad", GROUP, _torch_autograd, "grad", _wrap_backward),
-    hooks.Patch("DataLoader iterator __next__", GROUP, _dataloader_iter, "__next__", _wrap_next),
+    hooks.Patch("DataLoader iterator __next__", GROUP, _dataloader_iter, "__next__",
+                lambda original: _wrap_data(original, "data")),
+    hooks.Patch("DataLoader __iter__", GROUP, _dataloader, "__iter__",
+                lambda original: _wrap_data(original, "DataLoader.__iter__")),
     hooks.Patch("Optimizer.zero_grad", GROUP, lambda: torch.optim.Optimizer, "zero_grad", _wrap_zero_grad),
 ):
     hooks.declare(_hook)

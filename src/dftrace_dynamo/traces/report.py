@@ -90,6 +90,9 @@ def step_lines(result):
         return []
     warm = steps["warmup_steps"]
     line = f"steps: {len(steps['rows'])}"
+    if steps["recorded_steps"] < len(steps["rows"]):
+        line += (f", {steps['recorded_steps']} recorded (the step windows; the others hold no events "
+                 "and are left out of every statistic)")
     if warm:
         shown = ", ".join(str(w["step"]) for w in warm[:10]) + (" ..." if len(warm) > 10 else "")
         line += (f", {len(warm)} warm-up ({shown}) "
@@ -107,6 +110,16 @@ def step_lines(result):
     return out
 
 
+def eval_lines(result):
+    """Header line on the evaluation passes (``eval`` slices), which no step statistic counts."""
+    ev = result.get("evaluation")
+    if not ev:
+        return []
+    return [f"evaluation: {ev['count']} pass{'es' * (ev['count'] != 1)}, {fmt_ms(ev['total_us'])} ms in all, "
+            f"{fmt_ms(ev['mean_us'])} ms per pass on average (median {fmt_ms(ev['median_us'])} ms); "
+            "not in the step statistics"]
+
+
 def _step_table(result, top):
     steps = result["steps"]
     rows = steps["rows"]
@@ -116,7 +129,8 @@ def _step_table(result, top):
     out = [f"{'step':>8}  " + "  ".join(f"{c:>10}" for c in STEP_COLUMNS) + f"  {'coverage':>8}"]
     for r in sorted(shown, key=lambda r: r["step"]):
         out.append(f"{r['step']:>8}  " + "  ".join(f"{fmt_ms(r[f'{c}_us']):>10}" for c in STEP_COLUMNS)
-                   + f"  {100 * r['coverage']:>7.1f}%" + (f"  warm-up: {r['warmup']}" if r["warmup"] else ""))
+                   + f"  {100 * r['coverage']:>7.1f}%" + (f"  warm-up: {r['warmup']}" if r["warmup"] else "")
+                   + ("" if r["recorded"] else "  not recorded"))
     if len(steady) > top:
         out.append(f"  ... {len(steady) - top} more steady-state steps (--top, or --format json for all)")
     return out
@@ -196,7 +210,7 @@ def _special_view(result, view, top):
 def to_table(result, views=None, top=15):
     """The table report. ``views``: the views to show in order (default: those in
     the result, after the step view when there are steps)."""
-    out = [headline(result), *compile_lines(result), *step_lines(result)]
+    out = [headline(result), *compile_lines(result), *step_lines(result), *eval_lines(result)]
     for view in views or ["step", *result["views"]]:
         if view not in ROW_VIEWS:
             lines = _special_view(result, view, top)

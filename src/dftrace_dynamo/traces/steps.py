@@ -13,6 +13,14 @@ has no ``backward`` events), optimizer (``<Optimizer>.step`` and
 between the phases, untraced code) and coverage (share of the wall time in
 the four).
 
+Recorded steps: outside the step windows (``DFTRACER_STEPS``) a step keeps its
+slice but records nothing inside it. A step is *recorded* when a ``data``,
+``backward`` or ``optimizer`` event or an op carries its number (in a process
+where no step holds one, every step counts as recorded); only recorded steps enter the statistics,
+and the document says how many there are.
+
+Evaluation (``eval`` slices, whose events carry no step) is in no step.
+
 Warm-up rule (:data:`WARMUP_RULE`), per process: a step is warm-up when a
 compile event (Dynamo frame compile, recompile, backend compile, lazy
 backward compile) ran in it, or when it comes before the first step in which
@@ -112,13 +120,15 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
     for proc, proc_steps in steps_of.items():
         reasons = _warmup(proc_steps, compiled.get(proc, {}))
         warm_keys += [(*proc, s) for s in reasons]
+        # a graph call can start in a window and end in the next step: a graph alone is no record
+        recorded = {s for s in proc_steps if set(sums.get((*proc, s), ())) - {"forward", "backward_graph"}}
         for s in proc_steps:
             got = sums.get((*proc, s), {})
             row = {"file": proc[0], "pid": proc[1], "step": s, "wall_us": wall[(*proc, s)],
                    "data_us": got.get("data", 0.0), "forward_us": got.get("forward", 0.0),
                    "backward_us": got.get("backward" if proc in has_backward else "backward_graph", 0.0),
                    "optimizer_us": got.get("optimizer", 0.0), "ops_us": got.get("ops", 0.0),
-                   "warmup": reasons.get(s)}
+                   "warmup": reasons.get(s), "recorded": s in recorded or not recorded}
             inside = sum(row[f"{c}_us"] for c in CATEGORIES[:-1])
             row["other_us"] = max(row["wall_us"] - inside, 0.0)
             row["coverage"] = min(inside / row["wall_us"], 1.0) if row["wall_us"] else 0.0
@@ -138,6 +148,7 @@ def _per_step(rows):
             merged[f"{c}_us"] = statistics.fmean(r[f"{c}_us"] for r in group)
         merged["coverage"] = statistics.fmean(r["coverage"] for r in group)
         merged["warmup"] = next((r["warmup"] for r in group if r["warmup"]), None)
+        merged["recorded"] = any(r["recorded"] for r in group)
         out.append(merged)
     return out
 
@@ -147,7 +158,9 @@ def public(info, label):
     ``label((file, pid))`` names a process."""
     if not info["rows"]:
         return None
-    use = (lambda r: True) if info["include_warmup"] else (lambda r: not r["warmup"])
+    def use(r):  # a step enters the statistics when recorded and (unless asked) not warm-up
+        return r["recorded"] and (info["include_warmup"] or not r["warmup"])
+
     per_step = _per_step(info["rows"])
     steady = [r for r in per_step if use(r)]
     stats = series_stats([r["wall_us"] for r in steady])
@@ -177,6 +190,7 @@ def public(info, label):
         "warmup_rule": WARMUP_RULE,
         "include_warmup": info["include_warmup"],
         "warmup_steps": [{"step": r["step"], "reason": r["warmup"]} for r in per_step if r["warmup"]],
+        "recorded_steps": sum(r["recorded"] for r in per_step),
         "steady": stats,
         "rows": per_step,
         "ranks": ranks,

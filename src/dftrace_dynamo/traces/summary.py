@@ -30,7 +30,7 @@ import threading
 
 import duckdb
 
-from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
+from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
 from ..schema import ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, CAT_COMM, CAT_STEP
 from . import compiles, ranks, runs, steps
 from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
@@ -38,7 +38,7 @@ from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_
 from . import kernels
 from .report import OP_VIEWS, VIEWS
 
-UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME, STEP, DATA, BACKWARD, OPTIMIZER, START = range(10)
+UNPARSED, OP, GRAPH, COMPILE, PROCESS_NAME, STEP, DATA, BACKWARD, OPTIMIZER, START, EVAL = range(11)
 COMM = 11  # collectives (ranks)
 # step-structure categories -> kind (the step vocabulary, see docs/design.rst)
 STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
@@ -126,6 +126,7 @@ SELECT * FROM (
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
                 {step_kinds}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_EVAL}' THEN {EVAL}
                 WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
                 WHEN e.ph = 'X' AND e.name = 'start' AND e.cat = '{CAT_DFTRACER}' THEN {START}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMM}' THEN {COMM}
@@ -266,7 +267,8 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
     document): totals, ``steps`` (the step analysis, see :mod:`.steps`),
-    ``compile`` (graphs compiled, graph breaks, recompiles), ``views`` (view ->
+    ``compile`` (graphs compiled, graph breaks, recompiles), ``evaluation`` (count,
+    total, mean and median time of the ``eval`` slices; None without), ``views`` (view ->
     rows sorted by total time, at most ``top`` each; all with ``top=None``)
     and ``warnings`` (what could not be read); with ``step_samples``, also
     ``step_samples`` (see :func:`_step_samples`). Raises :class:`TraceError`
@@ -307,12 +309,16 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     rows = con.execute(sql).fetchall()
     kernel_rows = kernels.view(con, f"kind = {OP} {warm_filter}", top) if "kernel" in views else []
     unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
+    evaluation = con.execute(f"SELECT count(*), sum(dur), avg(dur), median(dur) FROM ev WHERE kind = {EVAL}").fetchone()
     samples = _step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter) if step_samples else None
     rank_info = ranks.analyse(con, paths, {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH,
                                            "backward": BACKWARD, "optimizer": OPTIMIZER}, records, step_info) \
         if slices else None
     con.close()
     result = _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
+    # evaluation passes (eval slices): apart from the training steps
+    result["evaluation"] = dict(zip(("count", "total_us", "mean_us", "median_us"), evaluation)) \
+        if evaluation[0] else None
     if samples is not None:
         result["step_samples"] = samples
     if kernel_rows:

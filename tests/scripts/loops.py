@@ -1,0 +1,125 @@
+"""Training loops of common shapes, each timing its own iterations (the ground truth the step
+tests compare the trace with).
+
+    python loops.py SHAPE --out PREFIX --truth FILE.json [--iters N]
+
+SHAPE: ``gan`` (D then G each step once per iteration), ``critic`` (5 critic steps per
+generator step; an iteration is one generator step), ``validate`` (3 epochs of training, a
+``no_grad`` validation pass after each), ``marked`` (``dftrace_dynamo.step()`` after
+``optimizer.step()``). Each iteration sleeps ``SLEEP_S`` so that its time is well above
+the noise of a shared machine. The truth file holds ``iterations`` (start times, ns, of each
+iteration and the end of the last one) and, for ``validate``, ``evals`` ((start, end) of
+each validation pass).
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn as nn
+
+import dftrace_dynamo
+from dftrace_dynamo import create_backend, dftracer
+
+SLEEP_S = 0.02
+
+
+def mlp(width=16):
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
+
+
+def gan(n, marks):
+    backend = create_backend()
+    d, g = torch.compile(mlp(), backend=backend), torch.compile(mlp(), backend=backend)
+    opt_d, opt_g = torch.optim.SGD(d.parameters(), lr=1e-3), torch.optim.SGD(g.parameters(), lr=1e-3)
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        real, z = torch.randn(8, 16), torch.randn(8, 16)
+        opt_d.zero_grad()
+        loss_d = d(real).mean() - d(g(z).detach()).mean()
+        loss_d.backward()
+        opt_d.step()
+        time.sleep(SLEEP_S / 2)
+        opt_g.zero_grad()
+        loss_g = -d(g(z)).mean()
+        loss_g.backward()
+        opt_g.step()
+        time.sleep(SLEEP_S / 2)
+
+
+def critic(n, marks):
+    backend = create_backend()
+    c, g = torch.compile(mlp(), backend=backend), torch.compile(mlp(), backend=backend)
+    opt_c, opt_g = torch.optim.SGD(c.parameters(), lr=1e-3), torch.optim.SGD(g.parameters(), lr=1e-3)
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        for _ in range(5):
+            opt_c.zero_grad()
+            with torch.no_grad():
+                fake = g(torch.randn(8, 16))
+            (c(fake).mean() - c(torch.randn(8, 16)).mean()).backward()
+            opt_c.step()
+            time.sleep(SLEEP_S / 5)
+        opt_g.zero_grad()
+        (-c(g(torch.randn(8, 16))).mean()).backward()
+        opt_g.step()
+
+
+def validate(n, marks, evals):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.compile(mlp(), backend=create_backend())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    train = DataLoader(TensorDataset(torch.randn(8 * n, 16)), batch_size=8)
+    val = DataLoader(TensorDataset(torch.randn(16, 16)), batch_size=8)
+    for _ in range(3):
+        model.train()
+        for (x,) in train:
+            marks.append(time.monotonic_ns())
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            time.sleep(SLEEP_S)
+        marks.append(time.monotonic_ns())  # the end of the epoch's last iteration
+        model.eval()
+        with torch.no_grad():
+            for (x,) in val:
+                model(x)
+                time.sleep(5 * SLEEP_S)  # much longer than a training iteration
+        evals.append((marks[-1], time.monotonic_ns()))
+
+
+def marked(n, marks):
+    model = torch.compile(mlp(), backend=create_backend())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        opt.zero_grad()
+        model(torch.randn(8, 16)).pow(2).mean().backward()
+        opt.step()
+        dftrace_dynamo.step()  # the iteration ends here
+        time.sleep(SLEEP_S)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", choices=("gan", "critic", "validate", "marked"))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--truth", required=True)
+    ap.add_argument("--iters", type=int, default=8)
+    a = ap.parse_args()
+    log = dftracer.initialize_log(a.out, None, -1)
+    torch.manual_seed(0)
+    marks, evals = [], []
+    if a.shape == "validate":
+        validate(a.iters, marks, evals)
+    else:
+        globals()[a.shape](a.iters, marks)
+        marks.append(time.monotonic_ns())
+    log.finalize()
+    with open(a.truth, "w") as f:
+        json.dump({"iterations": marks, "evals": evals}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""One step per training iteration in common loop shapes, checked against the loop's own clock
+(tests/scripts/loops.py times each iteration): two optimizers (GAN), a critic stepping 5 times
+per generator step, validation after each epoch (``eval`` slices, apart from the steps), and
+explicit marks after the optimizer step."""
+
+import json
+import os
+import statistics
+
+import pytest
+
+from backend_support import ops, run_python
+from dftrace_dynamo.traces.steps import quantile
+from scripts.clitools import summary_json
+from tracefile import read_events, traces
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "loops.py")
+ITERS = 6
+
+
+def run_loop(tmp_path, shape, env=None):
+    """(events, iteration times in µs, evaluation times in µs) of one run of the loop."""
+    truth = tmp_path / "truth.json"
+    run_python([SCRIPT, shape, "--out", str(tmp_path / "tr"), "--truth", str(truth), "--iters", str(ITERS)],
+               tmp_path, env, timeout=600)
+    (path,) = traces(tmp_path, "tr-*")
+    marks = json.loads(truth.read_text())
+    iterations = [(b - a) / 1e3 for a, b in zip(marks["iterations"], marks["iterations"][1:])]
+    return path, read_events(path), iterations, [(b - a) / 1e3 for a, b in marks["evals"]]
+
+
+def step_slices(events):
+    return sorted(ops(events, "step"), key=lambda e: e["ts"])
+
+
+def assert_close(measured, truth, rel=0.05):
+    assert abs(measured - truth) <= rel * truth, (measured, truth)
+
+
+def test_two_optimizers_make_one_step_per_iteration(tmp_path):
+    _, events, iterations, _ = run_loop(tmp_path, "gan")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    # every step holds one D and one G optimizer step
+    for s in steps:
+        inside = [e for e in ops(events, "optimizer") if e["name"] == "SGD.step"
+                  and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]]
+        assert len(inside) == 2, (s["name"], len(inside))
+    # steady steps last as long as the iterations (the last step ends at its last optimizer step)
+    assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
+
+
+def test_critic_steps_five_times_per_generator_step(tmp_path):
+    """A step is one generator iteration; the critic steps before the generator's first step
+    each end a step (warm-up)."""
+    _, events, iterations, _ = run_loop(tmp_path, "critic")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS + 4)]
+    counts = [len([e for e in ops(events, "optimizer") if e["name"] == "SGD.step"
+                   and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]]) for s in steps]
+    assert counts == [1, 1, 1, 1, 2] + [6] * (ITERS - 1), counts
+    assert_close(statistics.median(e["dur"] for e in steps[5:-1]), statistics.median(iterations[1:-1]))
+
+
+def test_validation_is_in_eval_slices_apart_from_the_steps(tmp_path):
+    path, events, iterations, evals = run_loop(tmp_path, "validate")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(3 * ITERS)]
+    passes = sorted(ops(events, "eval"), key=lambda e: e["ts"])
+    assert len(passes) == 3  # the trailing evaluation is an eval slice, not a step
+    for e, truth in zip(passes[1:], evals[1:]):  # the first one compiled its graph
+        assert_close(e["dur"], truth)
+    # the inference graph calls are in the eval slices and carry no step
+    inference = [g for g in ops(events, "dynamo_graph") if g["name"].endswith("inference")]
+    assert len(inference) == 3 * 2
+    assert all("step" not in g["args"] and any(p["ts"] <= g["ts"] <= p["ts"] + p["dur"] for p in passes)
+               for g in inference)
+    # no step holds evaluation: training p90 is the iterations' p90
+    training = [t for i, t in enumerate(iterations) if (i + 1) % (ITERS + 1)]  # iterations, not epoch ends
+    result, _ = summary_json(path)
+    assert result["steps"]["steady"]["steps"] == 3 * ITERS - 1
+    assert_close(result["steps"]["steady"]["p90_us"], quantile(training[1:], 0.9))
+    ev = result["evaluation"]
+    assert ev["count"] == 3 and ev["median_us"] == pytest.approx(statistics.median(e["dur"] for e in passes))
+
+
+def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
+    _, events, iterations, _ = run_loop(tmp_path, "marked")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    assert all(any(e["args"]["step"] == s["args"]["step"] for e in ops(events, "optimizer")) for s in steps)
+    assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
+
+
+def test_step_windows_count_only_recorded_steps(tmp_path):
+    path, _, _, _ = run_loop(tmp_path, "gan", env={"DFTRACER_STEPS": "3-4"})
+    steps = summary_json(path)[0]["steps"]
+    assert len(steps["rows"]) == ITERS and steps["recorded_steps"] == 2
+    assert steps["steady"]["steps"] == 2
+    assert [r["step"] for r in steps["rows"] if r["recorded"]] == [3, 4]
