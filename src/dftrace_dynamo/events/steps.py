@@ -66,6 +66,7 @@ import torch
 from .. import _core
 from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_EVAL, CAT_OPTIMIZER
 from ..session import config, dataloaders, hooks, logger
+from . import comm, memory  # their hooks go in with the trace file, like ours
 
 # where the iteration is (optimizer-driven steps only; with marks, always TRAIN)
 TRAIN, COMPLETE, EVAL = "train", "complete", "eval"
@@ -131,7 +132,7 @@ def _enter(number: int) -> None:
 
 
 def _write(number: int, start: int, end: int) -> None:
-    _core.step_slice(number, start, end)
+    _core.step_slice(number, start, end, memory.step_args())
 
 
 def _finish(end: int) -> None:
