@@ -92,15 +92,19 @@ static int get_cell(PyObject *o, PyObject **cell) {
 
 typedef struct {
     PyObject_HEAD
-    vectorcallfunc vectorcall;
+    vectorcallfunc vectorcall; /* icpt_call, icpt_binop or icpt_method, chosen at construction */
     PyObject *target; /* callable (CALL) or method name (METHOD) */
     PyObject *cell;   /* TagCell or NULL */
+    const uint32_t *tags; /* the cell's id, or no_tags: read on every event */
     PyObject *name, *qualname, *module;
     PyObject *dict;
     binaryfunc binop; /* operator.add & co. called as the C function they wrap */
     uint32_t site;
+    uint32_t ctx_keep, ctx_set; /* flags = (graph context & keep) | set: the grad override */
     int mode, grad;
 } Interceptor;
+
+static const uint32_t no_tags = 0;
 
 /* operator functions FX graphs call for `a + b`, `x[i]`...: calling the C
  * function behind them skips one Python-level call per op. */
@@ -140,34 +144,45 @@ static binaryfunc find_binop(PyObject *target) {
     return NULL;
 }
 
-static PyObject *icpt_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
-                                 PyObject *kwnames) {
-    Interceptor *self = (Interceptor *)self_;
-    int on = dft_ops_recording();
-    uint64_t t0 = on ? dft_now() : 0;
-    PyObject *r;
-    if (self->binop && PyVectorcall_NARGS(nargsf) == 2 && !kwnames) {
-        r = self->binop(args[0], args[1]);
-    } else if (self->mode == 0) {
-        r = PyObject_Vectorcall(self->target, args, nargsf, kwnames);
-    } else if (PyVectorcall_NARGS(nargsf) == 0) {
-        PyErr_SetString(PyExc_TypeError, "method interceptor needs the object as first argument");
-        r = NULL;
-    } else {
-        r = PyObject_VectorcallMethod(self->target, args, nargsf, kwnames);
-    }
-    if (!on)
-        return r;
+/* The hot path. Outside recording (no file, or outside the step windows) each
+ * vectorcall below tests the state word once and calls the target; recording,
+ * it reads the clock around the call and pushes one record. The three kinds
+ * are separate functions so the recorded path carries no mode tests. */
+static inline PyObject *icpt_record(Interceptor *self, uint64_t t0, PyObject *r) {
     uint64_t t1 = dft_now();
-    uint32_t flags;
-    if (self->grad == 0)
-        flags = dft_tls.ctx;
-    else
-        flags = (dft_tls.ctx & DFT_PHASE_MASK) | (self->grad == 1 ? DFT_FLAG_GRAD : 0);
-    if (DFT_UNLIKELY(!r))
-        flags |= DFT_FLAG_FAILED;
-    dft_push(self->site, t0, t1, flags, cell_id(self->cell), NULL);
+    uint32_t flags = (dft_tls.ctx & self->ctx_keep) | self->ctx_set | (r ? 0 : DFT_FLAG_FAILED);
+    dft_push(self->site, t0, t1, flags, *self->tags, NULL);
     return r;
+}
+
+static PyObject *icpt_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Interceptor *self = (Interceptor *)self_;
+    if (DFT_UNLIKELY(!dft_ops_recording()))
+        return PyObject_Vectorcall(self->target, args, nargsf, kwnames);
+    uint64_t t0 = dft_now();
+    return icpt_record(self, t0, PyObject_Vectorcall(self->target, args, nargsf, kwnames));
+}
+
+static PyObject *icpt_binop(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Interceptor *self = (Interceptor *)self_;
+    if (DFT_UNLIKELY(PyVectorcall_NARGS(nargsf) != 2 || kwnames))
+        return icpt_call(self_, args, nargsf, kwnames);
+    if (DFT_UNLIKELY(!dft_ops_recording()))
+        return self->binop(args[0], args[1]);
+    uint64_t t0 = dft_now();
+    return icpt_record(self, t0, self->binop(args[0], args[1]));
+}
+
+static PyObject *icpt_method(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Interceptor *self = (Interceptor *)self_;
+    if (DFT_UNLIKELY(PyVectorcall_NARGS(nargsf) == 0)) {
+        PyErr_SetString(PyExc_TypeError, "method interceptor needs the object as first argument");
+        return dft_ops_recording() ? icpt_record(self, dft_now(), NULL) : NULL;
+    }
+    if (DFT_UNLIKELY(!dft_ops_recording()))
+        return PyObject_VectorcallMethod(self->target, args, nargsf, kwnames);
+    uint64_t t0 = dft_now();
+    return icpt_record(self, t0, PyObject_VectorcallMethod(self->target, args, nargsf, kwnames));
 }
 
 static PyObject *icpt_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -199,14 +214,19 @@ static PyObject *icpt_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Interceptor *self = (Interceptor *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    self->vectorcall = icpt_vectorcall;
     self->target = Py_NewRef(target);
     self->site = (uint32_t)site;
     self->mode = mode;
     self->grad = grad;
+    self->ctx_keep = grad == 0 ? ~0u : DFT_PHASE_MASK;
+    self->ctx_set = grad == 1 ? DFT_FLAG_GRAD : 0;
     self->binop = mode == 0 ? find_binop(target) : NULL;
+    self->vectorcall = mode == 1 ? icpt_method : self->binop ? icpt_binop : icpt_call;
+    self->tags = &no_tags;
     if (get_cell(cell, &self->cell) < 0)
         goto fail;
+    if (self->cell)
+        self->tags = &((dft_TagCell *)self->cell)->id;
     if (name) {
         self->name = Py_NewRef(name);
     } else if (mode == 1) {
@@ -239,6 +259,7 @@ static int icpt_traverse(Interceptor *self, visitproc visit, void *arg) {
 
 static int icpt_clear(Interceptor *self) {
     Py_CLEAR(self->target);
+    self->tags = &no_tags;
     Py_CLEAR(self->cell);
     Py_CLEAR(self->dict);
     return 0;

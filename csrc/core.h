@@ -142,19 +142,26 @@ typedef struct {
 } dft_tls_t;
 extern _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
 
-extern _Atomic int dft_open_flag;
+/* Recording state, one word so that the hot path tests it with one load and
+ * one branch: DFT_ST_OPEN while a file is open and recording (open() to
+ * close() or a write error), DFT_ST_OPS_OFF outside the step windows (steps.c).
+ * Op-level events are recorded when the word is exactly DFT_ST_OPEN. Bits are
+ * set and cleared with atomic or/and (the writer thread clears OPEN). */
+#define DFT_ST_OPEN 1
+#define DFT_ST_OPS_OFF 2
+extern _Atomic int dft_state;
+static inline int dft_is_open(void) {
+    return atomic_load_explicit(&dft_state, memory_order_relaxed) & DFT_ST_OPEN;
+}
 
 /* ---- steps (steps.c) ---------------------------------------------------- */
-/* dft_ops_on: 1 = op-level events (interceptors, graph calls, spans) are
- * recorded, 0 = outside the step windows: skip them with one branch.
- * dft_step_tag: current step + 1 (0: none), copied into every record.
- * Both are read and written with the GIL held. */
-extern int dft_ops_on;
-/* Whether op-level events are recorded now: a file is open and the current
- * step is inside the step windows (two plain loads and an and, on every op). */
+/* Whether op-level events (interceptors, graph calls, spans) are recorded now:
+ * a file is open and the current step is inside the step windows. */
 static inline int dft_ops_recording(void) {
-    return atomic_load_explicit(&dft_open_flag, memory_order_relaxed) & dft_ops_on;
+    return atomic_load_explicit(&dft_state, memory_order_relaxed) == DFT_ST_OPEN;
 }
+/* dft_step_tag: current step + 1 (0: none), copied into every record; read
+ * and written with the GIL held (every push holds it). */
 extern uint32_t dft_step_tag;
 extern PyMethodDef dft_step_methods[];
 
@@ -181,7 +188,7 @@ static inline int dft_ring_put(dft_ring *r, uint64_t h, uint32_t site, uint64_t 
  * still owns extra. */
 static inline int dft_push(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                            char *extra) {
-    if (!atomic_load_explicit(&dft_open_flag, memory_order_relaxed))
+    if (!dft_is_open())
         return -1;
     dft_ring *r = dft_tls.ring;
     if (DFT_UNLIKELY(!r))

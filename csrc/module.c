@@ -333,7 +333,7 @@ static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObj
     uint64_t s, e;
     if (get_u64(o[2], &s) < 0 || get_u64(o[3], &e) < 0)
         return NULL;
-    if (!atomic_load(&dft_open_flag))
+    if (!dft_is_open())
         Py_RETURN_NONE;
     /* Name, category and args travel with the event (site 0): nothing is
      * kept once it is written, however many distinct names a program logs. */
@@ -459,9 +459,9 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_clock_update(1);
     uint64_t pending;
     dft_rings_counts(&dft_w.pushed_base, &pending);
-    atomic_store(&dft_open_flag, 1); /* before the writer starts: a write error clears it */
+    atomic_fetch_or(&dft_state, DFT_ST_OPEN); /* before the writer starts: a write error clears it */
     if (dft_writer_start() < 0) {
-        atomic_store(&dft_open_flag, 0);
+        atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
         PyErr_SetString(PyExc_RuntimeError, "cannot start the trace writer thread");
         goto undo;
     }
@@ -485,7 +485,7 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     if (!dft_w.file_open)
         Py_RETURN_NONE;
     /* Pushes happen under the GIL, so none is in progress once this is 0. */
-    atomic_store(&dft_open_flag, 0);
+    atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
     dft_w.file_open = 0;
     dft_w.end_tid = (uint32_t)syscall(SYS_gettid);
     dft_w.end_ts = dft_now();

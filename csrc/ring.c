@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
-_Atomic int dft_open_flag;
+_Atomic int dft_state;
 
 pthread_mutex_t dft_list_mu = PTHREAD_MUTEX_INITIALIZER;
 dft_ring *_Atomic dft_rings;
@@ -41,7 +41,7 @@ static void atfork_child(void) {
     pthread_cond_init(&dft_w.cv_wake, NULL);
     pthread_cond_init(&dft_w.cv_space, NULL);
     pthread_cond_init(&dft_w.cv_done, NULL);
-    atomic_store(&dft_open_flag, 0);
+    atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
     atomic_store(&dft_rings, NULL);
     dft_tls.ring = NULL;
     pthread_setspecific(ring_key, NULL);
@@ -177,7 +177,7 @@ int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_
             return -1;
         }
         dft_tls.ring = r;
-        if (!atomic_load(&dft_open_flag)) /* closed while ring_new ran Python */
+        if (!dft_is_open()) /* closed while ring_new ran Python */
             return -1;
     }
     uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);

@@ -5,7 +5,6 @@
 #include "core.h"
 
 /* Read and written with the GIL held (every push holds it). */
-int dft_ops_on = 1;
 uint32_t dft_step_tag;
 
 static int get_step_arg(PyObject *o, uint32_t *tag) {
@@ -42,11 +41,16 @@ static PyObject *py_set_ops_on(PyObject *m, PyObject *o) {
     int on = PyObject_IsTrue(o);
     if (on < 0)
         return NULL;
-    dft_ops_on = on;
+    if (on)
+        atomic_fetch_and(&dft_state, ~DFT_ST_OPS_OFF);
+    else
+        atomic_fetch_or(&dft_state, DFT_ST_OPS_OFF);
     Py_RETURN_NONE;
 }
 
-static PyObject *py_ops_on(PyObject *m, PyObject *unused) { return PyBool_FromLong(dft_ops_on); }
+static PyObject *py_ops_on(PyObject *m, PyObject *unused) {
+    return PyBool_FromLong(!(atomic_load(&dft_state) & DFT_ST_OPS_OFF));
+}
 
 /* "\0" name/cat (none, or the counter's) "\0" args "\0": the extra text of a
  * site-0 record (writer.c); NULL with a Python error. */

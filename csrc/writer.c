@@ -355,7 +355,7 @@ static void write_failed(void) {
     dft_sink *k = &dft_w.sink;
     int err = k->err;
     dft_w.failed = 1;
-    atomic_store(&dft_open_flag, 0);
+    atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
     dft_w.written -= dft_w.member_events;
     atomic_fetch_add(&dft_w.dropped, dft_w.member_events);
     dft_w.member_events = 0;

@@ -27,18 +27,20 @@ def prepare_output(out, inputs, force):
 
 def lost_notes(lines):
     """Warnings for what an iterated :class:`EventLines` could not copy: its
-    damage notes, then one line on the lines it dropped."""
+    damage notes, then one line on the lines it dropped and one on the lines
+    too long to read."""
     notes = list(lines.damage.notes)
-    kinds = (lines.broken, lines.not_events, lines.oversized)
-    count = sum(k.count for k in kinds)
+    count = lines.broken.count + lines.not_events.count
     if lines.cut_last_line() and count == 1:
         notes.append(f"{lines.path}: dropped the cut last line {lines.last_line}")
     elif count:
-        first = sorted(n for k in kinds for n in k.first)[:5]
+        first = sorted(lines.broken.first + lines.not_events.first)[:5]
         shown = ", ".join(map(str, first)) + (" ..." if count > 5 else "")
         notes.append(f"{lines.path}: dropped {count:,} line(s) that are not JSON events (line {shown})")
     if lines.oversized.count:
-        notes.append(f"{lines.path}: line {lines.oversized.first[0]}: {too_long(lines.oversized_sizes[0])}")
+        more = f" and {lines.oversized.count - 1:,} more such line(s)" if lines.oversized.count > 1 else ""
+        notes.append(f"{lines.path}: dropped line {lines.oversized.first[0]}, "
+                     f"{too_long(lines.oversized_sizes[0])}{more}")
     return notes
 
 

@@ -338,6 +338,16 @@ class Lines:
         self.last_line = lineno + (skipping is not None or bool(pending))
 
 
+def first_oversized(path):
+    """``(line number, size)`` of the first line of ``path`` longer than
+    :data:`MAX_LINE`, or None; message: :func:`too_long`."""
+    lines = Lines(path)
+    for _ in lines:
+        if lines.oversized.count:
+            break
+    return (lines.oversized.first[0], lines.oversized_sizes[0]) if lines.oversized.count else None
+
+
 def first_lines(path, n=2):
     """The first ``n`` non-blank lines (fewer for a short file)."""
     out = []

@@ -148,8 +148,6 @@ def _rank_table(result):
     if spread:
         out.append(f"slowest: {spread['slowest']}, {fmt_ms(spread['spread_us'])} ms "
                    f"({100 * spread['spread']:.1f}%) above the fastest ({spread['fastest']}) in median step time")
-        out.append(f"straggler: {spread['straggler']}, {fmt_ms(spread['straggler_ops_us'])} ms more time in ops "
-                   "per step (median) than the least busy rank; in a synchronous job the others wait for it")
     return out + _wait_lines(result.get("ranks"))
 
 
@@ -324,12 +322,16 @@ def plot(result, path):
     import matplotlib.pyplot as plt
 
     heights = ([4.0] if result["steps"] else []) + ([1.2 + 0.35 * max(len(result["views"][view]), 1)] if view else [])
-    fig, axes = plt.subplots(len(heights), 1, figsize=(10, sum(heights) + 0.5),
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)
-    if result["steps"]:
-        _step_timeline(axes[0][0], result)
-    if view:
-        _bar_chart(axes[-1][0], result, view)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    # names from the trace ('$x^2$', '\\') are text: no mathtext, no LaTeX
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        fig, axes = plt.subplots(len(heights), 1, figsize=(10, sum(heights) + 0.5),
+                                 gridspec_kw={"height_ratios": heights}, squeeze=False)
+        try:
+            if result["steps"]:
+                _step_timeline(axes[0][0], result)
+            if view:
+                _bar_chart(axes[-1][0], result, view)
+            fig.tight_layout()
+            fig.savefig(path, dpi=110)
+        finally:
+            plt.close(fig)
