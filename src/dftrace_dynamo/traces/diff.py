@@ -44,24 +44,20 @@ def _side(paths, include_warmup, progress):
     return result
 
 
-def _kth_differences(x, y, ks):
+def _kth_differences(x, y, ks, tol=1e-6):
     """The ``ks``-th smallest (1-based) of the differences ``y[j] - x[i]``, x and y sorted,
-    without forming all of them: bisection on the value, counting the differences
-    below it with a binary search per element of x, then the largest difference not
-    above the bound found (an actual difference)."""
+    without forming all of them: bisection on the value (counting the differences below
+    it with one binary search per element of x) down to ``tol`` µs, below the traces'
+    ns resolution; then the largest actual difference not above the bound found."""
     ks = np.asarray(ks, dtype=np.int64)
     lo = np.full(len(ks), y[0] - x[-1] - 1.0)  # count(lo) < k <= count(hi)
     hi = np.full(len(ks), y[-1] - x[0])
-    for _ in range(200):
+    while (hi - lo > tol).any():
         mid = (lo + hi) / 2
-        moving = (mid > lo) & (mid < hi)
-        if not moving.any():
-            break
         counts = np.searchsorted(y, (x[None, :] + mid[:, None]).ravel(), "right").reshape(len(ks), -1).sum(1)
         below = counts < ks
-        lo = np.where(moving & below, mid, lo)
-        hi = np.where(moving & ~below, mid, hi)
-    idx = np.searchsorted(y, x[None, :] + hi[:, None], "right") - 1
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    idx = np.searchsorted(y, x[None, :] + (hi[:, None] + tol / 2), "right") - 1  # tol/2: rounding of x + hi
     return np.where(idx >= 0, y[np.maximum(idx, 0)] - x[None, :], -np.inf).max(1)
 
 
@@ -73,7 +69,7 @@ def shift_test(base, new, z):
     (U / nm: the chance that a NEW step's time exceeds a BASE step's, ties half)."""
     x, y = np.sort(np.asarray(base, float)), np.sort(np.asarray(new, float))
     n, m = len(x), len(y)
-    values, inverse, ties = np.unique(np.concatenate([x, y]), return_inverse=True, return_counts=True)
+    _, inverse, ties = np.unique(np.concatenate([x, y]), return_inverse=True, return_counts=True)
     ranks = (np.cumsum(ties) - (ties - 1) / 2)[inverse]
     u = ranks[n:].sum() - m * (m + 1) / 2
     total = n + m
