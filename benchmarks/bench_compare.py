@@ -21,7 +21,8 @@ report gives, for each build, the median of these over rounds and their IQR, and
 for the candidate minus the baseline the median of the paired per-round differences
 and its IQR (the noise: a difference smaller than that IQR is not resolved). Times
 are CPU time of the worker process (``time.process_time_ns``: the trace writer thread
-included, other processes not). The ``perf_counter_ns()`` cost and the load average
+included, other processes not), or with ``--timer thread`` of its calling thread alone
+(what the user's thread pays; the writer's work is then left out). The ``perf_counter_ns()`` cost and the load average
 are printed with every run: they say how loaded the machine was.
 """
 
@@ -152,17 +153,18 @@ class Worker:
         return {key: {"ops": ops, "spans": spans, "variants": sorted(calls)}
                 for key, (calls, ops, spans, _) in self.cases.items()}
 
-    def round(self, key, block_calls, flip):
+    def round(self, key, block_calls, flip, timer):
         calls, _, _, default_calls = self.cases[key]
         n = block_calls or default_calls
+        clock = time.thread_time_ns if timer == "thread" else time.process_time_ns
         order = sorted(calls, reverse=flip)
         out = {}
         for name in order:
             call = calls[name]
-            start = time.process_time_ns()
+            start = clock()
             for _ in range(n):
                 call()
-            out[name] = (time.process_time_ns() - start) / n
+            out[name] = (clock() - start) / n
         return out
 
 
@@ -174,7 +176,7 @@ def worker_main():
             worker = Worker(cmd["keys"], cmd["trace_dir"])
             reply = {"info": worker.info()}
         elif cmd["op"] == "round":
-            reply = worker.round(cmd["key"], cmd["block_calls"], cmd["flip"])
+            reply = worker.round(cmd["key"], cmd["block_calls"], cmd["flip"], cmd["timer"])
         elif cmd["op"] == "clock":
             reply = {"clock": clock_call_ns()}
         else:
@@ -228,6 +230,9 @@ def main(argv=None):
     p.add_argument("--levels", default="torch,aten")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
+    p.add_argument("--timer", choices=("process", "thread"), default="process",
+                   help="CPU time of the worker process (the trace writer thread included, the default) or of "
+                        "its calling thread only")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -244,7 +249,7 @@ def main(argv=None):
     srcs = {"A": build(args.baseline, tmp),
             "B": build(args.candidate, tmp) if args.candidate else os.path.join(ROOT, "src")}
     affinity = sorted(os.sched_getaffinity(0))
-    print(f"torch {torch.__version__}, affinity {affinity}, rounds {args.rounds}, load average "
+    print(f"torch {torch.__version__}, affinity {affinity}, rounds {args.rounds}, {args.timer} CPU time, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if len(affinity) > 1:
         print("warning: not pinned to one core (run under taskset -c 1)")
@@ -259,7 +264,8 @@ def main(argv=None):
     for r in range(args.rounds):
         for key in keys:
             order = ("A", "B") if r % 2 == 0 else ("B", "A")
-            res = {name: children[name].ask(op="round", key=key, block_calls=args.block_calls, flip=r % 4 >= 2)
+            res = {name: children[name].ask(op="round", key=key, block_calls=args.block_calls, flip=r % 4 >= 2,
+                                            timer=args.timer)
                    for name in order}
             ops = {n: children[n].info[key]["ops"] for n in "AB"}
             spans = {n: children[n].info[key]["spans"] for n in "AB"}
