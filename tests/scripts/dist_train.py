@@ -1,0 +1,48 @@
+"""A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, a recompile
+on one rank, or a large tensor in one step (MODE), with rank DELAY_RANK sleeping DELAY_MS a step."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import dftrace_dynamo
+from dftrace_dynamo import step
+
+MODE, STEPS = os.environ.get("MODE", "ddp"), int(os.environ.get("STEPS", "8"))
+DELAY = float(os.environ.get("DELAY_MS", "0")) / 1e3
+dftrace_dynamo.initialize_log()
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+if MODE == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))  # one bucket: 68 floats
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(STEPS):
+        if rank == int(os.environ.get("DELAY_RANK", "1")) and DELAY:
+            time.sleep(DELAY)
+        loss = model(torch.randn(8, 16)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+elif MODE == "eager":
+    for _ in range(STEPS):
+        dist.all_reduce(torch.ones(1000))  # 4000 bytes
+        dist.broadcast(torch.zeros(10, dtype=torch.float64), src=0)  # 80
+        dist.all_gather([torch.empty(5, dtype=torch.int32) for _ in range(world)],
+                        torch.full((5,), rank, dtype=torch.int32))  # 20
+        dist.all_reduce(torch.ones(256), async_op=True).wait()  # 1024, async
+        step()
+elif MODE == "recompile":
+    fn = torch.compile(lambda x: (x * 2).sum(), backend="dftrace", dynamic=False)
+    for i in range(STEPS):
+        fn(torch.ones(8 if rank == 0 or i < 3 else 16))  # rank 1 recompiles at step 3
+        step()
+elif MODE == "memory":
+    for i in range(STEPS):
+        if i == 3:
+            big = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched, freed in the step
+            del big
+        step()
+dist.barrier()
+dist.destroy_process_group()
