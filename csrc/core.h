@@ -56,6 +56,10 @@ void dft_buf_free(dft_buf *b);
 /* Python -> JSON text; need the GIL. Return 0, or -1 with a Python error. */
 int dft_json_str(dft_buf *b, PyObject *s);      /* "escaped" */
 int dft_json_fields(dft_buf *b, PyObject *d);   /* ,"k":v for each item */
+/* Arg values written in another form (see json.c), counted per kind. */
+#define DFT_ARGS_DEPTH 16 /* nested lists/dicts inside an args dict that are written */
+enum { DFT_ARG_DEEP, DFT_ARG_CYCLE, DFT_ARG_UNPRINTABLE, DFT_ARG_KINDS };
+extern uint64_t dft_arg_issues[DFT_ARG_KINDS];
 /* Plain C, no GIL. */
 char *dft_fmt_u64(char *p, uint64_t v);         /* decimal, returns end */
 char *dft_fmt_i64(char *p, int64_t v);
@@ -252,6 +256,7 @@ typedef struct {
     int fd, mode, err; /* err: errno of the first failed write */
     int cut_err;       /* errno of a failed dft_sink_cut */
     uint64_t good;     /* file size up to the end of the last whole member */
+    size_t kept;       /* after a failed write: bytes of it kept (plain text: whole lines) */
     void *ld;          /* libdeflate compressor, when loaded */
     z_stream z;        /* zlib fallback for gzip */
     int z_init;
@@ -260,7 +265,7 @@ typedef struct {
 } dft_sink;
 
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
-int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame; -1: k->err */
+int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame; -1: k->err, k->kept */
 void dft_sink_cut(dft_sink *k);
 void dft_sink_free(dft_sink *k);
 

@@ -143,66 +143,106 @@ static int put(dft_buf *b, const char *s, size_t n) {
     return 0;
 }
 
+/* Arg values that cannot be written as given, counted per kind (under the GIL):
+ * a container nested deeper than DFT_ARGS_DEPTH or holding itself is written
+ * as the string "[...]" ("{...}" for a dict), as Python's repr shows a
+ * self-reference; a value whose str() raises as "<unprintable TYPE>". */
+uint64_t dft_arg_issues[DFT_ARG_KINDS];
+
+/* text (a new reference, or NULL with an error set) as a JSON string; a
+ * failed str()/repr() of v is written as "<unprintable TYPE>". Only
+ * BaseException-only errors (KeyboardInterrupt from a signal, SystemExit)
+ * still propagate. */
+static int put_text(dft_buf *b, PyObject *v, PyObject *text) {
+    if (!text) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();
+        dft_arg_issues[DFT_ARG_UNPRINTABLE]++;
+        text = PyUnicode_FromFormat("<unprintable %.100s>", Py_TYPE(v)->tp_name);
+        if (!text)
+            return -1;
+    }
+    int rc = dft_json_str(b, text);
+    Py_DECREF(text);
+    return rc;
+}
+
 /* str(obj) as a JSON string: fallback for values JSON has no type for. */
 static int put_str_of(dft_buf *b, PyObject *v) {
-    PyObject *s = PyObject_Str(v);
-    if (!s)
-        return -1;
-    int rc = dft_json_str(b, s);
-    Py_DECREF(s);
-    return rc;
+    return put_text(b, v, PyObject_Str(v));
 }
 
 static int put_key(dft_buf *b, PyObject *k) {
     return PyUnicode_Check(k) ? dft_json_str(b, k) : put_str_of(b, k);
 }
 
-static int json_value(dft_buf *b, PyObject *v);
+/* The containers being written around a value, outermost first: the depth
+ * is bounded, so is the C recursion. */
+typedef struct {
+    PyObject *open[DFT_ARGS_DEPTH + 1]; /* + the args dict */
+    int depth;
+} json_path;
 
-/* Guarded against self-containing lists/dicts. */
-static int json_value_checked(dft_buf *b, PyObject *v) {
-    if (Py_EnterRecursiveCall(" while formatting trace args"))
-        return -1;
-    int rc = json_value(b, v);
-    Py_LeaveRecursiveCall();
-    return rc;
-}
+static int json_value(dft_buf *b, PyObject *v, json_path *path);
 
-static int json_seq(dft_buf *b, PyObject *v) {
-    PyObject *seq = PySequence_Fast(v, "expected a sequence");
-    if (!seq)
-        return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int rc = put(b, "[", 1);
-    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
-        if (i)
-            rc = put(b, ",", 1);
-        if (rc == 0)
-            rc = json_value_checked(b, PySequence_Fast_GET_ITEM(seq, i));
+/* Enters container v: 1 when it is too deep or already open (then its
+ * marker is written instead), 0 when entered, -1 on error. */
+static int enter(dft_buf *b, PyObject *v, json_path *path, const char *marker) {
+    int kind = path->depth > DFT_ARGS_DEPTH ? DFT_ARG_DEEP : -1;
+    for (int i = 0; kind < 0 && i < path->depth; i++)
+        if (path->open[i] == v)
+            kind = DFT_ARG_CYCLE;
+    if (kind < 0) {
+        path->open[path->depth++] = v;
+        return 0;
     }
-    if (rc == 0)
-        rc = put(b, "]", 1);
-    Py_DECREF(seq);
-    return rc;
+    dft_arg_issues[kind]++;
+    return put(b, marker, 7) < 0 ? -1 : 1;
 }
 
-static int json_dict(dft_buf *b, PyObject *d) {
-    if (put(b, "{", 1) < 0)
-        return -1;
+/* Items are held while written: a str() they call may change the container. */
+static int json_seq(dft_buf *b, PyObject *v, json_path *path) {
+    int rc = enter(b, v, path, "\"[...]\"");
+    if (rc)
+        return rc < 0 ? -1 : 0;
+    rc = put(b, "[", 1);
+    for (Py_ssize_t i = 0; rc == 0 && i < Py_SIZE(v); i++) {
+        PyObject *item = Py_NewRef(PyList_Check(v) ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i));
+        rc = (i && put(b, ",", 1) < 0) ? -1 : json_value(b, item, path);
+        Py_DECREF(item);
+    }
+    path->depth--;
+    return rc < 0 ? -1 : put(b, "]", 1);
+}
+
+/* ,"k":v (or "k":v for the first item of a nested dict) for each item. */
+static int json_items(dft_buf *b, PyObject *d, json_path *path, int lead) {
     PyObject *k, *v;
     Py_ssize_t pos = 0;
-    int first = 1;
-    while (PyDict_Next(d, &pos, &k, &v)) {
-        if (!first && put(b, ",", 1) < 0)
-            return -1;
-        first = 0;
-        if (put_key(b, k) < 0 || put(b, ":", 1) < 0 || json_value_checked(b, v) < 0)
-            return -1;
+    int rc = 0;
+    while (rc == 0 && PyDict_Next(d, &pos, &k, &v)) {
+        Py_INCREF(k);
+        Py_INCREF(v);
+        rc = ((lead && put(b, ",", 1) < 0) || put_key(b, k) < 0 || put(b, ":", 1) < 0 ||
+              json_value(b, v, path) < 0) ? -1 : 0;
+        Py_DECREF(k);
+        Py_DECREF(v);
+        lead = 1;
     }
-    return put(b, "}", 1);
+    return rc;
 }
 
-static int json_value(dft_buf *b, PyObject *v) {
+static int json_dict(dft_buf *b, PyObject *d, json_path *path) {
+    int rc = enter(b, d, path, "\"{...}\"");
+    if (rc)
+        return rc < 0 ? -1 : 0;
+    rc = put(b, "{", 1) < 0 || json_items(b, d, path, 0) < 0 ? -1 : 0;
+    path->depth--;
+    return rc < 0 ? -1 : put(b, "}", 1);
+}
+
+static int json_value(dft_buf *b, PyObject *v, json_path *path) {
     char num[32];
     if (v == Py_None)
         return put(b, "null", 4);
@@ -215,14 +255,9 @@ static int json_value(dft_buf *b, PyObject *v) {
     if (PyLong_Check(v)) {
         int overflow;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow) { /* beyond int64: readers such as dftracer_validate reject the number */
-            PyObject *s = PyLong_Type.tp_repr(v);
-            if (!s)
-                return -1;
-            int rc = dft_json_str(b, s);
-            Py_DECREF(s);
-            return rc;
-        }
+        /* beyond int64: readers such as dftracer_validate reject the number */
+        if (overflow)
+            return put_text(b, v, PyLong_Type.tp_repr(v)); /* past 4300 digits repr raises */
         if (x == -1 && PyErr_Occurred())
             return -1;
         return put(b, num, (size_t)(dft_fmt_i64(num, x) - num));
@@ -247,12 +282,11 @@ static int json_value(dft_buf *b, PyObject *v) {
         return rc;
     }
     if (PyDict_Check(v))
-        return json_dict(b, v);
+        return json_dict(b, v, path);
     if (PyList_Check(v) || PyTuple_Check(v))
-        return json_seq(b, v);
+        return json_seq(b, v, path);
     return put_str_of(b, v);
 }
-
 
 int dft_json_fields(dft_buf *b, PyObject *d) {
     if (d == NULL || d == Py_None)
@@ -261,12 +295,6 @@ int dft_json_fields(dft_buf *b, PyObject *d) {
         PyErr_Format(PyExc_TypeError, "args must be a dict or None, not %.100s", Py_TYPE(d)->tp_name);
         return -1;
     }
-    PyObject *k, *v;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(d, &pos, &k, &v)) {
-        if (put(b, ",", 1) < 0 || put_key(b, k) < 0 || put(b, ":", 1) < 0 ||
-            json_value_checked(b, v) < 0)
-            return -1;
-    }
-    return 0;
+    json_path path = {.open = {d}, .depth = 1}; /* the args dict itself is the outermost level */
+    return json_items(b, d, &path, 1);
 }

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -322,6 +323,19 @@ static PyObject *py_record(PyObject *m, PyObject *const *args, size_t nargsf, Py
     Py_RETURN_NONE;
 }
 
+static uint64_t arg_issue_total(void) {
+    uint64_t n = 0;
+    for (int i = 0; i < DFT_ARG_KINDS; i++)
+        n += dft_arg_issues[i];
+    return n;
+}
+
+static PyObject *py_arg_issues(PyObject *m, PyObject *unused) {
+    return Py_BuildValue("{sKsKsK}", "deep", (unsigned long long)dft_arg_issues[DFT_ARG_DEEP],
+                         "self_reference", (unsigned long long)dft_arg_issues[DFT_ARG_CYCLE],
+                         "unprintable", (unsigned long long)dft_arg_issues[DFT_ARG_UNPRINTABLE]);
+}
+
 static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObject *kw) {
     static const char *const names[] = {"name", "cat", "start_ns", "end_ns", "args", "timed", NULL};
     PyObject *o[6];
@@ -334,7 +348,8 @@ static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObj
     if (get_u64(o[2], &s) < 0 || get_u64(o[3], &e) < 0)
         return NULL;
     if (!dft_is_open())
-        Py_RETURN_NONE;
+        return PyLong_FromLong(0);
+    uint64_t issues = arg_issue_total();
     /* Name, category and args travel with the event (site 0): nothing is
      * kept once it is written, however many distinct names a program logs. */
     dft_buf b = {0}; /* not static: formatting an arg may run Python code that logs */
@@ -357,7 +372,7 @@ static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObj
         flags |= DFT_FLAG_NOSTEP; /* its own step arg, not the current step */
     if (dft_push(0, s, e, flags, 0, text) < 0)
         free(text);
-    Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(arg_issue_total() - issues);
 fail:
     if (!PyErr_Occurred())
         PyErr_NoMemory();
@@ -377,7 +392,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Uiny*LU:open", kwl, &path, &comp, &bufsize, &header,
                                      &pid, &hhash))
         return NULL;
-    PyObject *ret = NULL;
+    PyObject *ret = NULL, *fsname = NULL;
     dft_buf hh = {0};
     if (dft_w.file_open || dft_w.closing) {
         PyErr_SetString(PyExc_RuntimeError, dft_w.closing ? "the trace file is being closed"
@@ -394,11 +409,18 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     }
     if (dft_json_str(&hh, hhash) < 0)
         goto out;
-    const char *cpath = PyUnicode_AsUTF8(path);
-    char *path_copy = cpath ? strdup(cpath) : NULL;
+    /* the file system's bytes (os.fsencode): a name that is not UTF-8 still works */
+    fsname = PyUnicode_EncodeFSDefault(path);
+    if (!fsname)
+        goto out;
+    const char *cpath = PyBytes_AS_STRING(fsname);
+    if (strlen(cpath) != (size_t)PyBytes_GET_SIZE(fsname)) {
+        PyErr_SetString(PyExc_ValueError, "embedded null byte in the trace path");
+        goto out;
+    }
+    char *path_copy = strdup(cpath);
     if (!path_copy) {
-        if (cpath)
-            PyErr_NoMemory();
+        PyErr_NoMemory();
         goto out;
     }
     free(dft_w.path);
@@ -476,6 +498,7 @@ undo: /* the file is ours (O_EXCL): leave nothing half-made behind */
     dft_sink_free(sink);
     dft_w.sink.fd = -1;
 out:
+    Py_XDECREF(fsname);
     dft_buf_free(&hh);
     PyBuffer_Release(&header);
     return ret;
@@ -494,12 +517,16 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     dft_writer_stop();
     Py_END_ALLOW_THREADS
     dft_w.closing = 0;
+    struct stat st;
+    int deleted = fstat(dft_w.sink.fd, &st) == 0 && st.st_nlink == 0;
     close(dft_w.sink.fd);
     dft_sink_free(&dft_w.sink);
     dft_w.sink.fd = -1;
     dft_rings_reset();
     PyObject *path = cur_path;
     cur_path = NULL;
+    if (deleted) /* no file to look for (its loss was reported when writing failed) */
+        Py_SETREF(path, Py_NewRef(Py_None));
     unsigned long long dropped = atomic_load(&dft_w.dropped);
     /* A write error was reported when it happened; any other loss is reported
      * here, on stderr and never as a warning (which -W error would raise). */
@@ -553,8 +580,12 @@ static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL | METH_KEYWORDS,
      "record(site, start_ns, end_ns, flags=0, tags=0)"},
     {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,
-     "log(name, cat, start_ns, end_ns, args=None, timed=False): one-off event; timed: the "
-     "caller's own times, kept on the thread's \"(logged)\" track."},
+     "log(name, cat, start_ns, end_ns, args=None, timed=False) -> n: one-off event; timed: the "
+     "caller's own times, kept on the thread's \"(logged)\" track; n: arg values written in "
+     "another form (see arg_issues)."},
+    {"arg_issues", py_arg_issues, METH_NOARGS,
+     "Counts of arg values written in another form since start: deep (nested deeper than the "
+     "limit), self_reference, unprintable (str() raised)."},
     {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now: records the closed (start_ns, site) spans; 0 when nothing is recorded"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
     {NULL, NULL, 0, NULL},

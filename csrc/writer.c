@@ -3,6 +3,7 @@
  * the text to the sink in members of at most ~1 s. */
 #include "core.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/prctl.h>
@@ -347,8 +348,9 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
 
 static void emit_end(uint64_t dropped);
 
-/* A member could not be written (disk full, file size limit, I/O error): the
- * file is cut back to its last whole member and closed with the end record
+/* A member could not be written (disk full, file size limit, I/O error, file
+ * deleted): the file is cut back to its last whole member (plain text: its
+ * last whole line) and closed with the end record
  * where that still fits; recording stops (the writer discards what is still
  * buffered) and one line on stderr says what happened. */
 static void write_failed(void) {
@@ -356,8 +358,17 @@ static void write_failed(void) {
     int err = k->err;
     dft_w.failed = 1;
     atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
-    dft_w.written -= dft_w.member_events;
-    atomic_fetch_add(&dft_w.dropped, dft_w.member_events);
+    /* the member's events are lost, but for those in the whole lines kept (plain text: one
+     * "ph" each, thread names "M"; a quote inside a string is escaped); a deleted file loses
+     * them all */
+    uint64_t gone = dft_w.member_events;
+    for (const char *q = dft_w.fmt.p, *e = q + k->kept; (q = memmem(q, (size_t)(e - q), "\"ph\":\"", 6));
+         q += 6)
+        gone -= q[6] != 'M';
+    if (err == ENOENT)
+        gone = dft_w.written;
+    dft_w.written -= gone;
+    atomic_fetch_add(&dft_w.dropped, gone);
     dft_w.member_events = 0;
     dft_w.fmt.len = 0;
     dft_w.hold = 0;

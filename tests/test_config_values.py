@@ -105,3 +105,34 @@ def test_compression_2_writes_zstd_as_documented(tmp_path):
     (path,) = traces(tmp_path)
     assert path.endswith(".pfw.zst")
     assert [e["args"]["i"] for e in read_events(path) if e["name"] == "r"] == [0, 1, 2]
+
+
+def test_non_ascii_digits_in_steps_are_refused(tmp_path):
+    p = run_py(PROGRAM, tmp_path, env={"DFTRACER_ENABLE": "1", "DFTRACER_STEPS": "\u0663"})
+    assert p.returncode == 0 and p.stdout.strip() == "result 3"
+    (line,) = p.stderr.splitlines()
+    assert "DFTRACER_STEPS='\u0663' is not valid" in line and traces(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, closest", [("DFTRACER_ENABLED", "DFTRACER_ENABLE"),
+                                           ("DFTRACER_LOGFILE", "DFTRACER_LOG_FILE"),
+                                           ("DFTRACER_STEP", "DFTRACER_STEPS")])
+def test_a_misspelled_variable_names_the_closest_one(tmp_path, name, closest):
+    p = run_py(PROGRAM, tmp_path, env={name: "1"})
+    assert p.returncode == 0 and p.stdout.strip() == "result 3"
+    assert p.stderr.splitlines() == [f"dftrace_dynamo: {name} is not a variable dftrace_dynamo reads and is "
+                                     f"ignored (did you mean {closest}?)"]
+
+
+def test_dftracer_own_variables_draw_no_message(tmp_path):
+    p = run_py(PROGRAM, tmp_path, env={"DFTRACER_DISABLE_POSIX": "1", "DFTRACER_TIME_METRIC": "US"})
+    assert p.returncode == 0 and p.stderr == ""
+
+
+@pytest.mark.parametrize("value, size", [("16MB", 16 << 20), ("16M", 16 << 20), ("512KiB", 512 << 10),
+                                         ("1000000", 1000000)])
+def test_buffer_size_says_what_it_became(tmp_path, value, size):
+    p = run_py(PROGRAM, tmp_path, env={"DFTRACER_WRITE_BUFFER_SIZE": value, "DFTRACER_LOG_LEVEL": "INFO"})
+    assert p.returncode == 0
+    assert f"dftrace_dynamo: DFTRACER_WRITE_BUFFER_SIZE={value!r}: {size} bytes ({size / 2**20:g} MiB)" in \
+        p.stderr.splitlines()

@@ -125,3 +125,14 @@ def test_dropped_events_are_reported_on_stderr(tmp_path):
     assert out.stdout.strip() == str({"num_events": 0, "dropped": 100, "path": path})
     assert out.stderr.splitlines() == [
         f"dftrace_dynamo: the trace file {path} misses 100 events that could not be buffered (out of memory)"]
+
+
+def test_plain_text_keeps_every_whole_line_that_fits(tmp_path):
+    # the limit is below one member (2000 events): gzip keeps no member, plain text keeps the lines
+    path, cause, kept, lost, res = run_child(str(tmp_path / "t"), 0, 100_000)
+    assert cause == "File too large"
+    size = os.path.getsize(path)
+    assert 99_000 < size <= 100_000  # cut at the last newline that fitted
+    check_file(path, 0, kept, lost)
+    assert res["num_events"] == kept and res["dropped"] >= lost
+    assert perfetto_tp.rows(path, "select count(*) as n from slice where name = 'r'")[0]["n"] == kept

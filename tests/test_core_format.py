@@ -303,11 +303,17 @@ def test_escaping_specials(tmp_path):
     assert e["args"]["o"] == "T!"
 
 
-def test_self_referencing_args_raise():
-    a = []
+def test_self_referencing_args_are_cut_where_they_repeat(tmp_path):
+    a = [1]
     a.append(a)
-    with pytest.raises(RecursionError):
-        _core.intern_site("x", "y", {"a": a})
+    before = _core.arg_issues()["self_reference"]
+    site = _core.intern_site("x", "y", {"a": a})
+    assert _core.arg_issues()["self_reference"] == before + 1
+    path = open_trace(tmp_path)
+    _core.record(site, 1, 2)
+    _core.close()
+    (e,) = events(read_objects(path))
+    assert e["args"]["a"] == [1, "[...]"]
 
 
 FALLBACK_CHILD = """

@@ -7,6 +7,7 @@ raises: it turns tracing off and :func:`get` reports the reason once.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 import re
@@ -29,6 +30,14 @@ _SIZE_UNITS = {"": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 10
                "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
 _SIZE = re.compile(r"([0-9]+)([A-Z]*)", re.ASCII)
 _INIT_MODES = ("FUNCTION", "PRELOAD")
+# every variable read here, DFTRACER_RUN_ID (set by dftrace-dynamo run), and DFTracer's own
+# that this tool has no use for: a DFTracer set-up must not draw a message
+VARIABLES = ("DFTRACER_ENABLE", "DFTRACER_LOG_FILE", "DFTRACER_INC_METADATA", "DFTRACER_MODULE_SLICES",
+             "DFTRACER_TRACE_COMPRESSION", "DFTRACER_WRITE_BUFFER_SIZE", "DFTRACER_BIND_SIGNALS",
+             "DFTRACER_LOG_LEVEL", "DFTRACER_CUDA_EVENTS", "DFTRACER_INIT", "DFTRACER_DATA_DIR",
+             "DFTRACER_DISABLE_IO", "DFTRACER_STEPS", "DFTRACER_RECORD_ARGS", "DFTRACER_RUN_ID")
+_DFTRACER_ONLY = ("DFTRACER_DISABLE_POSIX", "DFTRACER_DISABLE_STDIO", "DFTRACER_TIME_METRIC",
+                  "DFTRACER_DISABLE_TIDS")
 
 
 class ConfigError(ValueError):
@@ -51,6 +60,7 @@ class Config:
     data_dirs: tuple = ()
     disable_io: bool = False
     steps: Optional[tuple] = None  # DFTRACER_STEPS windows; None: every step
+    record_args: bool = False  # DFTRACER_RECORD_ARGS: the command line's values in the SH record
     error: Optional[str] = None  # why tracing is off, when a value was bad
     warning: Optional[str] = None  # a value that was adjusted, and how
 
@@ -100,7 +110,7 @@ def _choice(env: Mapping[str, str], name: str, table: Mapping[str, object], defa
 
 # ---- step windows (DFTRACER_STEPS) ----------------------------------------
 STEPS_GRAMMAR = "comma-separated A-B, A, A- or A-B:K (every K-th step), e.g. 10-12,100- or 0-:100"
-_STEP_ITEM = re.compile(r"^(\d+)(?:(-)(\d*)(?::(\d+))?)?$")
+_STEP_ITEM = re.compile(r"^(\d+)(?:(-)(\d*)(?::(\d+))?)?$", re.ASCII)  # not '٣'; int() reads any digit
 
 
 def parse_steps(text: str) -> Optional[tuple]:
@@ -172,11 +182,33 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             init=init,
             data_dirs=tuple(d for d in data_dir.split(":") if d),
             disable_io=_flag(env, "DFTRACER_DISABLE_IO", False),
+            record_args=_flag(env, "DFTRACER_RECORD_ARGS", False),
             warning=warning,
             steps=_steps(env, "DFTRACER_STEPS"),
         )
     except ConfigError as exc:
         return Config(enable=False, error=str(exc))
+
+
+def unknown_variables(env: Mapping[str, str] = os.environ) -> list:
+    """A message for each set ``DFTRACER_*``-like name that nothing reads (a misspelling is
+    otherwise silently ignored), naming the closest real variable when there is one."""
+    messages = []
+    for name in sorted(env):
+        if not name.upper().startswith("DFTRACE") or name in VARIABLES or name in _DFTRACER_ONLY:
+            continue
+        close = difflib.get_close_matches(name.upper(), VARIABLES, n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]}?" if close else "see the list in the configuration docs"
+        messages.append(f"{name} is not a variable dftrace_dynamo reads and is ignored ({hint})")
+    return messages
+
+
+def buffer_size_note(env: Mapping[str, str], cfg: Config) -> Optional[str]:
+    """What a DFTRACER_WRITE_BUFFER_SIZE value became, in bytes (suffixes are powers of 1024)."""
+    raw = env.get("DFTRACER_WRITE_BUFFER_SIZE", "").strip()
+    if not raw or cfg.error:
+        return None
+    return f"DFTRACER_WRITE_BUFFER_SIZE={raw!r}: {cfg.write_buffer_size} bytes ({cfg.write_buffer_size / 2**20:g} MiB)"
 
 
 _config: Optional[Config] = None
@@ -188,10 +220,15 @@ def get() -> Config:
     if _config is None:
         _config = load()
         _setup_logging(_config.log_level)
+        for message in unknown_variables():
+            log.warning("%s", message)
         if _config.error:
             report_disabled(_config.error)
         elif _config.warning:
             log.warning("%s", _config.warning)
+        note = buffer_size_note(os.environ, _config)
+        if note:
+            log.info("%s", note)
     return _config
 
 

@@ -28,6 +28,7 @@ from typing import Optional
 import orjson
 
 from .. import __version__, _core
+from ..schema import ARG_HHASH
 from . import config, hooks
 
 _lock = threading.RLock()
@@ -46,9 +47,22 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _open_hooks: list = []
 _close_hooks: list = []
 _SURROGATES = re.compile("[\ud800-\udfff]")
-_SECRET_OPTION = re.compile(r"-{0,2}[\w.-]*(?:password|passwd|token|secret|key|credential)[\w.-]*",
+# what the command line keeps by default: option names (--name, -n), never a value
+_OPTION_NAME = re.compile(r"--|--[A-Za-z][\w.-]*|-[A-Za-z]", re.ASCII)
+_NAME_EQ = re.compile(r"(?:--?)?[A-Za-z_][\w.-]*=", re.ASCII)  # --name=, name= (Hydra): the name is kept
+# options whose next word is hidden even when it looks like an option name (--password --x)
+_SECRET_OPTION = re.compile(r"-{0,2}[\w.-]*(?:pass|pwd|token|secret|key|credential|auth|cookie)[\w.-]*",
                             re.IGNORECASE)
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")  # scheme://user:password@
 REDACTED = "***"
+# args named like a field the tracer writes on the same event keep their value under this prefix
+USER_PREFIX = "user_"
+_LOG_OWN_FIELDS = frozenset({ARG_HHASH})  # log_event/region events: the only field besides their args
+# the C writer's limit on nested lists/dicts inside args (csrc/core.h DFT_ARGS_DEPTH)
+ARGS_DEPTH = 16
+_MAX_NS = 2**63 - 1  # the latest time a reader takes (int64 ns: the year 2262)
+_adjusted: dict = {}  # kind -> count of values written in another form (or events dropped)
+_arg_issues_seen: dict = {}  # _core.arg_issues() counts already reported
 
 
 class Logger:
@@ -95,31 +109,44 @@ def trace_path(prefix: str, compression: int, pid: int, hhash: str, env=os.envir
     return "-".join(parts) + config.COMPRESSION_SUFFIX[compression]
 
 
-def redact(argv: list) -> list:
-    """``argv`` with the values of secret-looking options replaced by ``***``.
+def strip_userinfo(text: str) -> str:
+    """``text`` without the ``user:password@`` of any URL in it."""
+    return _USERINFO.sub(r"\1", text)
 
-    An option is secret-looking when its name contains password, passwd,
-    token, secret, key or credential; its value is hidden in the forms
-    ``--name=value``, ``--name value`` and ``name=value`` (Hydra-style).
+
+def redact(argv: list) -> list:
+    """What the ``SH`` record keeps of ``argv``: the script (or executable) and option names.
+
+    Every value is replaced by ``***``: a positional word, the value of
+    ``--name=value`` or ``name=value``, a single-dash word longer than one
+    letter (``-dashvalue``, ``-Xmx4g``) and the word after an option whose name
+    looks secret (``--password``, ``--token``, ``--auth``...), whatever it
+    looks like. URL credentials are removed from the script path.
     """
-    out, hide_next = [], False
-    for arg in argv:
-        if hide_next and not arg.startswith("-"):
+    out, hide_next = [strip_userinfo(argv[0])] if argv else [], False
+    for arg in argv[1:]:
+        name_eq = _NAME_EQ.match(arg)
+        if hide_next or not (name_eq or _OPTION_NAME.fullmatch(arg)):
             out.append(REDACTED)
-            hide_next = False
-            continue
-        name, eq, _ = arg.partition("=")
-        secret = _SECRET_OPTION.fullmatch(name) is not None
-        hide_next = secret and not eq and arg.startswith("-")
-        out.append(f"{name}={REDACTED}" if secret and eq else arg)
+        else:
+            out.append(name_eq[0] + REDACTED if name_eq else arg)
+        hide_next = not name_eq and _SECRET_OPTION.fullmatch(arg) is not None and not hide_next
     return out
+
+
+def command_line(argv: list, record_args: bool) -> str:
+    """The ``SH`` command line: ``argv`` joined with ``;``, redacted unless ``record_args``
+    (DFTRACER_RECORD_ARGS=1); the executable when there is no ``argv``."""
+    if not argv:
+        return strip_userinfo(sys.executable)
+    return ";".join(argv if record_args else redact(argv))
 
 
 def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     """Metadata lines (ids 1..k) and the ``start`` event that open every file."""
-    cwd = os.getcwd()
-    cmd = ";".join(redact(sys.argv)) if sys.argv else sys.executable
-    exe = sys.executable or "python"
+    cwd = strip_userinfo(os.getcwd())
+    cmd = command_line(sys.argv, config.get().record_args)
+    exe = strip_userinfo(sys.executable or "python")
     rank = os.environ.get("RANK")
     proc_name = f"rank {rank} ({_process_name()} {pid})" if rank else f"{_process_name()} {pid}"
     base = {"cat": "dftracer", "pid": pid, "tid": tid}
@@ -301,7 +328,10 @@ def finalize() -> Optional[dict]:
         if _core.is_open():
             for hook in _close_hooks:
                 hook()
-        return _core.close()
+        result = _core.close()
+        if result is not None:
+            result["adjusted"] = adjusted()
+        return result
 
 
 def add_hooks(on_open, on_close) -> None:
@@ -315,12 +345,110 @@ def get_time() -> float:
     return _core.now_ns() / 1000.0
 
 
-def log_event(name: str, cat: str, start_us: float, dur_us: float, args: Optional[dict] = None) -> None:
-    """Records one complete event measured by the caller (µs since the epoch, as :func:`get_time`)."""
-    if ensure_open():
+def _adjust(kind: str, message: str, *args) -> None:
+    """Counts a value written in another form (or an event dropped); the first of each kind is
+    reported, the count is in :func:`finalize`'s result."""
+    _adjusted[kind] = _adjusted.get(kind, 0) + 1
+    if _adjusted[kind] == 1:
+        config.log.warning(message + " (reported once; finalize() counts them under 'adjusted')", *args)
+
+
+_ARG_ISSUES = {
+    "deep": f"an arg value nested deeper than {ARGS_DEPTH} lists or dicts is written as the string "
+            "'[...]' or '{...}'",
+    "self_reference": "an arg value that contains itself is written as the string '[...]' or '{...}' there",
+    "unprintable": "an arg value (or key) whose str() raised is written as '<unprintable TYPE>'",
+}
+
+
+def note_arg_issues() -> None:
+    """Reports, once per kind, arg values the C writer wrote in another form."""
+    for kind, n in _core.arg_issues().items():
+        if n > _arg_issues_seen.get(kind, 0):
+            if not _arg_issues_seen.get(kind):
+                config.log.warning("%s (reported once; finalize() counts them under 'adjusted')",
+                                   _ARG_ISSUES[kind])
+            _arg_issues_seen[kind] = n
+
+
+def adjusted() -> dict:
+    """Values written in another form, and events dropped, since the process started, by kind."""
+    return {**_adjusted, **{k: n for k, n in _core.arg_issues().items() if n}}
+
+
+def own_fields(args: Optional[dict], fields: frozenset) -> Optional[dict]:
+    """``args`` with each name in ``fields`` (one the tracer writes on the same event) renamed
+    ``user_<name>``: the tracer's field and the user's value both stay."""
+    if not args or fields.isdisjoint(args):
+        return args
+    for key in fields.intersection(args):
+        _adjust(f"field {key}", "%r is a field the tracer writes itself: the value given for it is written "
+                "as %r", key, USER_PREFIX + key)
+    return {(USER_PREFIX + k if k in fields else k): v for k, v in args.items()}
+
+
+def _unprintable(value) -> str:
+    return f"<unprintable {type(value).__name__}>"
+
+
+def _repr(value) -> str:
+    try:
+        return repr(value)
+    except Exception:
+        return _unprintable(value)
+
+
+def _text(value) -> str:
+    """A name or category as text; one whose str() raises is ``<unprintable TYPE>``."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:
+        _adjust("unprintable name", "a log_event or region name (or category) whose str() raised is "
+                "written as '<unprintable TYPE>'")
+        return _unprintable(value)
+
+
+def _event_ns(name, start_us, dur_us) -> Optional[tuple]:
+    """``(start_ns, end_ns)`` of a log_event, or None when it cannot be written (counted)."""
+    try:
+        if not (math.isfinite(start_us) and 0 <= start_us * 1000 <= _MAX_NS):
+            raise ValueError
         whole = math.floor(start_us)  # exact ns: start_us * 1000 would round at epoch magnitude
         start_ns = whole * 1000 + round((start_us - whole) * 1000)
-        _core.log(str(name), str(cat), start_ns, start_ns + round(dur_us * 1000), args, timed=True)
+    except (TypeError, ValueError, OverflowError):
+        _adjust("start", "log_event(%s): start %s is not a time between 1970 and 2262 in µs: the event is "
+                "dropped", _repr(name), _repr(start_us))
+        return None
+    try:
+        dur_ns = round(dur_us * 1000)  # NaN and inf raise
+        if start_ns + dur_ns > _MAX_NS:
+            raise OverflowError
+    except (TypeError, ValueError, OverflowError):
+        _adjust("duration", "log_event(%s): duration %s is not a number of µs that ends before 2262: the "
+                "event is dropped", _repr(name), _repr(dur_us))
+        return None
+    if dur_ns < 0:
+        _adjust("negative duration", "log_event(%s): negative duration %s: written as 0", _repr(name),
+                _repr(dur_us))
+        dur_ns = 0
+    return start_ns, start_ns + dur_ns
+
+
+def log_event(name: str, cat: str, start_us: float, dur_us: float, args: Optional[dict] = None) -> None:
+    """Records one complete event measured by the caller (µs since the epoch, as :func:`get_time`).
+
+    Never raises: see :ref:`bad values` for what is written, or dropped, instead.
+    """
+    if ensure_open():
+        times = _event_ns(name, start_us, dur_us)
+        if times is None:
+            return
+        if args is not None and not isinstance(args, dict):
+            args = {"args": args}
+        if _core.log(_text(name), _text(cat), *times, own_fields(args, _LOG_OWN_FIELDS), timed=True):
+            note_arg_issues()
 
 
 class region(contextlib.ContextDecorator):
@@ -331,7 +459,7 @@ class region(contextlib.ContextDecorator):
     """
 
     def __init__(self, name: str, cat: str = "region", **args):
-        self.name, self.cat, self.args = name, cat, args or None
+        self.name, self.cat, self.args = name, cat, own_fields(args, _LOG_OWN_FIELDS) or None
         self._starts = threading.local()
 
     def __enter__(self):
@@ -341,8 +469,8 @@ class region(contextlib.ContextDecorator):
 
     def __exit__(self, *exc):
         start = self._starts.stack.pop()
-        if start is not None:
-            _core.log(self.name, self.cat, start, _core.now_ns(), self.args)
+        if start is not None and _core.log(_text(self.name), _text(self.cat), start, _core.now_ns(), self.args):
+            note_arg_issues()
         return False
 
 
