@@ -69,7 +69,7 @@ from ..session import config, dataloaders, hooks, logger
 from . import comm, memory  # their hooks go in with the trace file, like ours
 
 # where the iteration is (optimizer-driven steps only; with marks, always TRAIN)
-TRAIN, COMPLETE, EVAL = "train", "complete", "eval"
+TRAIN, COMPLETE, EVAL = range(3)
 
 
 class _State:
