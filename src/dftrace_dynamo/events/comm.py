@@ -51,7 +51,7 @@ from ..schema import (ARG_ASYNC, ARG_BUCKET, ARG_BYTES, ARG_DTYPE, ARG_GROUP, AR
                       ARG_RANK, ARG_STEP, CAT_COMM)
 from ..session import config, hooks, logger
 
-GROUP = "comm"
+GROUP = "distributed"
 FUNCTIONAL_PREFIX = "function._c10d_functional."  # op events of functional collectives in graphs
 # op -> (payload argument name, its position, position of group, of async_op; -1: always async,
 # None: never); the payload is a tensor or a list of tensors (this rank's input)
