@@ -317,10 +317,18 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":");
     p = dft_fmt_us(p, E - S);
-    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER))
-        PUT(",\"ph\":\"C\",\"args\":{\"hhash\":");
-    else
-        PUT(",\"ph\":\"X\",\"args\":{\"hhash\":");
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER)) {
+        /* Perfetto reads every arg of a counter as a series: numbers only, no hhash/step */
+        PUT(",\"ph\":\"C\",\"args\":{");
+        if (extra_len)
+            PUTS(extra + 1, extra_len - 1); /* its leading comma */
+        PUT("}}\n");
+        b->len = (size_t)(p - b->p);
+        dft_w.written++;
+        dft_w.member_events++;
+        return 0;
+    }
+    PUT(",\"ph\":\"X\",\"args\":{\"hhash\":");
     PUTS(dft_w.hhash_json, dft_w.hhash_len);
     PUTS(site->args.p, site->args.len);
     if (tags)
