@@ -71,14 +71,20 @@ static void place_push(dft_ring *r, uint64_t s, uint64_t ds, uint64_t de) {
     r->place_n++;
 }
 
-/* Display interval of one event (see design.rst "Timestamps"): events arrive
- * children first; entries on the stack that started at or after s are its
- * descendants and are replaced by it; the entry below is the latest earlier
- * disjoint event. A merged run that s falls inside counts as earlier as a
- * whole: its later members then show as siblings before the event instead
- * of inside it (never a partial overlap). A parent that would coincide with
- * its first child is made 1 ns longer: Perfetto orders equal-ts slices by
- * duration, so equal intervals could swap parent and child. */
+/* Display interval of one event (see design.rst "Writer thread"): events
+ * arrive children first; entries on the stack that started at or after s are
+ * its descendants and are replaced by it; the entry below is the latest
+ * earlier event. The start is s floored to the µs, or the first whole µs after
+ * that earlier event's display end when they would overlap (both ended in the
+ * same µs; or the earlier one straddles this start and cannot nest: the start
+ * is clipped). The end is the measured duration after that start, trimmed to
+ * the µs after the measured end: no event ends later than that, so moving
+ * one start never moves the events after it. A merged run that s falls inside
+ * counts as earlier as a whole: its later members then show as siblings
+ * before the event instead of inside it (never a partial overlap). A parent
+ * that would coincide with its first child is made 1 ns longer: Perfetto
+ * orders equal-ts slices by duration, so equal intervals could swap parent
+ * and child. */
 static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E) {
     const uint32_t m = r->place_cap - 1;
     uint64_t desc_de = 0, desc_ds = UINT64_MAX;
@@ -100,7 +106,11 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
         if (c > st)
             st = c;
     }
-    uint64_t en = st + (e - s);
+    uint64_t en = st + (e - s), lim = (e + 999) / 1000 * 1000;
+    if (lim < st)
+        lim = st;
+    if (en > lim)
+        en = lim;
     if (desc_de > en)
         en = desc_de;
     if (desc_ds == st && en == desc_de)

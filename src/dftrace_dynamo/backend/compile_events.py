@@ -86,6 +86,14 @@ def current() -> Optional[dict]:
     return stack[-1] if stack else None
 
 
+def _earliest_start() -> Optional[int]:
+    # a trace opening inside a compile (lazily) begins its first step no later than that compile
+    return min((info["start_ns"] for info in getattr(_state, "stack", ())), default=None)
+
+
+steps.begin_no_later_than(_earliest_start)
+
+
 def _callback_handler():
     from torch._dynamo.callback import callback_handler
 

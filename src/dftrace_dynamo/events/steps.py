@@ -62,6 +62,7 @@ import threading
 from typing import Optional
 
 import torch
+from torch._guards import CompileContext
 
 from .. import _core
 from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_EVAL, CAT_OPTIMIZER
@@ -236,6 +237,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
     """After an optimizer step: it joins the training's optimizers or counts; is the step complete?"""
     with _lock:
         if _state.start_ns is None or _state.broken or _state.explicit:
+            _local.__dict__.pop("data", None)  # a batch before this step is not the first traced step's
             return
         key = id(optimizer)
         _join(optimizer)
@@ -260,9 +262,23 @@ def _on_open() -> None:
             _state.named = _state.ended = _state.explicit = False
             _state.known, _state.most = {}, {}
             _state.deferred, _state.candidate = [], None
-            _begin(_core.now_ns())
+            # opened lazily (inside a compile): the step began with the work in progress on this thread
+            data = _local.__dict__.pop("data", None)
+            anchors = [t for t in (a() for a in _open_anchors) if t is not None]
+            _begin(min([_core.now_ns(), *anchors, *(data or ())]))
+            if data and _state.ops:
+                _slice("data", CAT_DATA, data[0], None, data[1])
     except Exception as exc:  # never let tracing break the program
         _fail(exc)
+
+
+_open_anchors: list = []  # see begin_no_later_than
+
+
+def begin_no_later_than(anchor) -> None:
+    """``anchor()`` gives the start (ns) of work in progress on the calling thread (a compile), or
+    None: a trace that opens during that work begins its first step no later than its start."""
+    _open_anchors.append(anchor)
 
 
 def _on_close() -> None:
@@ -429,8 +445,9 @@ def _optimizer_post_hook(optimizer, args, kwargs):
 
 
 def _compiling() -> bool:
-    # Dynamo tracing into a patched function must see the original only
-    return torch.compiler.is_compiling()
+    # Dynamo tracing into a patched function, and code a compile runs on this thread, must see the
+    # original only; torch.compiler.is_compiling() is process-wide (true while any thread compiles)
+    return torch.compiler.is_dynamo_compiling() or CompileContext.try_get() is not None
 
 
 def _wrap_backward(original):
@@ -457,7 +474,12 @@ def _wrap_data(original, name: str):
     @functools.wraps(original)
     def fetch(self, *args):
         if _compiling() or _state.start_ns is None:
-            return original(self, *args)
+            if _compiling() or _state.broken or name != "data":
+                return original(self, *args)
+            start = _core.now_ns()  # no trace yet: this batch begins the first step if one opens lazily
+            result = original(self, *args)
+            _local.data = (start, _core.now_ns())
+            return result
         start = _core.now_ns()
         result = original(self, *args)  # StopIteration loaded nothing: no event
         try:
@@ -539,3 +561,5 @@ def _install() -> None:
 logger.add_hooks(_on_open, _on_close)
 if _core.is_open():  # a trace opened before this module was imported
     _on_open()
+elif config.get().enable:  # a trace will open lazily: see the batch that begins its first step
+    _install()

@@ -10,6 +10,7 @@ so each worker leaves its loop and exits normally, closing its trace file.
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 from . import config, hooks
@@ -41,6 +42,44 @@ hooks.declare(hooks.Patch("DataLoader worker iterator __init__", GROUP, _iterato
 def install() -> None:
     """Tracks multi-process DataLoader iterators from now on (once per process)."""
     hooks.install(GROUP)
+
+
+def install_when_imported() -> None:
+    """:func:`install` now if DataLoader's module is loaded, else as soon as it is (whatever the
+    order in which the program imports torch and opens its trace)."""
+    if _MODULE in sys.modules:
+        install()
+    else:
+        hooks.install(IMPORT_GROUP)
+
+
+class _ImportWatch:
+    """A ``sys.meta_path`` finder that only hooks the loading of DataLoader's module: it runs
+    :func:`install` once the module has executed."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _MODULE:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if finder is not self and find else None
+            if spec is not None and spec.loader is not None:
+                execute = spec.loader.exec_module
+
+                def exec_module(module):
+                    execute(module)
+                    install()
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+_watch = _ImportWatch()
+_MODULE = "torch.utils.data.dataloader"
+IMPORT_GROUP = "dataloader import"
+hooks.declare(hooks.Registration("DataLoader module import", IMPORT_GROUP, lambda: sys.meta_path.insert(0, _watch),
+                                 lambda: sys.meta_path.remove(_watch)))
 
 
 def _shutdown() -> None:

@@ -218,10 +218,9 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     hooks.install(GROUP)
     _bind_signals(cfg)
     _hook_worker_exit()
-    if "torch.utils.data" in sys.modules:  # never imports torch itself; step tracking installs it too
-        from . import dataloaders
+    from . import dataloaders  # never imports torch itself
 
-        dataloaders.install()
+    dataloaders.install_when_imported()
     for hook in _open_hooks:
         hook()
     return True

@@ -1,0 +1,88 @@
+"""A timeline that never lies: every way a trace opens puts each event where it happened
+(checked against wall-clock marks taken by the training script, see groundtruth.py), and
+no event is dropped on other threads, in DataLoader workers or in a forked child."""
+
+import glob
+import os
+
+import pytest
+
+import groundtruth as gt
+from subproc import python, run_python
+from tracefile import read_events, traces
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+
+
+def _lazy(prefix):
+    return {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(prefix), "OMP_NUM_THREADS": "1"}
+
+
+def _train(tmp_path, mode, *extra):
+    """Runs the ground-truth script with the trace opened the ``mode`` way; its events and marks."""
+    marks = tmp_path / "marks.json"
+    env = {"GT_LOG": str(tmp_path / "t"), "OMP_NUM_THREADS": "1"}
+    if mode in ("lazy", "decorator", "run"):
+        env.update(_lazy(tmp_path / "t"))
+    if mode == "run":
+        run_python(["-m", "dftrace_dynamo", "run", "--compile-all", "--out", str(tmp_path / "runs"),
+                    *gt.argv(marks, mode, *extra)], env=env)
+        (path,) = glob.glob(str(tmp_path / "runs" / "*" / "*.pfw*"))
+    else:
+        run_python(gt.argv(marks, mode, *extra), env=env)
+        (path,) = traces(tmp_path)
+    return read_events(path), gt.load_marks(marks)[0]
+
+
+@pytest.mark.parametrize("mode", ["before", "after", "lazy", "decorator", "run"])
+def test_every_event_is_where_it_happened(tmp_path, mode):
+    events, marks = _train(tmp_path, mode)
+    assert gt.check(events, marks) == []
+    assert gt.coverage(events, marks) >= 0.99
+
+
+def test_threads_keep_their_slices_while_another_compiles(tmp_path):
+    events, marks = _train(tmp_path, "before", "--steps", 24, "--thread-compiles", 6)
+    assert gt.check(events, marks) == []
+    compiler = [e for e in events if e.get("name") == "thread_name" and e["args"]["name"] == "compiler"]
+    assert compiler, "the other thread compiled while this one trained"
+
+
+def test_torchrun_ranks_line_up_in_the_merged_view(tmp_path):
+    marks = tmp_path / "marks.json"
+    script = tmp_path / "train.py"
+    script.write_text(open(gt.SCRIPT).read())
+    proc = python(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script),
+                   str(marks), "--open", "lazy", "--ddp"], tmp_path, _lazy(tmp_path / "ddp"), 600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    merged = tmp_path / "merged.pfw"
+    run_python(["-m", "dftrace_dynamo", "merge", *traces(tmp_path, "ddp-*"), "-o", str(merged)])
+    events = read_events(str(merged))
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    for rank in (0, 1):
+        (pid,) = [p for p, n in names.items() if n.startswith(f"rank{rank}") or n.startswith(f"rank {rank}")]
+        rank_events = [e for e in events if e.get("pid") == pid]
+        rank_marks, _ = gt.load_marks(f"{marks}.{rank}")
+        assert gt.check(rank_events, rank_marks) == [], rank
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_dataloader_that_raises_keeps_every_worker_event(tmp_path, order):
+    """Two epochs each stopped by the dataset's exception: every worker file is closed and holds
+    the items its worker fetched (the prefetched batches of each epoch), whatever the import order."""
+    run_python([os.path.join(SCRIPTS, "dataloader_raises.py"), str(tmp_path / "t"), order])
+    files = [read_events(p) for p in traces(tmp_path)]
+    getitems = [sum(e.get("name") == "getitem" for e in evs) for evs in files]
+    ends = [any(e.get("name") == "end" for e in evs) for evs in files]
+    assert len(files) == 5 and all(ends), ends  # the main process and 2 workers per epoch
+    assert sorted(getitems) == [0, 8, 8, 8, 8]  # 2 workers x 2 prefetched batches x 2 items, per epoch
+
+
+def test_forked_child_ending_with_os_exit_keeps_all_but_its_last_second(tmp_path):
+    proc = run_python([os.path.join(SCRIPTS, "fork_exit.py"), str(tmp_path / "t")])
+    made, last_ns = map(int, proc.stdout.split())
+    (child,) = [evs for evs in map(read_events, traces(tmp_path)) if any(e.get("name") == "child" for e in evs)]
+    kept = sorted(e["args"]["n"] for e in child if e.get("name") == "child")
+    assert kept == list(range(len(kept)))  # nothing missing before the cut
+    lost_from = max(e["ts"] for e in child if e.get("name") == "child")
+    assert last_ns / 1000 - lost_from <= 1.5e6, (made, len(kept))  # a member at least every second
