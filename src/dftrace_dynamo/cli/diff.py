@@ -22,17 +22,17 @@ def register(subparsers):
                     "each part of a step, each op, module and phase) is judged against its own variation "
                     "from step to step: its time in each steady step on both sides, compared with a "
                     "Mann-Whitney U test; the change is the Hodges-Lehmann shift with its confidence "
-                    "interval, corrected for the number of rows (95%% confidence for the whole comparison). "
+                    "interval, corrected for the number of rows (95% confidence for the whole comparison). "
                     "A row changed beyond noise when its interval excludes zero. Without step slices on both "
                     "sides the runs are compared per trace, and nothing is judged.")
     p.add_argument("base", metavar="BASE", help="trace file or directory of the reference run")
     p.add_argument("new", metavar="NEW", help="trace file or directory of the run to compare")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="rows up and down (default 10)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="rows that grew and shrank beyond noise, each (default 10)")
     p.add_argument("--include-warmup", action="store_true", help="count warm-up steps too")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--fail-above", type=float, metavar="PCT",
                    help="exit status 1 when some row's confidence interval lies entirely above +PCT%% of its "
-                        "BASE time per step: it grew by more than PCT%% (for CI; needs step slices)")
+                        "BASE median time per step: it grew by more than PCT%% (for CI; needs step slices)")
     p.set_defaults(func=run)
 
 
