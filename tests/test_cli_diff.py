@@ -37,10 +37,11 @@ SLOWED_STEPGEN = """
 """
 
 
-def stepgen(directory, seed, extra_ns=0):
+def stepgen(directory, seed, extra_ns=0, rank=None, env=None):
     """A stepgen run into ``directory``; returns the directory."""
     argv = [str(directory / "t"), "--steps", str(STEPS), "--jitter", str(JITTER), "--seed", str(seed)]
-    p = run_py(SLOWED_STEPGEN % {"scripts": SCRIPTS, "extra_ns": extra_ns, "argv": argv}, directory.parent)
+    argv += [] if rank is None else ["--rank", str(rank)]
+    p = run_py(SLOWED_STEPGEN % {"scripts": SCRIPTS, "extra_ns": extra_ns, "argv": argv}, directory.parent, env)
     assert p.returncode == 0, p.stderr[-3000:]
     return str(directory)
 
@@ -213,3 +214,16 @@ def test_runs_without_steps_are_compared_per_trace_and_not_judged(pairs, tmp_pat
     assert {(r["view"], r["key"]) for r in d["only_base"]} == {("module", "layers.3")}
     assert_bad_input(cli("diff", base, other, "--fail-above", "5"), "--fail-above needs step slices")
     assert_bad_input(cli("diff", base, tmp_path / "missing"), "no such file")
+
+
+def test_rows_are_per_process_so_jobs_of_different_sizes_compare(tmp_path):
+    for rank in (0, 1):  # one job of two ranks (one run id), each rank the same loop as the single process
+        job = stepgen(tmp_path / "job", rank, rank=rank, env={"DFTRACER_RUN_ID": "job"})
+    single = stepgen(tmp_path / "single", 7)
+    d, p, table = diff(job, single, "--fail-above", "5")
+    check_method_numbers(d)
+    check_verdict_and_exit_status_agree(d, p, table)
+    assert p.returncode == 0 and all(r["within_noise"] for r in d["rows"])
+    relu = next(r for r in d["rows"] if (r["view"], r["key"]) == ("op", "function.relu.default"))
+    assert relu["base_count_per_step"] == relu["new_count_per_step"] == 4  # per step and process
+    assert relu["base_us_per_step"] == pytest.approx(relu["new_us_per_step"], rel=0.05)

@@ -91,8 +91,9 @@ def _steady(side, include_warmup):
 
 def _sides(base, new, include_warmup):
     """(view, key) -> [BASE, NEW] for every row with time in some step, each side a dict
-    with count_per_step and mean_us (per call; None for the step rows) and samples (the
-    row's time in each steady step, 0 where it has none); None for a side without the row."""
+    with count_per_step and mean_us (per call; None for the step rows), samples (the row's
+    time in each steady step, 0 where it has none) and their mean, us_per_step; None for
+    a side without the row."""
     out = {}
     for i, side in enumerate((base, new)):
         steady = _steady(side, include_warmup)
@@ -106,7 +107,8 @@ def _sides(base, new, include_warmup):
                 found[(view, key)] = (got and got["count"] / procs, got and got["mean_us"],
                                       [by_step.get(r["step"], 0.0) / r["processes"] for r in steady])
         for key, (count, mean, samples) in found.items():
-            out.setdefault(key, [None, None])[i] = {"count_per_step": count, "mean_us": mean, "samples": samples}
+            out.setdefault(key, [None, None])[i] = {"count_per_step": count, "mean_us": mean, "samples": samples,
+                                                    "us_per_step": statistics.fmean(samples)}
     return {key: got for key, got in out.items()
             if any(sum(s["samples"]) for s in got if s is not None) or key == ("step", "time")}
 
@@ -145,25 +147,20 @@ def _per_step_rows(base, new, include_warmup):
     z = statistics.NormalDist().inv_cdf(1 - (1 - CONFIDENCE) / len(sides) / 2)
     rows = []
     for (view, key), got in sides.items():
-        for s in got:
-            if s is not None:
-                s["us_per_step"] = statistics.fmean(s["samples"]) if s["samples"] else 0.0
         row = _row(view, key, *got)
         if view == "step":
             row["base_count_per_step"] = row["new_count_per_step"] = None
         b_samples, n_samples = (s["samples"] if s else [0.0] * count for s, count in zip(got, steps))
-        if b_samples and n_samples:
-            test = shift_test(b_samples, n_samples, z)
-            # percent of the BASE median: a shift of medians, and one descheduled step
-            # (tens of ms) would inflate a mean
-            row["base_median_us"], row["new_median_us"] = statistics.median(b_samples), statistics.median(n_samples)
-            base_us = row["base_median_us"]
-            lo, hi = test["interval_us"] or (float("-inf"), float("inf"))
-            row.update(change_us=test["shift_us"], change=test["shift_us"] / base_us if base_us else None,
-                       interval_us=test["interval_us"], samples=[len(b_samples), len(n_samples)],
-                       interval=[lo / base_us, hi / base_us] if test["interval_us"] and base_us else None,
-                       p_value=test["p_value"], prob_new_greater=test["prob_new_greater"],
-                       within_noise=lo <= 0 <= hi)
+        test = shift_test(b_samples, n_samples, z)
+        # percent of the BASE median: the shift is one of medians, and one descheduled
+        # step (tens of ms) would inflate a mean
+        base_us = statistics.median(b_samples)
+        lo, hi = test["interval_us"] or (float("-inf"), float("inf"))
+        row.update(base_median_us=base_us, new_median_us=statistics.median(n_samples), change_us=test["shift_us"],
+                   change=test["shift_us"] / base_us if base_us else None, interval_us=test["interval_us"],
+                   interval=[lo / base_us, hi / base_us] if test["interval_us"] and base_us else None,
+                   samples=[len(b_samples), len(n_samples)], p_value=test["p_value"],
+                   prob_new_greater=test["prob_new_greater"], within_noise=lo <= 0 <= hi)
         rows.append(row)
     return rows, z
 
