@@ -127,14 +127,14 @@ class AfterProcessFork(Hook):
         super().__init__(name, group)
         self.fn = fn
 
-    def __call__(self, _) -> None:
+    def _run(self) -> None:  # multiprocessing calls func(obj): obj is this hook
         if self.installed:
             self.fn()
 
     def _install(self) -> None:
         from multiprocessing import util
 
-        util.register_after_fork(self, type(self).__call__)
+        util.register_after_fork(self, AfterProcessFork._run)
 
     def _remove(self) -> None:
         from multiprocessing import util
