@@ -165,3 +165,17 @@ def test_public_imports_and_no_torch_on_import(tmp_path):
     result = run_py(code, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "ok" in result.stdout
+
+
+def test_after_fork_hooks_run_as_multiprocessing_calls_them():
+    from multiprocessing import util
+
+    from dftrace_dynamo.session import hooks
+
+    calls = []
+    hook = hooks.declare(hooks.AfterProcessFork("test after fork", "test", lambda: calls.append(1)))
+    hooks.install("test")
+    util._run_after_forkers()  # what a multiprocessing child runs first
+    hooks.remove("test")
+    util._run_after_forkers()
+    assert calls == [1] and not hook.installed
