@@ -1,6 +1,6 @@
 """``dftrace-dynamo convert``: change compression, or write a strict JSON array."""
 
-from dftrace_dynamo.traces.reader import TraceError
+from dftrace_dynamo.traces.reader import MAX_LINE, TraceError
 from dftrace_dynamo.traces.validate import SPLIT_EVENTS
 
 from ._common import warn
@@ -15,7 +15,7 @@ def register(subparsers):
                     "(.gz gzip members, .zst zstd frames, anything else plain). --format json-array "
                     "writes a strict JSON array (commas, closing ]) for chrome://tracing-style "
                     "viewers. Lines that are not valid JSON (a cut last line, a cut gzip member) "
-                    "and lines over 16 MiB are left out, so the output always loads.")
+                    f"and lines over {MAX_LINE >> 20} MiB are left out, so the output always loads.")
     p.add_argument("input", metavar="IN", help="trace file")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write (with --split: a directory)")
     p.add_argument("--format", choices=FORMATS,
