@@ -398,8 +398,8 @@ class EventLines:
     line, see ``last_line``), ``not_events`` (JSON lines that are not objects),
     ``early_close`` (``]`` lines followed by more data) and ``oversized``
     (lines longer than :data:`MAX_LINE`, skipped); ``closed`` (line number of
-    the final ``]``, 0 when missing), ``events`` (lines with text), ``head``
-    (first decompressed bytes) and ``damage``."""
+    the final ``]``, 0 when missing), ``text_lines`` (lines that are not
+    blank), ``last_line``, ``head`` (first decompressed bytes) and ``damage``."""
 
     def __init__(self, path):
         self.path = path
