@@ -61,6 +61,9 @@ _LOG_OWN_FIELDS = frozenset({ARG_HHASH})  # log_event/region events: the only fi
 # the C writer's limit on nested lists/dicts inside args (csrc/core.h DFT_ARGS_DEPTH)
 ARGS_DEPTH = 16
 _MAX_NS = 2**63 - 1  # the latest time a reader takes (int64 ns: the year 2262)
+_MAIN_PID = os.getpid()  # a fork child sees its parent's value
+_background: list = []  # add_background()
+_background_at_open = 0
 _adjusted: dict = {}  # kind -> count of values written in another form (or events dropped)
 _arg_issues_seen: dict = {}  # _core.arg_issues() counts already reported
 
@@ -330,13 +333,45 @@ def finalize() -> Optional[dict]:
         result = _core.close()
         if result is not None:
             result["adjusted"] = adjusted()
+            if result["num_events"] <= _background_since_open() and result["path"] and _in_child():
+                # a worker that recorded nothing (a DataLoader worker each epoch) leaves no file
+                with contextlib.suppress(OSError):
+                    os.unlink(result["path"])
+                    result["path"] = None
         return result
+
+
+def _in_child() -> bool:
+    """Whether this process is a fork or a multiprocessing child of the traced program."""
+    return os.getpid() != _MAIN_PID or multiprocessing.parent_process() is not None
+
+
+def add_background(count) -> None:
+    """``count()`` is how many events a background sampler (memory counters) has recorded in this
+    process so far: a child's file that holds nothing else is removed at finalize."""
+    _background.append(count)
+
+
+def _background_count() -> int:
+    return sum(count() for count in _background)
+
+
+def _background_since_open() -> int:
+    return _background_count() - _background_at_open
+
+
+def _note_background_at_open() -> None:
+    global _background_at_open
+    _background_at_open = _background_count()  # a fork child inherits its parent's counts
 
 
 def add_hooks(on_open, on_close) -> None:
     """``on_open()`` runs after each trace file opens, ``on_close()`` before it closes; both must not raise."""
     _open_hooks.append(on_open)
     _close_hooks.append(on_close)
+
+
+add_hooks(_note_background_at_open, lambda: None)  # the first open hook: before any sampler starts
 
 
 def get_time() -> float:
