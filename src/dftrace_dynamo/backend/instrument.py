@@ -16,7 +16,8 @@ import torch
 import torch.fx
 
 from .. import _core
-from ..schema import CAT_OP
+from ..events import comm
+from ..schema import CAT_COMM, CAT_OP
 from ..session import config
 from . import modules, sites
 
@@ -57,7 +58,11 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
             continue
         name = sites.op_name(node)
         args = sites.op_args(node, gm, graph_id, with_metadata)
-        site = _core.intern_site(name, CAT_OP, args)
+        cat = CAT_OP
+        if comm.is_functional_collective(node.target):  # communication, not computation
+            cat = CAT_COMM
+            args = {**args, **comm.graph_args(node)}
+        site = _core.intern_site(name, cat, args)
         target, mode = _bind(node, gm)
         if device_timer is not None:
             target, mode = device_timer.op(target, mode, name, args), _core.CALL

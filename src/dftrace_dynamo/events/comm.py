@@ -13,8 +13,12 @@ Covered, on the rank that issues them:
   as DDP's built-in one) and times it; a hook the program registers itself
   (``register_comm_hook``, ``_register_builtin_comm_hook``) takes its place
   and is timed the same way;
-* functional collectives in compiled graphs are op events named
-  ``function._c10d_functional.*`` (see :func:`is_functional_collective`).
+* functional collectives in compiled graphs (``torch.distributed._functional_collectives``,
+  and eager calls that Dynamo maps to them) are events of the graph's ops named
+  ``function._c10d_functional.*`` (``all_reduce``, ``wait_tensor``...), cat
+  ``comm``, with the args :func:`graph_args` computes at compile time. The
+  collective's issue and its ``wait_tensor`` are two events: the wait for the
+  peers falls in ``wait_tensor``.
 
 Each event spans the operation from its issue to its completion: a
 synchronous call is timed around the call; with ``async_op=True`` (and for
@@ -90,6 +94,33 @@ def is_functional_collective(target: Any) -> bool:
     """Whether an FX node target is a functional collective (``_c10d_functional`` ops): its op
     event is communication, not computation."""
     return getattr(target, "namespace", None) in ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def graph_args(node) -> dict:
+    """The comm args of a functional collective's node in a graph (compile time): ``op``, and where
+    they are known, this rank's payload ``bytes`` and ``dtype``, ``group``, ``group_size``, ``rank``."""
+    target = node.target
+    args = {ARG_OP: getattr(target, "_opname", str(target))}
+    try:
+        bound = {a.name: v for a, v in zip(target._schema.arguments, node.args)}
+        bound.update(node.kwargs)
+    except Exception:  # not an op with a schema
+        return args
+    payload = next((bound[k] for k in ("input", "inputs", "tensor", "tensors") if k in bound), None)
+    values = [getattr(n, "meta", {}).get("val") for n in (payload if isinstance(payload, (list, tuple)) else [payload])]
+    nbytes, dtype = _payload([v for v in values if v is not None])
+    if isinstance(nbytes, int):  # not symbolic (dynamic shapes): reading one would add a guard
+        args[ARG_BYTES] = nbytes
+    if dtype is not None:
+        args[ARG_DTYPE] = dtype
+    try:
+        import torch.distributed as dist
+
+        name, size, rank, _ = _group(dist.distributed_c10d._resolve_process_group(bound["group_name"]))
+        args.update({ARG_GROUP: name, ARG_GROUP_SIZE: size, ARG_RANK: rank})
+    except Exception:  # no group (wait_tensor), or one that cannot be resolved
+        pass
+    return args
 
 
 def _arg(args, kwargs, name, pos):
