@@ -159,8 +159,8 @@ def test_oversized_line_is_refused_by_validate_and_dropped_by_convert(oversized,
     assert len(read_events(str(tmp_path / "c.pfw"))) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="summary must give validate's message for a line over MAX_LINE: needs "
-                                       "the traces/summary.py change requested in issue 21")
+@pytest.mark.xfail(strict=True, reason="needs traces/summary.py to raise reader.oversized_error(paths) when DuckDB "
+                                       "stops at maximum_object_size (issue 21)")
 def test_oversized_line_same_message_in_summary(oversized):
     problem = next(line for line in cli("validate", oversized).stdout.splitlines() if "line 3:" in line)
     assert_bad_input(cli("summary", oversized), f"{oversized}: {problem.strip()}")

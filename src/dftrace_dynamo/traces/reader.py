@@ -338,14 +338,17 @@ class Lines:
         self.last_line = lineno + (skipping is not None or bool(pending))
 
 
-def first_oversized(path):
-    """``(line number, size)`` of the first line of ``path`` longer than
-    :data:`MAX_LINE`, or None; message: :func:`too_long`."""
-    lines = Lines(path)
-    for _ in lines:
+def oversized_error(paths):
+    """A :class:`TraceError` naming the first line longer than :data:`MAX_LINE`
+    in ``paths``, in ``validate``'s words; None when there is none."""
+    for path in paths:
+        lines = Lines(path)
+        for _ in lines:
+            if lines.oversized.count:
+                break
         if lines.oversized.count:
-            break
-    return (lines.oversized.first[0], lines.oversized_sizes[0]) if lines.oversized.count else None
+            return TraceError(f"{path}: line {lines.oversized.first[0]}: {too_long(lines.oversized_sizes[0])}")
+    return None
 
 
 def first_lines(path, n=2):
