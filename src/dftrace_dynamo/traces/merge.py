@@ -5,7 +5,9 @@ is moved to a free one (its main-thread tid, equal to the pid, moves with it;
 other colliding tids move too, since Perfetto keys threads by tid). Each
 process gets a ``process_name`` (the input's own, prefixed with its rank when
 the file name has ``rank<R>``; else a name made from the file name) and a
-``process_sort_index`` so ranks are listed in order.
+``process_sort_index`` so ranks are listed in order. A rank whose measured
+clock offset to rank 0 exceeds its error bound has its times moved onto rank
+0's clock (see :mod:`.clock`), with a note saying so.
 
 Inputs of different runs (see :mod:`.runs`) are refused, as by ``summary``,
 unless ``all_runs``; so is an output inside a directory being merged (a
@@ -15,7 +17,7 @@ import os
 
 import orjson
 
-from . import runs
+from . import clock, runs
 from .convert import lost_notes, prepare_output
 from .reader import SUFFIXES, EventLines, TraceError, check_trace, is_number, rank_of
 from .writer import TraceWriter
@@ -25,12 +27,13 @@ class _Ids:
     """Hands out pids/tids unique across inputs, preferring the original."""
 
     def __init__(self):
-        self.used = set()
+        self.used, self.top = set(), 0
 
     def take(self, wanted):
         if not isinstance(wanted, int) or wanted in self.used or not 0 <= wanted < 1 << 32:
-            wanted = max(self.used, default=0) + 1
+            wanted = self.top + 1
         self.used.add(wanted)
+        self.top = max(self.top, wanted)
         return wanted
 
 
@@ -91,13 +94,18 @@ def merge(paths, out, force=False, progress=None, all_runs=False):
     out = prepare_output(out, paths, force)
     pids, tids = _Ids(), _Ids()
     processes, warnings, spans = [], [], []
+    offsets = clock.offsets_us(paths)
     with TraceWriter(out) as w:
         for index, path in enumerate(paths):
             rank = rank_of(path)
             pid_map, tid_map, names = {}, {}, {}
             lines = EventLines(path)
             spans.append(_Span())
+            shift = offsets.get(index, (0.0,))[0]
             for _, raw, ev in lines:
+                if shift and is_number(ev.get("ts")):
+                    ev["ts"] -= shift
+                    raw = orjson.dumps(ev)
                 spans[-1].add(ev)
                 pid, tid = ev.get("pid"), ev.get("tid")
                 new_pid = _remap(pid_map, pids, pid, pid)
@@ -115,6 +123,8 @@ def merge(paths, out, force=False, progress=None, all_runs=False):
                 for key, args in (("process_name", {"name": name}), ("process_sort_index", {"sort_index": sort})):
                     w.write(orjson.dumps({"name": key, "ph": "M", "pid": new, "args": args}))
                 processes.append((path, old, new, name))
+                if shift:
+                    warnings.append(clock.note(name, *offsets[index]))
             warnings += lost_notes(lines)
             if progress:
                 progress(os.path.getsize(path))
