@@ -8,6 +8,7 @@ FORMATS = ("table", "csv", "json")
 
 
 def register(subparsers):
+    from dftrace_dynamo.traces import engines
     from dftrace_dynamo.traces.report import VIEWS
 
     p = subparsers.add_parser(
@@ -35,11 +36,12 @@ def register(subparsers):
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the step timeline (when there are steps) and a bar chart of the first op view")
+    engines.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args):
-    from dftrace_dynamo.traces import report
+    from dftrace_dynamo.traces import engines, report
     from dftrace_dynamo.traces.reader import TraceError, find_traces
     from dftrace_dynamo.traces.report import VIEWS
     from dftrace_dynamo.traces.summary import summarize
@@ -50,11 +52,19 @@ def run(args):
         raise TraceError("--module-depth must be at least 1")
     paths = find_traces(args.traces)
     views = list(dict.fromkeys(args.by or VIEWS))
-    with progress_bar(100, "summary", unit="%") as bar:
-        result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update,
-                           args.include_warmup, args.all_runs)
+    engine = engines.make(args.engine, args.scheduler, args.workers)
+    try:
+        with progress_bar(100, "summary", unit="%") as bar:
+            result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update,
+                               args.include_warmup, args.all_runs, engine=engine)
+    finally:
+        if engine:
+            engine.close()
     for note in result["warnings"]:
         warn("summary", note)
+    if engine:
+        print(f"dftrace-dynamo summary: {len(paths)} file(s) scanned on Dask; " + engines.SKETCH_NOTE,
+              file=sys.stderr)
     if not result["op_events"] and not result["steps"]:
         warn("summary", f"no op events in {len(paths)} file(s)")
     render = {"table": report.to_table, "csv": report.to_csv, "json": report.to_json}[args.format]

@@ -23,6 +23,7 @@ out of every statistic unless ``include_warmup``.
 """
 
 import json
+import math
 import mmap
 import os
 import tempfile
@@ -32,7 +33,7 @@ import duckdb
 
 from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
 from ..schema import ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, CAT_COMM, CAT_STEP
-from . import compiles, ranks, runs, steps
+from . import compiles, ranks, runs, sketch, steps
 from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
                      rank_of, starts_a_line, tail_damage)
 from . import kernels
@@ -43,6 +44,12 @@ COMM = 11  # collectives (ranks)
 # step-structure categories -> kind (the step vocabulary, see docs/design.rst)
 STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
 SAMPLE_VIEWS = ("op", "module", "phase")  # views with per-step samples (step_samples=True)
+KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops"}
+RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
+              "optimizer": OPTIMIZER}
+RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # what ranks.analyse reads of ev
+# a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
+NS = "CAST(round(dur * 1000) AS BIGINT)"
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
@@ -143,21 +150,6 @@ SELECT * FROM (
 """
 
 
-def _views_sql(views, warm_filter):
-    """(key columns of the result, SQL): one row per group of each grouping set over table ``ev``."""
-    sets = [_SETS[v] for v in dict.fromkeys(["phase", "process", *views])]
-    grouping = ", ".join("(kind, " + ", ".join(s) + ")" for s in sets)
-    keys = [k for k in _KEYS if any(k in s for s in sets)]
-    return keys, f"""
-SELECT kind, grouping({", ".join(keys)}) AS set_mask, {", ".join(keys)},
-       count(*), coalesce(sum(dur), 0), avg(dur),
-       quantile_cont(dur, [0.5, 0.99]) FILTER (WHERE kind = {OP}),
-       any_value(aname) FILTER (WHERE kind = {PROCESS_NAME})
-FROM ev e WHERE kind IN ({OP}, {GRAPH}, {PROCESS_NAME}) {warm_filter}
-GROUP BY GROUPING SETS ({grouping})
-"""
-
-
 def _mask(columns, keys):
     """DuckDB's grouping() bits: 1 for each of ``columns`` *not* in ``keys``."""
     return sum(1 << (len(columns) - 1 - i) for i, k in enumerate(columns) if k not in keys)
@@ -231,10 +223,12 @@ def _repair(con, sources):
     return fixed, notes
 
 
-def _load(con, paths, module_depth, progress, tmpdir):
-    """Scans the files into table ``ev``; returns the warnings (what could not be read)."""
+def _load(con, paths, indices, module_depth, progress, tmpdir):
+    """Scans the files ``paths[i]`` for i in ``indices`` into table ``ev`` (column ``file``: i);
+    returns the warnings (what could not be read)."""
     sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
-    for index, path in enumerate(paths):
+    for index in indices:
+        path = paths[index]
         layout, kind = check_trace(path), compression_of(path)
         directory = os.path.join(tmpdir, f"file={index}")
         os.mkdir(directory)
@@ -263,7 +257,7 @@ def _load(con, paths, module_depth, progress, tmpdir):
 
 
 def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, include_warmup=False,
-              all_runs=False, step_samples=False):
+              all_runs=False, step_samples=False, engine=None):
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
     document): totals, ``steps`` (the step analysis, see :mod:`.steps`),
@@ -273,8 +267,26 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     and ``warnings`` (what could not be read); with ``step_samples``, also
     ``step_samples`` (see :func:`_step_samples`). Raises :class:`TraceError`
     when the files hold several runs, unless ``all_runs``. ``progress(n)`` is
-    called with percent steps."""
+    called with percent steps. ``engine`` (see :mod:`.engines`) scans the files in
+    parts and merges them; by default one scan here, with exact quantiles."""
     views = list(dict.fromkeys(views))
+    options = {"views": views, "module_depth": module_depth, "include_warmup": include_warmup,
+               "step_samples": step_samples}
+    if engine is None:
+        partials = [scan(paths, range(len(paths)), whole=True, progress=progress, **options)]
+    else:
+        partials = engine.scan(paths, options, progress)
+    return merge(paths, partials, views, top, include_warmup, all_runs, step_samples)
+
+
+def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, step_samples=False, whole=False,
+         progress=None):
+    """The mergeable partial result (a picklable dict) of the files ``paths[i]``, i in ``indices``:
+    small row sets (runs, compile records, step slices and parts, evaluation slices, the events
+    the rank analysis needs) and per group of each op view its count, duration count, exact sum
+    (integer ns), min, max and quantile sketch buckets. A process's events are all in one file,
+    so the warm-up steps (a per-process rule) are found here. ``whole``: ``indices`` are all
+    the inputs; quantiles are then exact and the rank analysis is done here."""
     con = duckdb.connect()
     # rows in any order: the table is filled by both threads without keeping the file order
     # (queries that need an order say so), which makes loading it markedly faster
@@ -283,11 +295,11 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
         con.execute("SET enable_progress_bar = true")
         con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
-        warnings = _load(con, paths, module_depth, progress, tmpdir)
-    found = runs.find_runs(paths, [(f, first, last, json.loads(start) if start else None) for f, first, last, start
-                                   in con.execute(runs.SQL.format(start=START)).fetchall()])
-    if len(found) > 1 and not all_runs:
-        raise TraceError(runs.mixed_message(found, paths))
+        warnings = _load(con, paths, indices, module_depth, progress, tmpdir)
+    out = {"whole": whole, "warnings": warnings,
+           "runs": con.execute(runs.SQL.format(start=START)).fetchall(),
+           "unparsed": con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0],
+           "evaluation": [d for (d,) in con.execute(f"SELECT dur FROM ev WHERE kind = {EVAL}").fetchall()]}
     records = [_record(r) for r in con.execute(
         f"SELECT file, pid, tid, ts, dur, name, step, extra FROM ev WHERE kind = {COMPILE} "
         "ORDER BY file, pid, tid, ts, dur DESC, name").fetchall()]
@@ -299,51 +311,194 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
             r["step"] = None
     # per-step sums matter only where steps were marked (every op of any trace carries a step)
     parts = con.execute(f"""
-        SELECT file, pid, step, kind, phase = 'backward', sum(dur) FROM ev
+        SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000 FROM ev
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
         if slices else []
-    step_info = steps.analyse(slices, parts, records, {GRAPH: "graph", DATA: "data", BACKWARD: "backward",
-                                                      OPTIMIZER: "optimizer", OP: "ops"}, include_warmup)
-    warm_filter = _warm_filter(con, step_info["warmup_keys"]) if not include_warmup else ""
-    columns, sql = _views_sql([v for v in views if v in OP_VIEWS], warm_filter)
-    rows = con.execute(sql).fetchall()
-    kernel_rows = kernels.view(con, f"kind = {OP} {warm_filter}", top) if "kernel" in views else []
-    unparsed = con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0]
-    evaluation = con.execute(f"SELECT count(*), sum(dur), avg(dur), median(dur) FROM ev WHERE kind = {EVAL}").fetchone()
-    samples = _step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter) if step_samples else None
-    rank_info = ranks.analyse(con, paths, {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH,
-                                           "backward": BACKWARD, "optimizer": OPTIMIZER}, records, step_info) \
-        if slices else None
+    info = steps.analyse(slices, parts, records, KIND_NAMES, include_warmup)
+    warm_filter = _warm_filter(con, info["warmup_keys"]) if not include_warmup else ""
+    out.update(records=records, slices=slices, parts=parts, steps=info if whole else None,
+               groups=_groups(con, [v for v in views if v in OP_VIEWS], warm_filter, whole),
+               kernels=_kernels(con, f"kind = {OP} {warm_filter}", whole) if "kernel" in views else None,
+               samples=_step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter)
+               if step_samples else None)
+    if slices and whole:
+        out["ranks"] = ranks.analyse(con, paths, RANK_KINDS, records, info)
+    elif slices:  # the events the rank analysis reads, as columns
+        rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
+            ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
+            OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
+        out["rank_rows"] = [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
     con.close()
-    result = _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found)
+    return out
+
+
+def merge(paths, partials, views, top, include_warmup=False, all_runs=False, step_samples=False):
+    """The summary (see :func:`summarize`) from the :func:`scan` partials of disjoint sets of
+    ``paths``. Counts and sums add up exactly; quantiles come from the merged sketches, or
+    are the exact ones of a single ``whole`` scan."""
+    whole = len(partials) == 1 and partials[0]["whole"]
+
+    def rows(field):  # the partials' rows, in input order (each partial's own order kept)
+        return sorted((r for p in partials for r in p[field]), key=lambda r: r["file"] if isinstance(r, dict)
+                      else r[0])
+
+    warnings = [w for p in partials for w in p["warnings"]]
+    found = runs.find_runs(paths, [(f, first, last, json.loads(start) if start else None)
+                                   for f, first, last, start in rows("runs")])
+    if len(found) > 1 and not all_runs:
+        raise TraceError(runs.mixed_message(found, paths))
+    records, slices = rows("records"), rows("slices")
+    step_info = partials[0]["steps"] if whole else steps.analyse(
+        slices, [r for p in partials for r in p["parts"]], records, KIND_NAMES, include_warmup)
+    groups = {}
+    for p in partials:
+        for kind, view, key, *stats in p["groups"]:
+            groups.setdefault((kind, view), {}).setdefault(key, _Stats()).add(*stats)
+    unparsed = sum(p["unparsed"] for p in partials)
+    result = _result(paths, views, top, groups, warnings, unparsed, records, step_info, found)
+    # what was read, where, and how exact the quantiles are
+    result["scan"] = {"source": "events", "engine": "local" if whole else "dask",
+                      "quantiles": "exact" if whole else "sketch"}
+    durations = [d for p in partials for d in p["evaluation"]]
+    timed = [d for d in durations if d is not None]
     # evaluation passes (eval slices): apart from the training steps
-    result["evaluation"] = dict(zip(("count", "total_us", "mean_us", "median_us"), evaluation)) \
-        if evaluation[0] else None
-    if samples is not None:
-        result["step_samples"] = samples
-    if kernel_rows:
-        result["views"]["kernel"] = kernel_rows
-    result["ranks"] = rank_info
+    result["evaluation"] = {"count": len(durations), "total_us": math.fsum(timed) if timed else None,
+                            "mean_us": math.fsum(timed) / len(timed) if timed else None,
+                            "median_us": steps.quantile(timed, 0.5)} if durations else None
+    if step_samples:
+        result["step_samples"] = _merge_samples(views, (p["samples"] for p in partials))
+    if "kernel" in views:
+        kernel_rows = _kernel_rows([p["kernels"] for p in partials], top)
+        if kernel_rows:
+            result["views"]["kernel"] = kernel_rows
+    if whole or not slices:
+        result["ranks"] = partials[0].get("ranks") if whole else None
+    else:
+        result["ranks"] = _rank_analysis(paths, partials, records, step_info)
     return result
 
 
+class _Stats:
+    """One group's statistics, merged over partials: count, count and exact sum (ns) of the
+    durations, min, max, the exact quantiles (a whole scan) or the sketch, a process name."""
+
+    __slots__ = ("count", "timed", "ns", "quant", "sketch", "aname")
+
+    def __init__(self):
+        self.count = self.timed = self.ns = 0
+        self.quant, self.sketch, self.aname = None, sketch.Sketch(), None
+
+    def add(self, bucket, count, timed, ns, lo, hi, quant, aname):
+        self.count += count
+        self.timed += timed
+        self.ns += ns or 0
+        self.quant = quant or self.quant
+        self.aname = self.aname or aname
+        if timed and bucket is not None:
+            self.sketch.add_bucket(bucket, timed, lo, hi)
+
+    def row(self):
+        """count, total, mean, p50, p99 (µs)."""
+        total = self.ns / 1000
+        p50, p99 = self.quant or (self.sketch.quantile(0.5), self.sketch.quantile(0.99))
+        return self.count, total, total / self.timed if self.timed else None, p50, p99
+
+
+def _groups(con, views, warm_filter, whole):
+    """Per grouping set of ``views`` (and phase, process: the totals and labels) and group:
+    (kind, set name, key values, sketch bucket, count, durations, sum in ns, min, max,
+    exact quantiles or None, process name). A ``whole`` scan gives one row per group with its
+    exact quantiles; else one per group and sketch bucket of op events."""
+    names = list(dict.fromkeys(["phase", "process", *views]))
+    sets = [_SETS[v] for v in names]
+    keys = [k for k in _KEYS if any(k in s for s in sets)]
+    bucket = "NULL" if whole else "b"
+    grouping = ", ".join("(kind, " + ", ".join(s) + ("" if whole else ", b") + ")" for s in sets)
+    quant = f"quantile_cont(dur, [0.5, 0.99]) FILTER (WHERE kind = {OP})" if whole else "NULL"
+    source = "ev" if whole else f"(SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)"
+    rows = con.execute(f"""
+SELECT kind, grouping({", ".join(keys)}), {", ".join(keys)}, {bucket}, count(*), count(dur), sum({NS}),
+       min(dur), max(dur), {quant}, any_value(aname) FILTER (WHERE kind = {PROCESS_NAME})
+FROM {source} e WHERE kind IN ({OP}, {GRAPH}, {PROCESS_NAME}) {warm_filter}
+GROUP BY GROUPING SETS ({grouping})""").fetchall()
+    by_mask = {_mask(keys, s): (name, [keys.index(k) for k in s]) for name, s in zip(names, sets)}
+    out = []
+    for kind, mask, *rest in rows:
+        name, where = by_mask[mask]
+        out.append((kind, name, tuple(rest[i] for i in where), *rest[len(keys):]))
+    return out
+
+
+def _kernels(con, where, whole):
+    """The kernel view's partial: per kernel name and sketch bucket (one row per name in a
+    ``whole`` scan) the same statistics as :func:`_groups`, and per name its kernel type,
+    fused ops and, in a whole scan, exact quantiles (:func:`.kernels.view`)."""
+    info = {r["key"]: r for r in kernels.view(con, where, None)}
+    bucket = "NULL" if whole else sketch.key_sql("dur")
+    rows = con.execute(f"""SELECT name, {bucket} AS b, count(*), count(dur), sum({NS}), min(dur), max(dur)
+        FROM ev e WHERE extra IS NOT NULL AND {where} GROUP BY ALL""").fetchall()
+    return {"info": {k: (r["kernel_type"], r["fused_ops"], (r["p50_us"], r["p99_us"]) if whole else None)
+                     for k, r in info.items()},
+            "rows": rows}
+
+
+def _kernel_rows(partials, top):
+    """Rows of the kernel view from the :func:`_kernels` partials, largest total first."""
+    stats, info = {}, {}
+    for p in partials:
+        for name, (kind, fused, quant) in p["info"].items():
+            old = info.get(name, (kind, "", None))
+            ops = {o for o in (old[1] + ", " + fused).split(", ") if o}
+            info[name] = (old[0] or kind, ", ".join(sorted(ops)), quant)
+        for name, bucket, count, timed, ns, lo, hi in p["rows"]:
+            stats.setdefault(name, _Stats()).add(bucket, count, timed, ns, lo, hi, info[name][2], None)
+    grand = sum(s.ns for s in stats.values()) / 1000
+    out = []
+    for name, s in stats.items():
+        count, total, mean, p50, p99 = s.row()
+        out.append({"key": name, "kernel_type": info[name][0], "count": count, "total_us": total, "mean_us": mean,
+                    "p50_us": p50, "p99_us": p99, "share": total / grand if grand else 0.0,
+                    "fused_ops": info[name][1]})
+    out.sort(key=lambda r: (-r["total_us"], r["key"]))
+    return out[:top]
+
+
+def _rank_analysis(paths, partials, records, step_info):
+    """The rank analysis over the partials' rank rows (a small table ``ev`` of their own)."""
+    con = duckdb.connect()
+    columns = [[v for p in partials for v in p["rank_rows"][i]] for i in range(len(RANK_COLUMNS))]
+    con.execute(f"CREATE TABLE ev AS SELECT {', '.join(f'unnest(${i + 1}) AS {c}' for i, c in enumerate(RANK_COLUMNS))}",
+                columns)
+    try:
+        return ranks.analyse(con, paths, RANK_KINDS, records, step_info)
+    finally:
+        con.close()
+
+
 def _step_samples(con, views, warm_filter):
-    """view -> key -> {step: op time in that step (µs), all processes together}, for the
-    views of one key column (op, module, phase): the per-step samples ``diff`` tests.
-    Steps in which a key has no event are absent."""
+    """Rows (view, key, step, op time in that step in ns, all processes together) for the
+    views of one key column (op, module, phase): the per-step samples ``diff`` tests."""
     if not views:
-        return {}
+        return []
     cols = [_SETS[v][0] for v in views]
     rows = con.execute(f"""
-        SELECT grouping({", ".join(cols)}), step, {", ".join(cols)}, sum(coalesce(dur, 0)) FROM ev e
+        SELECT grouping({", ".join(cols)}), step, {", ".join(cols)}, sum(coalesce({NS}, 0)) FROM ev e
         WHERE kind = {OP} AND step IS NOT NULL {warm_filter}
         GROUP BY GROUPING SETS ({", ".join(f"(step, {c})" for c in cols)})""").fetchall()
-    out = {v: {} for v in views}
     masks = {_mask(cols, (c,)): (v, i) for i, (v, c) in enumerate(zip(views, cols))}
-    for mask, step, *rest in rows:
-        view, i = masks[mask]
-        out[view].setdefault(rest[i], {})[step] = rest[-1]
-    return out
+    return [(masks[mask][0], rest[masks[mask][1]], step, rest[-1]) for mask, step, *rest in rows]
+
+
+def _merge_samples(views, partials):
+    """view -> key -> {step: op time in that step (µs)} from the :func:`_step_samples` rows.
+    Steps in which a key has no event are absent."""
+    ns = {v: {} for v in views if v in SAMPLE_VIEWS}
+    for rows in partials:
+        for view, key, step, total in rows:
+            cell = ns[view].setdefault(key, {})
+            cell[step] = cell.get(step, 0) + total
+    return {view: {key: {step: v / 1000 for step, v in by_step.items()} for key, by_step in keys.items()}
+            for view, keys in ns.items()}
 
 
 def _warm_filter(con, keys, inline_max=256):
@@ -372,18 +527,11 @@ def _record(row):
     return dict(args, file=file, pid=pid, tid=tid, ts=ts, dur=dur or 0.0, name=name, step=step)
 
 
-def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_info, found):
-    by_set = {}
-    for kind, mask, *rest in rows:
-        by_set.setdefault((kind, mask), []).append(rest)
-    n_keys = len(columns)
-
-    def group_rows(kind, view):
-        return by_set.get((kind, _mask(columns, _SETS[view])), [])
-
+def _result(paths, views, top, groups, warnings, unparsed, records, step_info, found):
+    """The summary document from the merged groups ((kind, set name) -> key values -> _Stats)."""
     def total(kind):
-        phase_rows = group_rows(kind, "phase")
-        return sum(r[n_keys] for r in phase_rows), sum(r[n_keys + 1] for r in phase_rows)
+        phase_rows = groups.get((kind, "phase"), {}).values()
+        return sum(r.count for r in phase_rows), sum(r.ns for r in phase_rows) / 1000
 
     n_ops, op_time = total(OP)
     n_graph, graph_time = total(GRAPH)
@@ -392,15 +540,15 @@ def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_
     if unparsed > 0:
         warnings.append(f"{unparsed:,} lines that are not JSON events were skipped "
                         "(corrupt data? dftrace-dynamo validate lists them)")
-    f_i, p_i = columns.index("file"), columns.index("pid")
-    names = {(r[f_i], r[p_i]): r[-1] for r in group_rows(PROCESS_NAME, "process")}
+    names = {key: s.aname for key, s in groups.get((PROCESS_NAME, "process"), {}).items()}
+    op_procs = groups.get((OP, "process"), {})
     # one label per process, for every view (the same name in two views means the same process)
-    labels = _process_labels(paths, {(r[f_i], r[p_i]) for r in group_rows(OP, "process")}
-                             | {(r["file"], r["pid"]) for r in records} | set(step_info["processes"]), names)
+    labels = _process_labels(paths, set(op_procs) | {(r["file"], r["pid"]) for r in records}
+                             | set(step_info["processes"]), names)
     result = {
         "files": list(paths),
         "runs": [{"run": r["label"], "files": [paths[i] for i in r["files"]]} for r in found],
-        "processes": len(group_rows(OP, "process")),
+        "processes": len(op_procs),
         "op_events": n_ops,
         "op_time_us": op_time,
         "graph_calls": n_graph,
@@ -415,18 +563,16 @@ def _result(paths, views, top, columns, rows, warnings, unparsed, records, step_
     for view in views:
         if view not in OP_VIEWS:
             continue
-        keys = _SETS[view]
         out = []
-        for r in group_rows(OP, view):
-            values = dict(zip(columns, r))
-            count, dur, mean, quant = r[n_keys:n_keys + 4]
+        for values, stats in groups.get((OP, view), {}).items():
             if view == "process":
-                key = labels[(values["file"], values["pid"])]
+                key = labels[values]
             else:
-                key = " ".join(str(values[k]) for k in keys)
+                key = " ".join(map(str, values))
                 key = f"graph {key}" if view == "graph" else key
-            out.append({"key": key, "count": count, "total_us": dur, "mean_us": mean, "p50_us": quant[0],
-                        "p99_us": quant[1], "share": dur / op_time if op_time else 0.0})
+            count, dur, mean, p50, p99 = stats.row()
+            out.append({"key": key, "count": count, "total_us": dur, "mean_us": mean, "p50_us": p50,
+                        "p99_us": p99, "share": dur / op_time if op_time else 0.0})
         out.sort(key=lambda row: (-row["total_us"], row["key"]))
         result["views"][view] = out[:top]
     return result
