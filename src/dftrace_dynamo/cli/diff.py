@@ -16,6 +16,8 @@ _CSV = ("section", "view", "key", "base_count_per_step", "new_count_per_step", "
 
 
 def register(subparsers):
+    from ..traces import engines
+
     p = subparsers.add_parser(
         "diff", help="compare two runs: step time, and the ops, modules and phases that changed beyond noise",
         description="Steady-state comparison of two runs (warm-up steps left out). Every row (the step time, "
@@ -33,6 +35,7 @@ def register(subparsers):
     p.add_argument("--fail-above", type=float, metavar="PCT",
                    help="exit status 1 when some row's confidence interval lies entirely above +PCT%% of its "
                         "BASE median time per step: it grew by more than PCT%% (for CI; needs step slices)")
+    engines.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -116,14 +119,21 @@ def to_csv(result):
 
 
 def run(args):
+    from dftrace_dynamo.traces import engines
     from dftrace_dynamo.traces.diff import diff
     from dftrace_dynamo.traces.reader import TraceError, find_traces
 
     if args.top < 1:
         raise TraceError("--top must be at least 1")
     base, new = find_traces([args.base]), find_traces([args.new])
-    with progress_bar(200, "diff", unit="%") as bar:
-        result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update, args.fail_above)
+    engine = engines.make(args.engine, args.scheduler, args.workers)
+    try:
+        with progress_bar(200, "diff", unit="%") as bar:
+            result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update,
+                          args.fail_above, engine)
+    finally:
+        if engine:
+            engine.close()
     for note in result["warnings"]:
         warn("diff", note)
     render = {"table": to_table, "csv": to_csv, "json": lambda r: json.dumps(r, indent=1) + "\n"}[args.format]
