@@ -142,13 +142,25 @@ def test_table_header_lists_compiles_breaks_and_recompiles(loop):
     assert "  graph break at train.py:57 (1x, step 0): Unsupported: builtin print" in lines
     assert ("  recompile at train.py:42 (1x, step 8): tensor 'x' size mismatch at index 0. expected 8, actual 4"
             in lines)
-    assert any(line.startswith("steps: 12, 2 warm-up (0, 8) left out of every statistic") for line in lines)
+    assert ("steps: 12; warm-up, left out of every statistic (--include-warmup counts it): step 0 compiled, "
+            "step 8 recompiled") in lines
     step_section = p.stdout.split("Steps (ms; warm-up steps marked)\n")[1].split("\n\n")[0].splitlines()
     assert [line.split()[0] for line in step_section[1:-1]] == ["0", "1", "2", "3", "8"]  # warm-up + --top 3
     assert "warm-up: recompiled" in step_section[-2] and "more steady-state steps" in step_section[-1]
     graphs = cli("summary", loop, "--by", "graphs").stdout
     assert "graph break at train.py:57 in forward (1x, steps 0;" in graphs
-    assert "compile 'dynamo compile forward' at train.py:42" in graphs
+    # the trace's event names (pydftracer's), in the user's words
+    assert "  compile of forward() at train.py:42: " in graphs
+    assert "  compile of a backward graph (at its first backward): " in graphs
+    assert "dynamo compile" not in graphs and "lazy_backward" not in graphs
+
+
+def test_table_names_ops_without_the_trace_prefix(loop):
+    out = cli("summary", loop, "--by", "op").stdout
+    rows = out.split("Top ops by total time\n")[1].splitlines()[1:]
+    assert {row.split()[0] for row in rows} == {"t.default", "addmm.default", "relu.default",
+                                                "threshold_backward.default", "mm.default", "sum.dim_IntList"}
+    assert summary_json(loop)[0]["views"]["op"][0]["key"].startswith("function.")  # json keeps the trace's names
 
 
 def test_compile_document(loop):

@@ -42,11 +42,13 @@ def _bind(node: torch.fx.Node, root: torch.nn.Module):
     return target, _core.CALL
 
 
-def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool, device_timer=None) -> int:
+def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool, device_timer=None,
+               backward: bool = False) -> int:
     """Rewrites ``gm`` in place and recompiles it; returns the number of instrumented nodes.
 
     With module slices on (``DFTRACER_MODULE_SLICES``), the nodes of each ``nn.Module``
-    call are also enclosed in a ``module`` event (see :mod:`.modules`).
+    call are also enclosed in a ``module`` event (see :mod:`.modules`); in a ``backward``
+    graph that includes the module whose forward hooks frame its forward calls.
 
     ``device_timer`` (a ``cuda_events.DeviceTimer``) also brackets each op with CUDA events.
     """
@@ -81,6 +83,6 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
         elif original is _EXIT_INFERENCE and saved:
             grad = saved.pop()
     if executed and config.get().module_slices:
-        modules.add_spans(gm.graph, *zip(*executed), graph_id, cell)
+        modules.add_spans(gm.graph, *zip(*executed), graph_id, cell, hooked=not backward)
     gm.recompile()
     return len(executed)
