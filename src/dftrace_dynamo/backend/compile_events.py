@@ -28,16 +28,21 @@ or ``collect()``) every Dynamo compile in the process is reported.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import sys
 import threading
 import time
 import types
 from typing import Callable, Iterator, Optional
 
+import torch
+
 from .. import _core
 from ..events import steps
 from ..session import config, hooks
 from ..schema import CAT_COMPILE
+from . import sites
 
 _listeners: list[Callable[[dict], None]] = []
 _lock = threading.Lock()
@@ -166,13 +171,12 @@ def _dynamo_start_ns() -> Optional[int]:
     return None if wall_start is None else _core.now_ns() - (time.time_ns() - wall_start)
 
 
-def _compiling_code() -> Optional[types.CodeType]:
-    # Dynamo passes the code object only to its own _compile(); find it on the stack.
+def _compiling_frame() -> Optional[types.FrameType]:
+    # Dynamo passes the code object and the frame's locals only to its own _compile(); find it on the stack.
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "_compile" and "torch/_dynamo" in frame.f_code.co_filename.replace("\\", "/"):
-            code = frame.f_locals.get("code")
-            return code if isinstance(code, types.CodeType) else None
+            return frame if isinstance(frame.f_locals.get("code"), types.CodeType) else None
         frame = frame.f_back
     return None
 
@@ -192,8 +196,12 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
     start = _core.now_ns() if started_ns is None else started_ns
     info = {"compile_id": compile_id, "trigger": trigger, "start_ns": start, "frame": None, "location": None,
             "breaks_seen": len(_break_reasons()) if breaks_seen is None else breaks_seen}
-    code = _compiling_code() if trigger == "dynamo" else None
-    if code is not None:
+    compiling = _compiling_frame() if trigger == "dynamo" else None
+    if compiling is not None:
+        code = compiling.f_locals["code"]
+        # the compiled frame's locals and globals name its modules (sites.user_stacks); held until its end
+        info["locals"], info["globals"] = _owner_locals(compiling, code), compiling.f_locals.get("globals")
+        _register_modules(compiling, info["locals"])
         info["frame"] = code.co_name
         info["location"] = f"{code.co_filename}:{code.co_firstlineno}"
         reason = _recompile_reason()
@@ -201,6 +209,46 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
             emit("recompile", "recompile", start, start, reason=_guard_text(reason), detail=reason,
                  frame=info["frame"], location=info["location"], compile_id=info["compile_id"])
     return info
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
+
+
+def _owner_locals(compiling: types.FrameType, code: types.CodeType) -> dict:
+    """The compiled frame's locals. A resume function (the rest of a function after a graph break)
+    holds only the live ones: its ``self`` is taken from the function it resumes, which is running
+    further up the stack."""
+    f_locals = compiling.f_locals.get("locals") or {}
+    resumed = _RESUME.match(code.co_name)
+    if resumed is None or "self" in f_locals:
+        return f_locals
+    frame = compiling.f_back
+    while frame is not None:
+        if frame.f_code.co_name == resumed[1] and "self" in frame.f_locals:
+            return {**f_locals, "self": frame.f_locals["self"]}
+        frame = frame.f_back
+    return f_locals
+
+
+def _register_modules(compiling: types.FrameType, f_locals) -> None:
+    """The modules a compiled frame holds (its ``self``, a model passed to it) are the user's roots,
+    unless already known inside one (:func:`.sites.register`); so are the modules whose code calls
+    it from eager code further up the stack (a compiled submodule of an eager model), outermost first."""
+    callers = []
+    frame = compiling.f_back
+    while frame is not None:
+        owner = frame.f_locals.get("self") if not _in_torch(frame.f_code.co_filename) else None
+        if isinstance(owner, torch.nn.Module):
+            callers.append(owner)
+        frame = frame.f_back
+    for value in [*reversed(callers), *(f_locals or {}).values()]:
+        if isinstance(value, torch.nn.Module):
+            sites.register(value)
+
+
+def _in_torch(filename: str) -> bool:
+    return filename.startswith(_TORCH_DIR)
 
 
 def _recompile_reason() -> Optional[str]:

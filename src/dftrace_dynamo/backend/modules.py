@@ -14,6 +14,13 @@ closed there (from their start to now) and returns now, the start of the calls
 opened there. Ops run exactly as before; a slice costs one call per module call.
 At ``level="inductor"`` the same plan frames the kernel calls of Inductor's
 generated code (:func:`.inductor.add_spans`).
+
+A module whose own code Dynamo compiles as a frame (called from eager code, or a
+``forward`` resumed after a graph break) runs partly outside any graph: the code
+between its graphs, a ``torch.compiler.disable``'d call. Its slice is written by
+forward hooks around the whole call instead (:func:`frame_slices`), so that time
+is the module's; its graphs sit inside it. The hooks cost one ``span`` call each,
+which records nothing outside the step windows.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import torch.fx
 
 from .. import _core
 from ..schema import CAT_MODULE
+from ..session import hooks
+from . import sites
 
 Frame = tuple[str, str, str]  # (call key, module path, module type), as sites.module_stack gives
 
@@ -50,10 +59,13 @@ def is_span(node: torch.fx.Node) -> bool:
     return getattr(node.target, "func", None) is _core.span
 
 
-def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int) -> list[tuple[int, list[tuple[int, int]]]]:
+def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int,
+              hooked: bool = True) -> list[tuple[int, list[tuple[int, int]]]]:
     """The boundary calls for ops with these module stacks: ``(i, closes)`` per boundary,
     in order, where ``i`` is as in :func:`boundaries` and ``closes`` lists, for each call
-    closed there, ``(k, site id)``: ``k`` is the boundary whose return value is its start."""
+    closed there, ``(k, site id)``: ``k`` is the boundary whose return value is its start.
+    ``hooked``: the frame's own module (``sites.SELF_KEY``) has its slice from forward hooks
+    (not in backward graphs, where no hook runs)."""
     site_ids: dict[tuple[str, str], int] = {}
 
     def site(frame: Frame) -> int:
@@ -65,6 +77,8 @@ def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int) -> list[tuple[in
 
     plan = []
     opened_at: dict[str, int] = {}  # open call key -> the boundary that returned its start
+    if hooked:
+        stacks = [[frame for frame in stack if frame[0] != sites.SELF_KEY] for stack in stacks]
     for k, (i, closed, opened) in enumerate(boundaries(stacks)):
         plan.append((i, [(opened_at.pop(frame[0]), site(frame)) for frame in closed]))
         opened_at.update((frame[0], k) for frame in opened)
@@ -80,10 +94,10 @@ def span_function(cell) -> functools.partial:
 
 
 def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Sequence[Sequence[Frame]],
-              graph_id: int, cell) -> int:
+              graph_id: int, cell, hooked: bool = True) -> int:
     """Inserts the boundary calls for ``nodes`` (the executed nodes, in order, and their module
     stacks) into ``graph``; returns the number of module slices a call of the graph records."""
-    plan = span_plan(stacks, graph_id)
+    plan = span_plan(stacks, graph_id, hooked)
     span = span_function(cell)
     anchors = [*nodes, next(n for n in reversed(graph.nodes) if n.op == "output")]
     calls: list[torch.fx.Node] = []
@@ -91,3 +105,41 @@ def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Seq
         with graph.inserting_before(anchors[i]):
             calls.append(graph.call_function(span, tuple(a for k, site in closes for a in (calls[k], site))))
     return sum(len(closes) for _, closes in plan)
+
+
+GROUP = "module slices"
+
+
+def frame_slices(module: torch.nn.Module, path: str, cell) -> None:
+    """Writes ``module``'s slice around each of its calls, eager parts included (forward pre and
+    post hooks, installed once per module)."""
+    name = f"module slice {path} {id(module):x}"
+    if hooks.installed(name):
+        return
+    site = _core.intern_site(path, CAT_MODULE, {"module_type": type(module).__name__})
+    starts: list = []  # one per call in progress (a module may call itself)
+
+    def pre(*_):
+        starts.append(_core.span(cell))  # now, or 0 outside the step windows
+
+    def post(*_):
+        _core.span(cell, starts.pop() if starts else 0, site)
+
+    pre.__name__, post.__name__ = "dft_module_enter", "dft_module_exit"
+    pre, post = torch._dynamo.disable(pre), torch._dynamo.disable(post)
+
+    def register():
+        handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post, always_call=True)]
+        return _Handles(handles)
+
+    hooks.declare(hooks.Registration(name, GROUP, register))
+    hooks.install_one(name)
+
+
+class _Handles:
+    def __init__(self, handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()

@@ -9,6 +9,7 @@ readable module path (``layer1.0.conv1``) for ``call_module``.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -20,6 +21,88 @@ from ..schema import ARG_GRAPH, ARG_MODULE, ARG_NODE
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _ROOT_PATH = re.compile(r"""^L\[(['"])(?:self|fn)\1\]$""")  # Dynamo's names for the compiled module
+_SOURCE_ROOT = re.compile(r"""^([LG])\[(['"])([^'"]+)\2\]""")  # L['self'].fc -> L, self
+
+# The frame's own module (``self`` of a frame compiled on its own: a module called from eager code,
+# or a forward resumed after a graph break) in a node's stack. Its slice is written around the whole
+# call by forward hooks (:func:`.modules.frame_slices`), not inside the graph.
+SELF_KEY = "dftrace:self"
+
+# module -> its path in the user's model ("" for a root: a module first seen as a compiled frame's
+# self or argument, or the module torch.compile was given); filled at compile time only
+_paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+class UserPath(str):
+    """A module path already in the user's terms (``named_modules()``): not abbreviated again."""
+
+    __slots__ = ()
+
+
+def _user_path(path: str) -> str:
+    # a torch.compile'd submodule is an OptimizedModule that holds the user's module as _orig_mod
+    return ".".join(part for part in path.split(".") if part != "_orig_mod")
+
+
+def register(module: torch.nn.Module) -> str:
+    """``module``'s path in the user's model. A module not seen before is a root: it and its
+    ``named_modules()`` are registered (a root seen earlier inside it takes its path in it)."""
+    path = _paths.get(module)
+    if path is not None:
+        return path
+    for sub_path, sub in module.named_modules():
+        sub_path = _user_path(sub_path)
+        old = _paths.get(sub)
+        if old is None or old == "" or sub_path.endswith("." + old):
+            _paths[sub] = sub_path
+    return ""
+
+
+def user_stacks(gm: torch.fx.GraphModule, f_locals: Optional[dict],
+                f_globals: Optional[dict]) -> Optional[tuple[torch.nn.Module, str]]:
+    """Rewrites the module stacks of ``gm``'s nodes (Dynamo's graph of one compiled frame) into the
+    user's module paths, before AOTAutograd copies them onto the forward and backward graphs.
+
+    Dynamo names modules from the frame being compiled: after a graph break that is a resume
+    function whose locals hold modules as ``___stack0``..., and a module called from eager code
+    is its own frame, with paths relative to it. The objects those names hold, looked up in the
+    frame's locals and globals, give the user's paths. The ops of a frame whose ``self`` is a
+    module (not the user's root) get that module as outermost stack entry (``SELF_KEY``);
+    that module and its path are returned.
+    """
+    f_locals, f_globals = f_locals or {}, f_globals or {}
+    owner = f_locals.get("self")
+    self_path = register(owner) if isinstance(owner, torch.nn.Module) else ""
+    self_frame = (SELF_KEY, (UserPath(self_path), type(owner))) if self_path else None
+    resolved: dict[tuple[str, str], Optional[str]] = {}
+
+    def root_path(scope: str, name: str) -> Optional[str]:
+        if (scope, name) not in resolved:
+            obj = (f_locals if scope == "L" else f_globals).get(name)
+            resolved[scope, name] = register(obj) if isinstance(obj, torch.nn.Module) else None
+        return resolved[scope, name]
+
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        stack = {}
+        for key, (path, mtype) in (node.meta.get("nn_module_stack") or {}).items():
+            text = str(path)
+            match = _SOURCE_ROOT.match(text)
+            root = root_path(match[1], match[3]) if match else None
+            if root is not None:  # a module of the user's model, or below one: its path there
+                rest = abbreviate(text, max_len=None) if match.end() < len(text) else ""
+                full = _user_path(".".join(part for part in (root, rest) if part))
+                if full:  # (the user's root itself keeps its name)
+                    path = UserPath(full)
+                    if full == self_path and not stack:
+                        key = SELF_KEY  # Dynamo recorded the frame's own call
+            stack[key] = (path, mtype)
+        if self_frame is not None and SELF_KEY not in stack:
+            stack = {self_frame[0]: self_frame[1], **stack}
+        if stack:
+            node.meta["nn_module_stack"] = stack
+    return (owner, self_path) if self_path else None
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -65,7 +148,10 @@ def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
         # The module torch.compile was given, where Dynamo records its call (L['fn'] for an
         # nn.Sequential), is named by its class; a module reached through a variable of the
         # compiled function (L['model']) by that variable. Paths below are relative to it.
-        name = mtype.lower() if _ROOT_PATH.match(str(path)) else abbreviate(path, max_len=None)
+        if isinstance(path, UserPath):
+            name = str(path)
+        else:
+            name = mtype.lower() if _ROOT_PATH.match(str(path)) else abbreviate(path, max_len=None)
         frames.append((str(key), name, mtype))
     return tuple(frames)
 

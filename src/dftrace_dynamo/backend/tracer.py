@@ -37,7 +37,7 @@ from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, 
                       PHASE_INFERENCE)
 from ..events import cuda as cuda_events, steps
 from ..session import config, logger
-from . import compile_events, instrument
+from . import compile_events, instrument, modules, sites
 
 LEVELS = ("aten", "torch", "inductor")
 DEFAULT_LEVEL = "aten"
@@ -157,6 +157,9 @@ class TracerBackend:
         start = _core.now_ns()
         self._notify(gm, example_inputs, graph_id, "torch", self._torch_phase(), "dynamo",
                      (start - frame["start_ns"]) if "start_ns" in frame else None)
+        owner = sites.user_stacks(gm, frame.get("locals"), frame.get("globals"))
+        if owner is not None and config.get().module_slices:
+            modules.frame_slices(*owner, self.tags.cell)
         if self.inner is not None:
             extra = {k: v for k, v in (("options", options), ("mode", mode)) if v}  # for the inner backend
             compiled = self._compile_inner(gm, example_inputs, graph_id, **kwargs, **extra)
@@ -205,7 +208,8 @@ class TracerBackend:
         name = f"graph {graph_id} {phase}"
         timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
         plain = self._plain(gm) if level == "torch" else None
-        nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer)
+        nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer,
+                                      backward=phase == PHASE_BACKWARD)
         site = _core.intern_site(name, CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
