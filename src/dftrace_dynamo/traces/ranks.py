@@ -2,8 +2,9 @@
 
 Input: the summary's DuckDB table ``ev`` (step slices, ``comm`` events, data,
 graph calls, ``backward``, ``optimizer``; functional collectives inside
-compiled graphs are op events named ``function._c10d_functional.*`` and count
-as communication) and the compile records.
+compiled graphs are ``comm`` events, and in traces of earlier versions op
+events named ``function._c10d_functional.*``, which count as communication too)
+and the compile records.
 
 Clocks: the ranks' clocks are aligned on the collectives themselves. Every
 member of a collective finishes it at (nearly) the same instant, when the last
@@ -15,13 +16,16 @@ A collective is matched across ranks by (process group, op, step, its ordinal
 among the same op and group in that step). The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
 sat in the collective before the last peer arrived. The last rank to arrive
-is the one waited for: it is charged the mean wait of the others. Per rank and
+is the one waited for: it is charged the median wait of the others (one
+other rank that happens to be late itself does not hide the cost). Per rank and
 steady step, the wall time is split (each instant counted once, in this order)
 into wait, communication (the rest of the collectives' time), data, compute
 (graph calls, ``backward``, optimizer) and other.
 
-The first step of the run and warm-up steps are left out. The **straggler** is the rank charged the most wait per step (median over the
-steady steps), named only when that is above the threshold: three times the
+The first step of the run and warm-up steps are left out. The **straggler** is the rank charged
+the most wait per step (median over the steady steps: a step where the wait fell in an
+operation that is no event, such as DDP's bucket rebuild at its second iteration, does not
+count), named only when that is above the threshold: three times the
 run's own step-to-step noise (1.4826 × the median absolute deviation of the
 step times, median over the ranks), and at least 5 % of the median step.
 """
@@ -128,7 +132,7 @@ def analyse(con, paths, kinds, records, step_info):
         for q, w in waits.items():
             wait_iv.setdefault((q, s), []).append((arrive[q], arrive[q] + w))
         others = [w for q, w in waits.items() if q != last_q]
-        blame[(last_q, s)] = blame.get((last_q, s), 0.0) + statistics.fmean(others)
+        blame[(last_q, s)] = blame.get((last_q, s), 0.0) + statistics.median(others)
 
     comm_iv, data_iv, compute_iv = {}, {}, {}
     for f, p, s, name, ts, dur, extra in comm:
@@ -159,7 +163,7 @@ def analyse(con, paths, kinds, records, step_info):
             entry["peak_rss_max"] = max(peaks)
             entry["peak_rss_median"] = quantile(peaks, 0.5)
         per_rank.append(entry)
-    return {"ranks": per_rank, "clock": "aligned on collective completions",
+    return {"ranks": per_rank, "rows": rows, "clock": "aligned on collective completions",
             **_straggler(per_rank, rows), "skew": _skew(rows, steady),
             "memory": _memory(procs, label, step_of), "divergence": _divergence(procs, label, records),
             "collectives": sum(1 for m in matched.values() if len(m) > 1)}
@@ -207,7 +211,7 @@ def _straggler(per_rank, rows):
     straggler = None
     if top["wait_caused_median_us"] > threshold:
         straggler = {"rank": top["rank"], "wait_caused_us": top["wait_caused_us"],
-                     "wait_caused_median_us": top["wait_caused_median_us"]}
+                     "wait_caused_median_us": top["wait_caused_median_us"], "steps": top["steps"]}
     return {"straggler": straggler, "threshold_us": threshold, "noise_us": noise}
 
 

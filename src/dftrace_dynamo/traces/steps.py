@@ -174,18 +174,16 @@ def public(info, label):
     ranks = []
     for proc, own in used_rows.items():
         row = dict(process=label(proc), **(series_stats([r["wall_us"] for r in own]) or {"steps": 0}))
-        if own:  # time in ops: in a synchronous job every rank's step lasts as long as the slowest one's
+        if own:
             row["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)
         ranks.append(row)
     timed = [r for r in ranks if r["steps"]]
     spread = None
-    if len(timed) > 1:
+    if len(timed) > 1:  # who waits for whom, the straggler: traces.ranks
         fast, slow = min(timed, key=lambda r: r["median_us"]), max(timed, key=lambda r: r["median_us"])
-        idle, busy = min(timed, key=lambda r: r["ops_median_us"]), max(timed, key=lambda r: r["ops_median_us"])
         spread = {"slowest": slow["process"], "fastest": fast["process"],
                   "spread_us": slow["median_us"] - fast["median_us"],
-                  "spread": (slow["median_us"] - fast["median_us"]) / fast["median_us"] if fast["median_us"] else 0,
-                  "straggler": busy["process"], "straggler_ops_us": busy["ops_median_us"] - idle["ops_median_us"]}
+                  "spread": (slow["median_us"] - fast["median_us"]) / fast["median_us"] if fast["median_us"] else 0}
     return {
         "warmup_rule": WARMUP_RULE,
         "include_warmup": info["include_warmup"],
