@@ -94,10 +94,9 @@ def step_lines(result):
         line += (f", {steps['recorded_steps']} recorded (the step windows; the others hold no events "
                  "and are left out of every statistic)")
     if warm:
-        shown = ", ".join(str(w["step"]) for w in warm[:10]) + (" ..." if len(warm) > 10 else "")
-        line += (f", {len(warm)} warm-up ({shown}) "
-                 + ("included in the statistics" if steps["include_warmup"]
-                    else "left out of every statistic (--include-warmup counts them)"))
+        shown = ", ".join(f"step {w['step']} {w['reason']}" for w in warm[:10]) + (", ..." if len(warm) > 10 else "")
+        line += ("; warm-up, counted in the statistics: " if steps["include_warmup"]
+                 else "; warm-up, left out of every statistic (--include-warmup counts it): ") + shown
     out = [line]
     st = steps["steady"]
     if st is None:
@@ -193,8 +192,24 @@ def _graphs_table(result):
     for c in comp["compiles"]:
         where = f" at {c['location']}" if c["location"] else ""
         step = "" if c["step"] is None else f", step {c['step']}"
-        out.append(f"  compile {c['name']!r}{where}: {fmt_ms(c['dur_us'])} ms ({c['process']}{step})")
+        out.append(f"  {compile_label(c['name'])}{where}: {fmt_ms(c['dur_us'])} ms ({c['process']}{step})")
     return out + _break_lines(comp, full=True) or ["  (no compile events)"]
+
+
+def compile_label(name):
+    """A compile event's name in the user's words (the trace keeps pydftracer's names)."""
+    if name.startswith("dynamo compile "):
+        return f"compile of {name[len('dynamo compile '):]}()"
+    if name == "compile (lazy_backward)":
+        return "compile of a backward graph (at its first backward)"
+    return name
+
+
+def op_label(name):
+    """An op name without the trace's ``function.`` prefix; ``method.x`` is ``Tensor.x``."""
+    if name.startswith("function."):
+        return name[len("function."):]
+    return "Tensor." + name[len("method."):] if name.startswith("method.") else name
 
 
 def _special_view(result, view, top):
@@ -225,11 +240,12 @@ def to_table(result, views=None, top=15):
             out.append("  (no kernel events: record them with level=\"inductor\")" if view == "kernel"
                        else "  (no op events)")
             continue
-        width = max(len(view), *(len(r["key"]) for r in rows))
+        keys = [op_label(r["key"]) if view == "op" else r["key"] for r in rows]
+        width = max(len(view), *map(len, keys))
         out.append(f"{view:<{width}}  {'count':>11}  {'total ms':>11}  {'mean us':>10}  "
                    f"{'p50 us':>10}  {'p99 us':>10}  {'share':>6}")
-        for r in rows:
-            out.append(f"{r['key']:<{width}}  {r['count']:>11,}  {r['total_us'] / 1e3:>11,.3f}  "
+        for key, r in zip(keys, rows):
+            out.append(f"{key:<{width}}  {r['count']:>11,}  {r['total_us'] / 1e3:>11,.3f}  "
                        f"{r['mean_us']:>10,.3f}  {r['p50_us']:>10,.3f}  {r['p99_us']:>10,.3f}  "
                        f"{100 * r['share']:>5.1f}%" + (f"  {r['fused_ops']}" if r.get("fused_ops") else ""))
     return "\n".join(out) + "\n"
