@@ -24,7 +24,7 @@ def run(args):
     for path in find_traces(args.traces):
         report = validate(path, max(args.max_problems, 0))
         n = report.count
-        status = f"{n} problem{'s' * (n != 1)}" if n else "OK"
+        status = f"{n:,} problem{'s' * (n != 1)}" if n else "OK"
         print(f"{path}: {status} ({report.events:,} events)")
         for line, message in report.problems[:args.max_problems]:
             print(f"  {'line ' + str(line) if line else 'file'}: {message}")
