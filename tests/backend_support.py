@@ -79,16 +79,18 @@ def executed_nodes(gm):
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def run_torchrun(script, cwd, log_prefix, timeout=600):
-    """``script`` as a 2-rank torchrun job on this host, tracing into ``log_prefix``-*."""
-    argv = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)]
+def run_torchrun(script, cwd, log_prefix, timeout=600, nproc=2):
+    """``script`` as an ``nproc``-rank torchrun job on this host, tracing into ``log_prefix``-*."""
+    argv = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", str(script)]
     env = {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(log_prefix), "OMP_NUM_THREADS": "1"}
     proc = python(argv, cwd, env, timeout)
     if proc.returncode != 0 and GLOO_TEARDOWN_ABORT in proc.stderr:
         for path in glob.glob(f"{log_prefix}-*"):
             os.remove(path)
         proc = python(argv, cwd, env, timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # the first worker's traceback, which torchrun's own report at the end leaves out
+    first = proc.stderr.find("Traceback")
+    assert proc.returncode == 0, (proc.stderr[first:first + 4000] if first >= 0 else "") + proc.stderr[-3000:]
     return proc
 
 

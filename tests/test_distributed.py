@@ -2,23 +2,25 @@
 divergence across ranks and memory per step."""
 
 import pathlib
+import statistics
 
 import pytest
 
-from backend_support import run_torchrun
+from backend_support import run_py, run_torchrun
 from scripts.clitools import summary_json
 from tracefile import read_events, traces
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "dist_train.py"
 
 
-def job(tmp_path, monkeypatch, **env):
-    """The script as a 2-rank job (settings in the environment torchrun passes on); its trace files."""
+def job(tmp_path, monkeypatch, nproc=2, **env):
+    """The script as an ``nproc``-rank job (settings in the environment torchrun passes on); its
+    trace files, by rank."""
     for key, value in env.items():
         monkeypatch.setenv(key, str(value))
-    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job")
+    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job", nproc=nproc)
     files = traces(tmp_path / "run")
-    assert len(files) == 2, files
+    assert len(files) == nproc, files
     return files
 
 
@@ -39,20 +41,40 @@ def test_eager_collectives_counts_and_bytes(tmp_path, monkeypatch):
                        ("barrier", 0, None, False): [3]}, got
 
 
-@pytest.mark.parametrize("delay_ms", [30, 0])
-def test_ddp_straggler(tmp_path, monkeypatch, delay_ms):
-    files = job(tmp_path, monkeypatch, MODE="ddp", STEPS=8, DELAY_MS=delay_ms)
+@pytest.mark.parametrize("nproc,delay_ms", [(2, 30), (2, 0), (4, 30), (4, 0)])
+def test_ddp_straggler(tmp_path, monkeypatch, nproc, delay_ms):
+    files = job(tmp_path, monkeypatch, nproc, MODE="ddp", STEPS=8, DELAY_MS=delay_ms)
     for path in files:  # one bucket all-reduce per step, 17 * 4 floats
         buckets = [e for e in comm_events(path) if "bucket" in e["args"]]
         assert len(buckets) == 8 and {e["args"]["bytes"] for e in buckets} == {17 * 4 * 4}, buckets
+        assert {e["args"]["group_size"] for e in buckets} == {nproc}
     info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
-    if delay_ms:
+    assert [r["rank"] for r in info["ranks"]] == [f"rank{r}" for r in range(nproc)], info
+    if delay_ms:  # rank 1 sleeps 30 ms a step: each other rank waits that long for it
         assert info["straggler"]["rank"] == "rank1", info
-        assert 0.8 * 30e3 <= info["straggler"]["wait_caused_us"] <= 1.2 * 30e3, info
-        assert info["ranks"][0]["wait_us"] > 0.8 * 30e3, info
+        assert 0.8 * 30e3 <= info["straggler"]["wait_caused_median_us"] <= 1.2 * 30e3, info
+        waits = {r["rank"]: statistics.median(x["wait_us"] for x in info["rows"] if x["rank"] == r["rank"])
+                 for r in info["ranks"]}
+        assert all((w > 0.8 * 30e3) == (rank != "rank1") for rank, w in waits.items()), waits
     else:
         assert info["straggler"] is None, info
     assert info["threshold_us"] > 0 and info["skew"]["median_us"] is not None
+
+
+def test_functional_collectives_in_a_graph(tmp_path, monkeypatch):
+    for rank, path in enumerate(job(tmp_path, monkeypatch, MODE="functional", STEPS=3)):
+        events = read_events(path)
+        assert not [e for e in events if "_c10d_functional" in e.get("name", "") and e.get("cat") != "comm"]
+        got = {}
+        for e in comm_events(path):
+            a = e["args"]
+            got.setdefault(e["name"], []).append((a["step"], a["op"], a.get("bytes"), a.get("dtype"),
+                                                  a.get("group_size"), a.get("rank")))
+        all_reduce = [(s, "all_reduce", 40, "float32", 2, rank) for s in range(3)]
+        wait = [(s, "wait_tensor", 40, "float32", None, None) for s in range(3)]
+        assert got == {"function._c10d_functional.all_reduce.default": all_reduce,
+                       "function._c10d_functional.wait_tensor.default": wait,
+                       "barrier": [(3, "barrier", 0, None, 2, rank)]}, got
 
 
 def test_recompile_divergence(tmp_path, monkeypatch):
@@ -67,3 +89,19 @@ def test_peak_memory_per_step(tmp_path, monkeypatch):
         base = min(peaks[s] for s in (2, 4))
         assert abs(peaks[3] - base - (64 << 20)) <= 0.1 * (64 << 20), peaks
         assert any(e.get("ph") == "C" and e["cat"] == "memory" for e in read_events(path))
+
+
+def test_memory_samples_make_no_step(tmp_path):
+    # the sampler records after the last step mark: the step in progress holds nothing of the program
+    run_py("""
+        import time
+        import dftrace_dynamo
+        dftrace_dynamo.initialize_log()
+        for _ in range(3):
+            dftrace_dynamo.step()
+        time.sleep(0.35)
+    """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    assert any(e.get("ph") == "C" and e["cat"] == "memory" for e in events)
+    assert sorted(e["args"]["step"] for e in events if e.get("cat") == "step") == [0, 1, 2]

@@ -1,5 +1,6 @@
-"""A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, a recompile
-on one rank, or a large tensor in one step (MODE), with rank DELAY_RANK sleeping DELAY_MS a step."""
+"""A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, functional
+collectives in a compiled graph, a recompile on one rank, or a large tensor in one step (MODE),
+with rank DELAY_RANK sleeping DELAY_MS a step."""
 import os
 import time
 
@@ -37,6 +38,13 @@ elif MODE == "recompile":
     fn = torch.compile(lambda x: (x * 2).sum(), backend="dftrace", dynamic=False)
     for i in range(STEPS):
         fn(torch.ones(8 if rank == 0 or i < 3 else 16))  # rank 1 recompiles at step 3
+        step()
+elif MODE == "functional":
+    import torch.distributed._functional_collectives as funcol
+
+    fn = torch.compile(lambda x: funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1, backend="dftrace")
+    for _ in range(STEPS):
+        fn(torch.ones(10))  # all_reduce and its wait_tensor in the graph, 40 bytes
         step()
 elif MODE == "memory":
     for i in range(STEPS):
