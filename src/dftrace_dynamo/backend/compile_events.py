@@ -204,10 +204,13 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
         _register_modules(compiling, info["locals"])
         info["frame"] = code.co_name
         info["location"] = f"{code.co_filename}:{code.co_firstlineno}"
+        if _in_torch(code.co_filename):  # a wrapper of torch's around the user's code
+            info.update(_user_code(compiling, info["locals"]))
         reason = _recompile_reason()
         if reason:
             emit("recompile", "recompile", start, start, reason=_guard_text(reason), detail=reason,
-                 frame=info["frame"], location=info["location"], compile_id=info["compile_id"])
+                 frame=info["frame"], location=info["location"], module=info.get("module"),
+                 compile_id=info["compile_id"])
     return info
 
 
@@ -247,6 +250,32 @@ def _register_modules(compiling: types.FrameType, f_locals) -> None:
             sites.register(value)
 
 
+def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
+    """Where torch compiles code of its own (``external_utils``' wrappers, ``Module.__call__``):
+    the module (class, path) or function it wraps, from the frame's locals and closure, located at
+    the first caller outside torch."""
+    found, module = {}, None
+    cells = compiling.f_locals.get("closure") or ()
+    for value in [*f_locals.values(), *(getattr(c, "cell_contents", None) for c in cells)]:
+        value = getattr(value, "__self__", value)  # a bound method: its module
+        if isinstance(value, torch.nn.Module):
+            module = value
+            found = {"frame": type(value).__name__, "module": sites.register(value)}
+            break
+        if isinstance(value, types.FunctionType) and not _in_torch(value.__code__.co_filename):
+            found = {"frame": value.__qualname__}
+    frame = compiling.f_back
+    while frame is not None and _in_torch(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is not None:
+        found["location"] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    if module is not None and not found["module"]:  # a root: by the caller's name for it (D, model)
+        names = (name for name, value in frame.f_locals.items()
+                 if value is module or getattr(value, "_orig_mod", None) is module) if frame is not None else ()
+        found["module"] = next(names, type(module).__name__.lower())
+    return found
+
+
 def _in_torch(filename: str) -> bool:
     return filename.startswith(_TORCH_DIR)
 
@@ -273,10 +302,11 @@ def _end(info: dict) -> None:
         seen = info["breaks_seen"] if info["breaks_seen"] <= len(reasons) else 0
         breaks = len(reasons) - seen
         for reason in reasons[seen:]:
-            frame = reason.user_stack[-1] if reason.user_stack else None
+            stack = reason.user_stack or []
+            frame = next((f for f in reversed(stack) if not _in_torch(f.filename)), stack[-1] if stack else None)
             emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
                  location=f"{frame.filename}:{frame.lineno}" if frame else None,
                  frame=info["frame"], compile_id=info["compile_id"])
     name = f"dynamo compile {info['frame']}" if info["frame"] else f"compile ({info['trigger']})"
     emit("compile", name, info["start_ns"], _core.now_ns(), frame=info["frame"], location=info["location"],
-         compile_id=info["compile_id"], trigger=info["trigger"], graph_breaks=breaks)
+         module=info.get("module"), compile_id=info["compile_id"], trigger=info["trigger"], graph_breaks=breaks)
