@@ -1,6 +1,7 @@
 """The commands of README.rst and docs/cli/*.rst are real: every ``dftrace-dynamo`` line of their
-literal blocks parses with the command's own parser, and README's "trace your own training script"
-block runs as written on the recipes' train.py."""
+literal blocks parses with the command's own parser, every line of docs/cli/*.rst runs (on tiny
+traces, written by tests/scripts/stepgen.py under the names the line uses) unless NOT_RUN says why,
+and README's "trace your own training script" block runs as written on the recipes' train.py."""
 
 import os
 import pathlib
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from dftrace_dynamo.cli import build_parser
-from subproc import clean_env
+from subproc import clean_env, run_python
 from test_recipes import FILES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -72,3 +73,66 @@ def test_readme_trace_your_own_script_runs(tmp_path):
                            timeout=600)
         assert p.returncode == 0, (command, p.stdout[-2000:], p.stderr[-2000:])
     assert (tmp_path / "modules.png").exists()
+
+
+STEPGEN = ROOT / "tests" / "scripts" / "stepgen.py"
+# lines of docs/cli/*.rst that this test does not run, and why
+NOT_RUN = {
+    "dftrace-dynamo demo": "tests/test_cli_demo.py runs it",
+    "dftrace-dynamo run --compile-all train.py --steps 20": "test_readme_trace_your_own_script_runs runs it",
+}
+CLI_CASES = [(page, line) for page, line in CASES if page != "README.rst"]
+
+
+def _not_run(line):
+    return NOT_RUN.get(line) or ("it needs a running Dask scheduler" if "tcp://" in line else None)
+
+
+def _inputs(line):
+    """The paths a command line reads: positional words that name a directory or a trace file (not
+    the word after ``-o``)."""
+    words = shlex.split(line)[2:]
+    return [w for before, w in zip(["", *words], words)
+            if before != "-o" and not w.startswith("-") and (w.endswith("/") or ".pfw" in w or "/" in w)]
+
+
+def _provide(path, cwd):
+    """A tiny trace under the name ``path``: a run directory (its own run id), or one trace file,
+    cut in its middle when its name says it crashed."""
+    target = cwd / path
+    if target.exists():
+        return
+    if path.endswith("/") or ".pfw" not in path:
+        target.mkdir(parents=True)
+        run_python([str(STEPGEN), str(target / "train"), "--steps", "6"], cwd, {"DFTRACER_RUN_ID": target.name})
+        return
+    scratch = cwd / ".made" / target.name
+    scratch.mkdir(parents=True)
+    made = run_python([str(STEPGEN), str(scratch / "t"), "--steps", "6"], cwd).stdout.strip()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if "crash" in target.name:
+        data = pathlib.Path(made).read_bytes()
+        target.write_bytes(data[: len(data) * 2 // 3])
+    else:
+        p = subprocess.run([sys.executable, "-m", "dftrace_dynamo", "convert", made, "-o", str(target)],
+                           capture_output=True, text=True, env=clean_env())
+        assert p.returncode == 0, p.stderr
+
+
+def test_every_cli_page_line_is_run_or_says_why():
+    assert {line for _, line in CLI_CASES if _not_run(line)} >= set(NOT_RUN)  # NOT_RUN names real lines
+    assert sum(1 for _, line in CLI_CASES if not _not_run(line)) >= 10
+
+
+@pytest.mark.parametrize("page, line", [c for c in CLI_CASES if not _not_run(c[1])])
+def test_cli_page_command_runs(page, line, tmp_path):
+    for path in _inputs(line):
+        _provide(path, tmp_path)
+    env = clean_env({"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+                     "MPLBACKEND": "Agg"})
+    p = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # --fail-above exits 1 when the new run is slower, which two runs of the same work may be
+    ok = (0, 1) if "--fail-above" in line else (0,)
+    assert p.returncode in ok and "Traceback" not in p.stderr, (page, line, p.returncode, p.stderr[-2000:])
+    outputs = [w for before, w in zip(shlex.split(line), shlex.split(line)[1:]) if before == "-o"]
+    assert all((tmp_path / out).exists() for out in outputs), (line, outputs)
