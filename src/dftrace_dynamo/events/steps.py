@@ -11,7 +11,9 @@ A step is one training iteration. Without marks, optimizers decide where it ends
 * a complete step ends where training work starts again: at the first
   DataLoader ``next()`` or ``iter()`` or ``zero_grad()`` (whose slices are held
   back until it is known what follows them) before a backward, an optimizer
-  step, or a graph call or Dynamo compile with grad enabled. Logging,
+  step, or a graph call or Dynamo compile with grad enabled, on the thread
+  whose optimizer step completed it (another thread compiling or calling
+  graphs meanwhile ends no step of this one's). Logging,
   checkpointing and other Python between the last optimizer step and that point
   stay in the step, so a step lasts as long as the iteration;
 * an optimizer joins the training's optimizers at its first ``zero_grad()`` or
@@ -90,6 +92,7 @@ class _State:
     most: dict = {}  # id(optimizer) -> its most steps in one step since the last optimizer joined
     joined = False  # an optimizer joined in the current step (its counts teach nothing)
     complete_ns = 0  # when the current step became complete
+    thread = 0  # the thread whose optimizer step completed it: only its work ends the step
     candidate: Optional[int] = None  # start of the first held slice since then: where the step ends
     deferred: list = []  # (name, cat, start, end, args): slices held until it is known what follows
     eval_ns = 0  # when the evaluation in progress began
@@ -181,7 +184,7 @@ def _end(now: int) -> None:
 def _training(now: int) -> None:
     """Training work starts at ``now``: a complete step ends, an evaluation ends."""
     with _lock:
-        if _state.start_ns is None or _state.broken:
+        if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
         at = now if _state.candidate is None else _state.candidate
         if _state.mode == COMPLETE:
@@ -196,7 +199,7 @@ def _training(now: int) -> None:
 def _evaluation(now: int) -> None:
     """A graph call with grad disabled at ``now``: after a complete step, evaluation begins."""
     with _lock:
-        if _state.start_ns is None or _state.broken:
+        if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
         if _state.mode == COMPLETE:
             at = now if _state.candidate is None else _state.candidate
@@ -212,7 +215,7 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
     complete or evaluation runs (it belongs to whatever comes next)."""
     if _state.mode != TRAIN:
         with _lock:
-            if _state.mode != TRAIN:
+            if _state.mode != TRAIN and threading.get_ident() == _state.thread:
                 _state.deferred.append((name, cat, start, end, args))
                 if _state.candidate is None:
                     _state.candidate = start
@@ -248,6 +251,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
             _state.known = {k: True for k in stepped}  # an optimizer that stopped stepping leaves
         if all(k in stepped for k in _state.known):
             _state.mode, _state.complete_ns = COMPLETE, now
+            _state.thread = threading.get_ident()
 
 
 def _on_open() -> None:
