@@ -6,10 +6,17 @@
  * piecewise-linear model: each segment starts where the previous one ends
  * (time never jumps) and its slope steers the model back onto CLOCK_MONOTONIC
  * (+ the epoch offset). The writer thread adds a segment on every wake;
- * open() re-anchors the model exactly. Elsewhere events use clock_gettime. */
+ * open() re-anchors the model exactly. Until the first update after at least
+ * MIN_BASE_NS since import (the model's rate is only as good as its
+ * baseline, and nothing steers it before a trace opens) and elsewhere, events
+ * use clock_gettime: every process on a host reads the same clock.
+ *
+ * DFTRACER_TEST_CLOCK_SHIFT_NS (for tests only) shifts this process's clock by
+ * that many ns, as a host whose clock is off would. */
 #include "core.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int64_t dft_epoch_off;
@@ -21,6 +28,8 @@ static unsigned seg_next;
 dft_tsc_seg *_Atomic dft_tsc_cur;
 static uint64_t base_tick, base_mono; /* long baseline for the tick rate */
 static pthread_mutex_t clock_mu = PTHREAD_MUTEX_INITIALIZER;
+static int tsc_trusted;
+#define MIN_BASE_NS 50000000 /* 50 ms: a rate error under 1e-6 from two ~20 ns samples */
 #define MAX_SLEW 5e-4 /* steering changes the rate by at most 0.05% */
 #define STEER_NS 1e9  /* an offset is steered away over about a second */
 #endif
@@ -82,29 +91,32 @@ static double rate_since_base(uint64_t tick, uint64_t mono) {
 
 void dft_clock_init(void) {
     calibrate_epoch();
+    const char *shift = getenv("DFTRACER_TEST_CLOCK_SHIFT_NS");
+    if (shift)
+        dft_epoch_off += strtoll(shift, NULL, 10);
 #if DFT_HAVE_TSC
     if (!kernel_trusts_tsc())
         return;
     sample(&base_tick, &base_mono);
-    uint64_t tick, mono;
-    do /* a first rate; open() and the writer refine it on a longer baseline */
-        sample(&tick, &mono);
-    while (mono - base_mono < 2000000);
-    publish(tick, (int64_t)mono + dft_epoch_off, rate_since_base(tick, mono));
-    dft_use_tsc = 1;
+    tsc_trusted = 1;
 #endif
 }
 
 void dft_clock_update(int exact) {
 #if DFT_HAVE_TSC
-    if (!dft_use_tsc)
+    if (!tsc_trusted)
         return;
     pthread_mutex_lock(&clock_mu);
     uint64_t tick, mono;
     sample(&tick, &mono);
     double rate = rate_since_base(tick, mono);
     int64_t truth = (int64_t)mono + dft_epoch_off;
-    if (exact) {
+    if (!dft_use_tsc) {
+        if (mono - base_mono >= MIN_BASE_NS) { /* the segment is published before readers use it */
+            publish(tick, truth, rate);
+            __atomic_store_n(&dft_use_tsc, 1, __ATOMIC_RELEASE);
+        }
+    } else if (exact) {
         publish(tick, truth, rate);
     } else {
         int64_t model = dft_tsc_to_ns(atomic_load(&dft_tsc_cur), tick);
