@@ -43,18 +43,19 @@ def main_pid(events):
     return start["pid"]
 
 
-def _inside(ev, t0_ns, t1_ns, shift_us=0.0, opened_us=0.0):
+def _inside(ev, t0_ns, t1_ns, shift_us=0.0, opened_us=0.0, grid_us=GRID_US):
     ts, end = ev["ts"] + shift_us, ev["ts"] + ev["dur"] + shift_us
-    tol = EARLY_US if ev["ts"] < opened_us else GRID_US
+    tol = max(EARLY_US, grid_us) if ev["ts"] < opened_us else grid_us
     return t0_ns / 1000 - tol <= ts and end <= t1_ns / 1000 + tol
 
 
-def check(events, marks, shift_us=0.0, tid=None):
+def check(events, marks, shift_us=0.0, tid=None, grid_us=GRID_US):
     """Every traced step, and the data/backward/optimizer slices and graph calls of each,
     lies inside the marks taken around it; returns a list of mismatches (empty: all true).
 
     ``shift_us`` is added to every trace time (the merged view's clock correction);
-    ``tid``: the training thread (default: the main thread, tid == pid)."""
+    ``tid``: the training thread (default: the main thread, tid == pid); ``grid_us``: the
+    tolerance (a clock offset measured between ranks is good to a bound, not to the µs)."""
     pid = main_pid(events)
     tid = pid if tid is None else tid
     evs = [e for e in x_events(events, pid) if e["tid"] == tid]
@@ -72,10 +73,10 @@ def check(events, marks, shift_us=0.0, tid=None):
         # a step ends with its optimizer step, or where the next iteration's work begins
         nxt = data_marks.get(m[1] + 1, m)
         end = s["ts"] + s["dur"] + shift_us
-        if not m[2] / 1000 - GRID_US <= end <= max(m[3], nxt[3]) / 1000 + GRID_US:
+        if not m[2] / 1000 - grid_us <= end <= max(m[3], nxt[3]) / 1000 + grid_us:
             bad.append(f"step {s['args']['step']} ends at {end:.1f}, optimizer.step() ran "
                        f"{m[2] / 1000:.1f}..{m[3] / 1000:.1f} ({end - m[3] / 1000:+.1f} µs)")
-    if steps and traced_marks and steps[0]["ts"] + shift_us > traced_marks[0][3] / 1000 + GRID_US:
+    if steps and traced_marks and steps[0]["ts"] + shift_us > traced_marks[0][3] / 1000 + grid_us:
         bad.append(f"step 0 begins at {steps[0]['ts'] + shift_us:.1f}, after the loop's first call "
                    f"{traced_marks[0][2] / 1000:.1f}..{traced_marks[0][3] / 1000:.1f}")
     for label, (key, value) in SLICES.items():
@@ -87,7 +88,7 @@ def check(events, marks, shift_us=0.0, tid=None):
             found = got.pop(m[1], [])
             if len(found) != 1:
                 bad.append(f"step {m[1]}: {len(found)} {value} slices for one call")
-            elif not _inside(found[0], m[2], m[3], shift_us, start["ts"]):
+            elif not _inside(found[0], m[2], m[3], shift_us, start["ts"], grid_us):
                 bad.append(f"step {m[1]}: {value} slice {found[0]['ts'] + shift_us:.1f}+{found[0]['dur']} outside "
                            f"its call {m[2] / 1000:.1f}..{m[3] / 1000:.1f}")
         if got:
@@ -98,13 +99,13 @@ def check(events, marks, shift_us=0.0, tid=None):
     if len(graphs) != len(calls):
         bad.append(f"{len(graphs)} forward graph calls for {len(calls)} calls")
     for e, m in zip(graphs, calls):
-        if not _inside(e, m[2], m[3], shift_us):
+        if not _inside(e, m[2], m[3], shift_us, 0.0, grid_us):
             bad.append(f"graph {e['name']} {e['ts'] + shift_us:.1f}+{e['dur']} outside its call "
                        f"{m[2] / 1000:.1f}..{m[3] / 1000:.1f} ({m[0]}, step {m[1]})")
     first = [m for m in traced_marks if m[0] in ("graph1", "graph2", "backward")]
     for e in evs:
         if e["cat"] == "dynamo_compile" and e["args"].get("kind") == "compile" and \
-                not any(_inside(e, m[2], m[3], shift_us, start["ts"]) for m in first):
+                not any(_inside(e, m[2], m[3], shift_us, start["ts"], grid_us) for m in first):
             bad.append(f"{e['name']} {e['ts'] + shift_us:.1f}+{e['dur']} outside the calls that compile")
     return bad
 

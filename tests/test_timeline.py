@@ -3,6 +3,7 @@
 no event is dropped on other threads, in DataLoader workers or in a forked child."""
 
 import glob
+import json
 import os
 
 import pytest
@@ -48,22 +49,55 @@ def test_threads_keep_their_slices_while_another_compiles(tmp_path):
     assert compiler, "the other thread compiled while this one trained"
 
 
-def test_torchrun_ranks_line_up_in_the_merged_view(tmp_path):
+def _torchrun(tmp_path, *extra):
+    """A 2-rank gloo job of the ground-truth script, traces opened lazily; the ranks' marks files,
+    the merged trace's events and merge's notes."""
     marks = tmp_path / "marks.json"
     script = tmp_path / "train.py"
     script.write_text(open(gt.SCRIPT).read())
     proc = python(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script),
-                   str(marks), "--open", "lazy", "--ddp"], tmp_path, _lazy(tmp_path / "ddp"), 600)
+                   str(marks), "--open", "lazy", "--ddp", *map(str, extra)], tmp_path, _lazy(tmp_path / "ddp"), 600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     merged = tmp_path / "merged.pfw"
-    run_python(["-m", "dftrace_dynamo", "merge", *traces(tmp_path, "ddp-*"), "-o", str(merged)])
-    events = read_events(str(merged))
+    notes = run_python(["-m", "dftrace_dynamo", "merge", *traces(tmp_path, "ddp-*"), "-o", str(merged)]).stderr
+    return marks, read_events(str(merged)), notes
+
+
+def _rank_events(events, rank):
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    (pid,) = [p for p, n in names.items() if n.replace(" ", "").startswith(f"rank{rank}")]
+    return [e for e in events if e.get("pid") == pid]
+
+
+def test_torchrun_ranks_line_up_in_the_merged_view(tmp_path):
+    """Ranks on one host read one clock: each measured its offset to rank 0, found it within its
+    error bound, and the merged view keeps every event where it happened (to the µs)."""
+    marks, events, notes = _torchrun(tmp_path)
+    assert "clock" not in notes, notes
     for rank in (0, 1):
-        (pid,) = [p for p, n in names.items() if n.startswith(f"rank{rank}") or n.startswith(f"rank {rank}")]
-        rank_events = [e for e in events if e.get("pid") == pid]
-        rank_marks, _ = gt.load_marks(f"{marks}.{rank}")
-        assert gt.check(rank_events, rank_marks) == [], rank
+        rank_events = _rank_events(events, rank)
+        (rec,) = [e["args"] for e in rank_events if e.get("name") == "clock"]
+        assert rec["rank"] == rank and abs(rec["clock_offset_ns"]) <= rec["clock_error_ns"], rec
+        assert gt.check(rank_events, gt.load_marks(f"{marks}.{rank}")[0]) == [], rank
+
+
+def test_a_rank_whose_clock_is_off_lines_up_in_merge_and_summary(tmp_path):
+    """Rank 1's clock runs 3 s ahead (as on another host; DFTRACER_TEST_CLOCK_SHIFT_NS): the offset
+    measured at process-group setup moves it back, in merge and in summary, to within 1 ms."""
+    shift_ns = 3_000_000_000
+    marks, events, notes = _torchrun(tmp_path, "--shift-rank1-ns", shift_ns)
+    assert "rank1" in notes.replace(" ", "") and "moved onto rank 0's clock" in notes, notes
+    (rec,) = [e["args"] for e in _rank_events(events, 1) if e.get("name") == "clock"]
+    assert abs(rec["clock_offset_ns"] - shift_ns) <= rec["clock_error_ns"] <= 1_000_000, rec
+    for rank in (0, 1):
+        assert gt.check(_rank_events(events, rank), gt.load_marks(f"{marks}.{rank}")[0], grid_us=1000.0) == [], rank
+    summary = json.loads(run_python(["-m", "dftrace_dynamo", "summary", "--format", "json", "--by", "rank",
+                                     *traces(tmp_path, "ddp-*")]).stdout)
+    ranks = summary["ranks"]
+    assert ranks["clock"].startswith("measured"), ranks["clock"]
+    offsets = {r["rank"]: r["clock_offset_us"] for r in ranks["ranks"]}
+    assert offsets["rank0"] == 0 and abs(offsets["rank1"] - shift_ns / 1000) <= 1000, offsets
+    assert ranks["skew"]["max_us"] < 1e6  # step ends of the ranks line up, not 3 s apart
 
 
 @pytest.mark.parametrize("order", ["before", "after"])

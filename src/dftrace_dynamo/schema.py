@@ -59,6 +59,10 @@ ARG_GROUP_SIZE = "group_size"
 ARG_RANK = "rank"  # this process's rank in the default group
 ARG_ASYNC = "async_op"  # issued with async_op=True: the event ends when the work completed
 ARG_BUCKET = "bucket"  # DDP gradient bucket index
+# the ``clock`` record (cat ``dftracer``): this process's clock minus rank 0's, measured when the
+# process group was set up, and the bound on that measurement's error (both ns)
+ARG_CLOCK_OFFSET = "clock_offset_ns"
+ARG_CLOCK_ERROR = "clock_error_ns"
 # memory: on step slices, and the counter tracks
 ARG_PEAK_RSS = "peak_rss"  # bytes: the process's peak resident memory during the step
 ARG_CUDA_PEAK = "cuda_max_allocated"  # bytes: torch.cuda.max_memory_allocated during the step

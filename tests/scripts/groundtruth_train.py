@@ -6,7 +6,7 @@ graph, a known 20 ms sleep between two graphs, ``backward()``,
 with the trace, event by event.
 
     python groundtruth_train.py MARKS_JSON --open {before,after,lazy,run,decorator} [--steps N]
-        [--thread-compiles N] [--ddp]
+        [--thread-compiles N] [--ddp [--shift-rank1-ns NS]]
 """
 import argparse
 import json
@@ -25,7 +25,11 @@ ap.add_argument("--steps", type=int, default=4)
 ap.add_argument("--thread-compiles", type=int, default=0,
                 help="another thread compiles this many new functions while this one trains")
 ap.add_argument("--ddp", action="store_true", help="torchrun worker: gloo process group, DDP model")
+ap.add_argument("--shift-rank1-ns", type=int, default=0,
+                help="rank 1's trace clock runs this far off (as on another host); its marks do not")
 a = ap.parse_args()
+if a.shift_rank1_ns and os.environ.get("RANK") == "1":  # read when the tracer's core loads
+    os.environ["DFTRACER_TEST_CLOCK_SHIFT_NS"] = str(a.shift_rank1_ns)
 
 marks = []  # (label, step, t0_ns, t1_ns)
 
@@ -38,7 +42,6 @@ if a.ddp:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    torch._dynamo.config.optimize_ddp = False  # one graph per call, as without DDP
 
 if a.open == "before":
     from dftrace_dynamo import dftracer
@@ -56,14 +59,14 @@ torch.manual_seed(0)
 first = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
 second = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
 params = [*first.parameters(), *second.parameters()]
-if a.ddp:
-    first = nn.parallel.DistributedDataParallel(first)
 if a.open == "decorator":
     from dftrace_dynamo import dynamo
 
     f1, f2 = dynamo.compile(first), dynamo.compile(second)
 else:
     f1, f2 = torch.compile(first, backend=backend()), torch.compile(second, backend=backend())
+if a.ddp:  # DDP around the compiled module: a compiled DDP module gives Dynamo no graph (gloo, CPU)
+    f1 = nn.parallel.DistributedDataParallel(f1)
 opt = torch.optim.SGD(params, lr=0.01)
 loader = DataLoader(TensorDataset(torch.randn(a.steps * 8, 32), torch.randn(a.steps * 8, 4)), batch_size=8)
 

@@ -69,7 +69,7 @@ from torch._guards import CompileContext
 from .. import _core
 from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_EVAL, CAT_OPTIMIZER
 from ..session import config, dataloaders, hooks, logger
-from . import comm, memory  # their hooks go in with the trace file, like ours
+from . import clock, comm, memory  # their hooks go in with the trace file, like ours
 
 # where the iteration is (optimizer-driven steps only; with marks, always TRAIN)
 TRAIN, COMPLETE, EVAL = range(3)

@@ -6,7 +6,9 @@ compiled graphs are ``comm`` events, and in traces of earlier versions op
 events named ``function._c10d_functional.*``, which count as communication too)
 and the compile records.
 
-Clocks: the ranks' clocks are aligned on the collectives themselves. Every
+Clocks: where every rank's trace holds its clock offset to rank 0, measured
+when the process group was set up (:mod:`.clock`), those offsets align the
+ranks. Otherwise the ranks' clocks are aligned on the collectives themselves. Every
 member of a collective finishes it at (nearly) the same instant, when the last
 one has arrived and the data has moved, so each process's offset is the median
 difference between its collective ends and those of the lowest rank
@@ -35,7 +37,7 @@ import json
 import statistics
 
 from ..schema import ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS
-from . import compiles
+from . import clock, compiles
 from .reader import rank_of
 from .steps import quantile
 
@@ -117,7 +119,11 @@ def analyse(con, paths, kinds, records, step_info):
         group = (json.loads(extra) if extra else {}).get(ARG_GROUP) or "graph"
         n = seen[(f, p, s, group, name)] = seen.get((f, p, s, group, name), -1) + 1
         matched.setdefault((group, name, s, n), {})[(f, p)] = (ts, ts + (dur or 0))
-    offsets = _offsets(procs, matched)
+    measured = clock.offsets_us(paths)
+    if all(f in measured for f, _ in procs):
+        offsets, how = {q: measured[q[0]][0] for q in procs}, "measured offsets to rank 0 (process-group setup)"
+    else:
+        offsets, how = _offsets(procs, matched), "aligned on collective completions"
     common = set.intersection(*(set(step_of[q]) for q in procs))
     # the first step holds the job's start-up (process group, first collectives): never steady
     steady = sorted(s for s in common if not any((*q, s) in warm for q in procs) and s != min(common))
@@ -163,7 +169,7 @@ def analyse(con, paths, kinds, records, step_info):
             entry["peak_rss_max"] = max(peaks)
             entry["peak_rss_median"] = quantile(peaks, 0.5)
         per_rank.append(entry)
-    return {"ranks": per_rank, "rows": rows, "clock": "aligned on collective completions",
+    return {"ranks": per_rank, "rows": rows, "clock": how,
             **_straggler(per_rank, rows), "skew": _skew(rows, steady),
             "memory": _memory(procs, label, step_of), "divergence": _divergence(procs, label, records),
             "collectives": sum(1 for m in matched.values() if len(m) > 1)}

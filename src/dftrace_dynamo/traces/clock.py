@@ -1,0 +1,61 @@
+"""Rank clock offsets for the readers: the ``clock`` record each rank writes (events/clock.py).
+
+A rank's events are moved onto rank 0's clock by its measured offset when the
+offset is larger than the measurement's error bound: ranks on one host read one
+clock, their measured offset is within its bound and nothing moves, so the
+merged view shows their true skew. The record is looked for in files whose name
+has ``rank<R>``, in their first ``SCAN_BYTES`` (it is written when the process
+group is set up or the trace opens, near the start).
+"""
+
+import orjson
+
+from ..schema import ARG_CLOCK_ERROR, ARG_CLOCK_OFFSET
+from .reader import Damage, is_number, iter_chunks, rank_of
+
+MARK = f'"{ARG_CLOCK_OFFSET}"'.encode()
+SCAN_BYTES = 256 << 20
+
+
+def record(path):
+    """The args of the first ``clock`` record of ``path``, or None."""
+    buf, seen = b"", 0
+    for chunk in iter_chunks(path, Damage(path)):
+        seen += len(chunk)
+        buf += chunk
+        i = buf.find(MARK)
+        if i < 0:
+            buf = buf[buf.rfind(b"\n") + 1:]  # only a line in progress can still hold it
+            if seen > SCAN_BYTES:
+                return None
+            continue
+        end = buf.find(b"\n", i)
+        if end < 0:
+            continue  # the rest of the line is in the next chunk
+        line = buf[buf.rfind(b"\n", 0, i) + 1:end].strip().rstrip(b",")
+        try:
+            args = orjson.loads(line).get("args")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return args if isinstance(args, dict) else None
+    return None
+
+
+def offsets_us(paths):
+    """``{input index: (offset µs to subtract from its times, error bound µs)}`` for every rank file
+    with a ``clock`` record; the offset is 0 where it is within its error bound."""
+    out = {}
+    for index, path in enumerate(paths):
+        if rank_of(path) is None:
+            continue
+        args = record(path) or {}
+        off, err = args.get(ARG_CLOCK_OFFSET), args.get(ARG_CLOCK_ERROR)
+        if is_number(off) and is_number(err):
+            out[index] = (round(off / 1000, 3) if abs(off) > err else 0.0, err / 1000)
+    return out
+
+
+def note(name, offset_us, error_us):
+    """What the readers say about a rank whose events they move."""
+    return (f"{name}: clock {offset_us / 1000:+,.3f} ms from rank 0's (measured when the process group was "
+            f"set up, error at most {error_us / 1000:.3f} ms): its times are moved onto rank 0's clock")
