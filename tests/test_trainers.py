@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from subproc import clean_env
+from subproc import clean_env, run_py
 from test_recipes import parse, traces_under
-from tracefile import read_events
+from tracefile import read_events, traces
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "trainers.rst"
 FILES, COMMANDS = parse(PAGE.read_text().replace(".. _trainer-", ".. _recipe-"))
@@ -101,6 +101,39 @@ def test_a_bad_window_fails_where_the_trainer_is_set_up(name):
     from dftrace_dynamo import integrations
     with pytest.raises(ValueError):
         getattr(integrations, name)(steps="ten")
+
+
+RESUMED = """
+from types import SimpleNamespace as NS
+import torch
+from dftrace_dynamo.integrations import {cls}
+
+hook = {cls}()
+model = torch.compile(torch.nn.Linear(4, 1), backend="dftrace")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for global_step in range(100, 104):  # a run resumed at the trainer's step 100
+    model(torch.randn(8, 4)).sum().backward()
+    {call}
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+CALLS = {
+    "DftraceTrainerCallback": "hook.on_pre_optimizer_step(None, NS(global_step=global_step), None)",
+    "DftraceProfiler": ("hook._lightning_module = NS(trainer=NS(global_step=global_step)); "
+                        "hook.stop('[Strategy]SingleDeviceStrategy.training_step')"),
+}
+
+
+@pytest.mark.parametrize("cls", sorted(CALLS))
+def test_steps_take_the_trainers_numbers(cls, tmp_path):
+    # where the trainer calls the hook (after backward, before the optimizer step), as after a resume
+    pytest.importorskip("transformers" if cls == "DftraceTrainerCallback" else "lightning")
+    run_py(RESUMED.format(cls=cls, call=CALLS[cls]), tmp_path,
+           {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    assert step_numbers(events) == [100, 101, 102, 103]
+    assert [e["args"]["step"] for e in of(events, "optimizer") if e["name"] == "SGD.step"] == [100, 101, 102, 103]
 
 
 # ---- Hugging Face Trainer ---------------------------------------------------------------------
