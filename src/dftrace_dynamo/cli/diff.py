@@ -130,12 +130,16 @@ def run(args):
     try:
         with progress_bar(200, "diff", unit="%") as bar:
             result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update,
-                          args.fail_above, engine)
+                          args.fail_above, engine, args.source)
     finally:
         if engine:
             engine.close()
     for note in result["warnings"]:
         warn("diff", note)
+    for side, paths in (("base", base), ("new", new)):
+        note = engines.source_note(result["scan"][side], len(paths))
+        if note:
+            print(f"dftrace-dynamo diff: {side.upper()}: {note}", file=sys.stderr)
     render = {"table": to_table, "csv": to_csv, "json": lambda r: json.dumps(r, indent=1) + "\n"}[args.format]
     sys.stdout.write(render(result))
     if result["verdict"]["fail"]:

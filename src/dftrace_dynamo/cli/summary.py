@@ -56,15 +56,15 @@ def run(args):
     try:
         with progress_bar(100, "summary", unit="%") as bar:
             result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update,
-                               args.include_warmup, args.all_runs, engine=engine)
+                               args.include_warmup, args.all_runs, engine=engine, source=args.source)
     finally:
         if engine:
             engine.close()
     for note in result["warnings"]:
         warn("summary", note)
-    if engine:
-        print(f"dftrace-dynamo summary: {len(paths)} file(s) scanned on Dask; " + engines.SKETCH_NOTE,
-              file=sys.stderr)
+    note = engines.source_note(result["scan"], len(paths))
+    if note:
+        print(f"dftrace-dynamo summary: {note}", file=sys.stderr)
     if not result["op_events"] and not result["steps"]:
         warn("summary", f"no op events in {len(paths)} file(s)")
     render = {"table": report.to_table, "csv": report.to_csv, "json": report.to_json}[args.format]

@@ -37,9 +37,9 @@ RULE = ("fails when some row's {:.0%} interval lies entirely above +PCT % of tha
         .format(CONFIDENCE))
 
 
-def _side(paths, include_warmup, progress, engine):
+def _side(paths, include_warmup, progress, engine, source):
     result = summarize(paths, VIEWS, top=None, progress=progress, include_warmup=include_warmup, step_samples=True,
-                       engine=engine)
+                       engine=engine, source=source)
     if not result["op_events"] and not result["steps"]:
         raise TraceError(f"no op events and no steps in {', '.join(paths[:3])}")
     return result
@@ -212,12 +212,15 @@ def _verdict(rows, per_step, fail_above, steps):
     return {"fail": bool(failed), "rows": [_name(r) for r in failed], "text": text}
 
 
-def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None, fail_above=None, engine=None):
-    """The comparison as a dict (the ``--format json`` document); ``engine``: see :func:`.summary.summarize`."""
+def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None, fail_above=None, engine=None,
+         source="auto"):
+    """The comparison as a dict (the ``--format json`` document); ``engine``, ``source``: see
+    :func:`.summary.summarize` (``scan``: what each side read)."""
     # both sides at once: DuckDB runs without the GIL, so one side's Python work (cutting the
     # files into pieces, the step analysis) overlaps the other's scan
     with ThreadPoolExecutor(2) as pool:
-        sides = [pool.submit(_side, paths, include_warmup, progress, engine) for paths in (base_paths, new_paths)]
+        sides = [pool.submit(_side, paths, include_warmup, progress, engine, source)
+                 for paths in (base_paths, new_paths)]
         base, new = (side.result() for side in sides)
     b_st, n_st = ((side["steps"] or {}).get("steady") for side in (base, new))
     per_step = bool(b_st and n_st)
@@ -251,4 +254,5 @@ def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None, fai
         "only_new": sorted((r for r in rows if r["only_in"] == "new"), key=lambda r: -r["new_us_per_step"]),
         "rows": rows,
         "warnings": base["warnings"] + new["warnings"],
+        "scan": {"base": base["scan"], "new": new["scan"]},
     }

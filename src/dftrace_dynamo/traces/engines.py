@@ -17,6 +17,7 @@ from .reader import TraceError
 
 INSTALL = "pip install 'dftrace-dynamo[dask]'"
 SKETCH_NOTE = "p50/p99 from quantile sketches (within 1% of the exact value)"
+SOURCES = ("auto", "events", "aggregates")  # what summary and diff read (summary.summarize)
 
 
 class Dask:
@@ -80,6 +81,20 @@ def add_arguments(parser):
                         help="with --engine dask: the scheduler of an existing cluster (tcp://host:8786)")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="with --engine dask: start a local cluster of N worker processes (default: one per core)")
+    parser.add_argument("--source", choices=SOURCES, default="auto",
+                        help="auto (default): the aggregate records stored in the files when every file has "
+                             "them, else every event; events: always read every event; aggregates: never")
+
+
+def source_note(scan, files):
+    """One line on what was read (``scan``: a summary's) from ``files`` files, when it was not
+    every event here; for standard error."""
+    if scan["source"] == "aggregates":
+        return (f"read the aggregate records of the {files} file(s), not their events "
+                f"(--source events reads every event); {SKETCH_NOTE}")
+    if scan["engine"] == "dask":
+        return f"{files} file(s) scanned on Dask; {SKETCH_NOTE}"
+    return None
 
 
 def make(name, scheduler=None, workers=None):

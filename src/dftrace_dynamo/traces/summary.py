@@ -257,7 +257,7 @@ def _load(con, paths, indices, module_depth, progress, tmpdir):
 
 
 def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, include_warmup=False,
-              all_runs=False, step_samples=False, engine=None):
+              all_runs=False, step_samples=False, engine=None, source="auto"):
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
     document): totals, ``steps`` (the step analysis, see :mod:`.steps`),
@@ -268,10 +268,22 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     ``step_samples`` (see :func:`_step_samples`). Raises :class:`TraceError`
     when the files hold several runs, unless ``all_runs``. ``progress(n)`` is
     called with percent steps. ``engine`` (see :mod:`.engines`) scans the files in
-    parts and merges them; by default one scan here, with exact quantiles."""
+    parts and merges them; by default one scan here, with exact quantiles. ``source``:
+    ``auto`` reads the aggregate records of the files (:mod:`.aggregates`) when every file has
+    one that answers, else scans the events; ``events`` always scans them; ``aggregates``
+    never does (TraceError when it would have to)."""
+    from . import aggregates
+
     views = list(dict.fromkeys(views))
     options = {"views": views, "module_depth": module_depth, "include_warmup": include_warmup,
                "step_samples": step_samples}
+    if source != "events":
+        partials = aggregates.partials(paths, **options)
+        if partials is not None:
+            return merge(paths, partials, views, top, include_warmup, all_runs, step_samples,
+                         {"source": "aggregates", "engine": "local", "quantiles": "sketch"})
+        if source == "aggregates":
+            raise TraceError("not every file holds aggregates that answer this summary (see --source)")
     if engine is None:
         partials = [scan(paths, range(len(paths)), whole=True, progress=progress, **options)]
     else:
@@ -287,6 +299,24 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
     (integer ns), min, max and quantile sketch buckets. A process's events are all in one file,
     so the warm-up steps (a per-process rule) are found here. ``whole``: ``indices`` are all
     the inputs; quantiles are then exact and the rank analysis is done here."""
+    con, out, info = load(paths, indices, module_depth, include_warmup, progress, rank_rows=not whole)
+    warm_filter = _warm_filter(con, info["warmup_keys"]) if not include_warmup else ""
+    out.update(whole=whole, steps=info if whole else None,
+               groups=_groups(con, [v for v in views if v in OP_VIEWS], warm_filter, whole),
+               kernels=_kernels(con, f"kind = {OP} {warm_filter}", whole) if "kernel" in views else None,
+               samples=_step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter)
+               if step_samples else None)
+    if whole and out["slices"]:
+        out["ranks"] = ranks.analyse(con, paths, RANK_KINDS, out["records"], info)
+    con.close()
+    return out
+
+
+def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True):
+    """Loads the files ``paths[i]``, i in ``indices``, into table ``ev`` of a new DuckDB connection.
+    Returns (the connection, the views' common partial: warnings, runs, unparsed lines,
+    evaluation slices, compile records, step slices and parts, the rank rows when there are
+    step slices and ``rank_rows``; the step analysis of these files)."""
     con = duckdb.connect()
     # rows in any order: the table is filled by both threads without keeping the file order
     # (queries that need an order say so), which makes loading it markedly faster
@@ -296,7 +326,7 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
         con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
         warnings = _load(con, paths, indices, module_depth, progress, tmpdir)
-    out = {"whole": whole, "warnings": warnings,
+    out = {"warnings": warnings,
            "runs": con.execute(runs.SQL.format(start=START)).fetchall(),
            "unparsed": con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0],
            "evaluation": [d for (d,) in con.execute(f"SELECT dur FROM ev WHERE kind = {EVAL}").fetchall()]}
@@ -314,28 +344,20 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
         SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000 FROM ev
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
         if slices else []
-    info = steps.analyse(slices, parts, records, KIND_NAMES, include_warmup)
-    warm_filter = _warm_filter(con, info["warmup_keys"]) if not include_warmup else ""
-    out.update(records=records, slices=slices, parts=parts, steps=info if whole else None,
-               groups=_groups(con, [v for v in views if v in OP_VIEWS], warm_filter, whole),
-               kernels=_kernels(con, f"kind = {OP} {warm_filter}", whole) if "kernel" in views else None,
-               samples=_step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter)
-               if step_samples else None)
-    if slices and whole:
-        out["ranks"] = ranks.analyse(con, paths, RANK_KINDS, records, info)
-    elif slices:  # the events the rank analysis reads, as columns
+    out.update(records=records, slices=slices, parts=parts)
+    if slices and rank_rows:  # the events the rank analysis reads, as columns
         rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
             ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
             OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
         out["rank_rows"] = [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
-    con.close()
-    return out
+    return con, out, steps.analyse(slices, parts, records, KIND_NAMES, include_warmup)
 
 
-def merge(paths, partials, views, top, include_warmup=False, all_runs=False, step_samples=False):
+def merge(paths, partials, views, top, include_warmup=False, all_runs=False, step_samples=False, scan_info=None):
     """The summary (see :func:`summarize`) from the :func:`scan` partials of disjoint sets of
     ``paths``. Counts and sums add up exactly; quantiles come from the merged sketches, or
-    are the exact ones of a single ``whole`` scan."""
+    are the exact ones of a single ``whole`` scan. ``scan_info``: the document's ``scan``
+    (what was read, where), by default that of the local or the Dask engine."""
     whole = len(partials) == 1 and partials[0]["whole"]
 
     def rows(field):  # the partials' rows, in input order (each partial's own order kept)
@@ -357,8 +379,8 @@ def merge(paths, partials, views, top, include_warmup=False, all_runs=False, ste
     unparsed = sum(p["unparsed"] for p in partials)
     result = _result(paths, views, top, groups, warnings, unparsed, records, step_info, found)
     # what was read, where, and how exact the quantiles are
-    result["scan"] = {"source": "events", "engine": "local" if whole else "dask",
-                      "quantiles": "exact" if whole else "sketch"}
+    result["scan"] = scan_info or {"source": "events", "engine": "local" if whole else "dask",
+                                   "quantiles": "exact" if whole else "sketch"}
     durations = [d for p in partials for d in p["evaluation"]]
     timed = [d for d in durations if d is not None]
     # evaluation passes (eval slices): apart from the training steps
@@ -490,14 +512,15 @@ def _step_samples(con, views, warm_filter):
 
 
 def _merge_samples(views, partials):
-    """view -> key -> {step: op time in that step (µs)} from the :func:`_step_samples` rows.
-    Steps in which a key has no event are absent."""
+    """view -> key -> {step: op time in that step (µs)} from the :func:`_step_samples` rows, keys
+    and steps in order. Steps in which a key has no event are absent."""
     ns = {v: {} for v in views if v in SAMPLE_VIEWS}
     for rows in partials:
         for view, key, step, total in rows:
             cell = ns[view].setdefault(key, {})
             cell[step] = cell.get(step, 0) + total
-    return {view: {key: {step: v / 1000 for step, v in by_step.items()} for key, by_step in keys.items()}
+    # sorted: the same order whatever the engine or the order the groups came in
+    return {view: {key: {step: v / 1000 for step, v in sorted(keys[key].items())} for key in sorted(keys)}
             for view, keys in ns.items()}
 
 

@@ -1,0 +1,222 @@
+"""Aggregates stored in a trace file, so that ``summary`` and ``diff`` need not read every event.
+
+One metadata record (``"ph":"M"``, ``"name":"dftrace_aggregates"``, ``cat``
+``dftracer``) holds in ``args`` what the summary needs of the file (see
+docs/format.rst, "Aggregate records"): per op/graph group (name, module path,
+phase, graph, process, kernel or not; kept per step for the warm-up steps, all
+other steps together) its count, timed count, exact sum (integer ns), min, max,
+sum of squares and the quantile sketch buckets (:mod:`.sketch`); the step
+slices and their per-step sums, the compile records, the evaluation slices, the
+events the rank view reads, the per-step samples of ``diff`` and the run's
+time span. A file may hold several such records (checkpoints): the last one
+counts.
+
+:func:`partial` turns a record into the same mergeable partial as a full scan
+of the file (:func:`.summary.scan`), or None when the record cannot answer
+exactly: the warm-up steps the reader finds differ from those the record kept
+apart, per-step samples are asked for and missing, or the record's version is
+unknown. :func:`compute` and :func:`write` make the record from a full scan
+of the file and store it in it (the trace writer does not write it yet).
+"""
+
+import gzip
+import json
+import os
+import zlib
+
+import zstandard
+
+from . import kernels, sketch
+from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, starts_a_line
+from .report import OP_VIEWS
+from .summary import GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, load
+from . import steps
+
+NAME = "dftrace_aggregates"
+VERSION = 1
+MARKER = b'"name":"' + NAME.encode() + b'"'
+MAX_SAMPLES = 100_000  # per-step samples kept at most (else diff reads the events)
+_GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of a group
+
+
+def compute(path):
+    """The aggregate record (its ``args``) of the trace file ``path``, from a full scan."""
+    con, base, info = load([path], [0], rank_rows=True)
+    by_pid = {}
+    for _, pid, step in info["warmup_keys"]:
+        by_pid.setdefault(int(pid), []).append(int(step))
+    warm = " OR ".join(f"(pid = {p} AND step IN ({', '.join(map(str, s))}))" for p, s in by_pid.items()) or "false"
+    groups = con.execute(f"""
+        SELECT kind, name, module, phase, graph, pid, extra IS NOT NULL AND kind = {OP},
+               CASE WHEN {warm} THEN step END, b, count(*), count(dur), sum({NS}), min(dur), max(dur), sum(dur * dur)
+        FROM (SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)
+        WHERE kind IN ({OP}, {GRAPH}) GROUP BY ALL ORDER BY ALL""").fetchall()
+    samples = con.execute(f"""
+        SELECT grouping(name, module, phase), pid, step, name, module, phase, sum(coalesce({NS}, 0)) FROM ev
+        WHERE kind = {OP} AND step IS NOT NULL
+        GROUP BY GROUPING SETS ((pid, step, name), (pid, step, module), (pid, step, phase)) ORDER BY ALL""").fetchall()
+    names = dict(con.execute(f"SELECT pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY pid").fetchall())
+    info_rows = kernels.view(con, f"kind = {OP}", None)
+    con.close()
+    views = {0b011: "op", 0b101: "module", 0b110: "phase"}  # grouping() bits of the columns left out
+    return {
+        "version": VERSION,
+        "warmup": sorted([p, s] for p, ss in by_pid.items() for s in ss),
+        "groups": groups,
+        "process_names": [[p, n] for p, n in names.items()],
+        "kernels": [[r["key"], r["kernel_type"], r["fused_ops"]] for r in info_rows],
+        "samples": [[views[m], pid, step, name if m == 0b011 else module if m == 0b101 else phase, ns]
+                    for m, pid, step, name, module, phase, ns in samples] if len(samples) <= MAX_SAMPLES else None,
+        **{k: base[k] for k in ("runs", "unparsed", "evaluation", "records", "slices", "parts")},
+        "rank_rows": base.get("rank_rows"),
+    }
+
+
+def _depth(module, depth):
+    if not depth or module == "(top level)":
+        return module
+    return ".".join(module.split(".")[:depth])
+
+
+def partial(paths, index, record, views, module_depth=None, include_warmup=False, step_samples=False):
+    """The :func:`.summary.scan` partial of ``paths[index]`` from its aggregate ``record``, or None
+    when the record cannot give exactly what a full scan gives."""
+    if record.get("version") != VERSION or (step_samples and record["samples"] is None):
+        return None
+    i = index
+    records = [dict(r, file=i) for r in record["records"]]
+    slices = [(i, *r[1:]) for r in record["slices"]]
+    parts = [(i, *r[1:]) for r in record["parts"]]
+    info = steps.analyse(slices, parts, records, KIND_NAMES, include_warmup)
+    if {(p, s) for _, p, s in info["warmup_keys"]} != {tuple(w) for w in record["warmup"]}:
+        return None
+    names = list(dict.fromkeys(["phase", "process", *(v for v in views if v in OP_VIEWS)]))
+    groups, kernel_rows = [], []
+    for kind, name, module, phase, graph, pid, is_kernel, wstep, bucket, *stats in record["groups"]:
+        if wstep is not None and not include_warmup:
+            continue
+        keys = {"op": (name,), "module": (_depth(module, module_depth),), "phase": (phase,),
+                "graph": (graph, phase), "process": (i, pid)}
+        groups += [(kind, view, keys[view], bucket, *stats[:5], None, None) for view in names]
+        if is_kernel:
+            kernel_rows.append((name, bucket, *stats[:5]))
+    groups += [(PROCESS_NAME, "process", (i, pid), None, 1, 0, 0, None, None, None, name)
+               for pid, name in record["process_names"]]
+    warm = {tuple(w) for w in record["warmup"]}
+    out = {"whole": False, "warnings": [], "runs": [(i, *record["runs"][0][1:])] if record["runs"] else [],
+           "unparsed": record["unparsed"], "evaluation": record["evaluation"], "records": records,
+           "slices": slices, "parts": parts, "steps": None, "groups": groups,
+           "kernels": {"info": {k: (t, f, None) for k, t, f in record["kernels"]}, "rows": kernel_rows}
+           if "kernel" in views else None,
+           "samples": [(view, _depth(key, module_depth) if view == "module" else key, step, ns)
+                       for view, pid, step, key, ns in record["samples"]
+                       if view in views and (include_warmup or (pid, step) not in warm)]
+           if step_samples else None}
+    if record["rank_rows"] is not None:
+        columns = [list(c) for c in record["rank_rows"]]
+        columns[1] = [i] * len(columns[1])  # the file column
+        out["rank_rows"] = columns
+    return out
+
+
+def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False):
+    """The partials of every file from its aggregate record, or None when some file has none
+    or one cannot answer (the caller then scans the events)."""
+    out = []
+    for i, path in enumerate(paths):
+        record = read(path)
+        got = record and partial(paths, i, record, views, module_depth, include_warmup, step_samples)
+        if not got:
+            return None
+        out.append(got)
+    return out
+
+
+def _decode(data, kind):
+    """Decompressed text of concatenated members/frames ``data``; None when they do not decode to the end."""
+    out = []
+    try:
+        while data:
+            dec = zlib.decompressobj(31) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj()
+            out.append(dec.decompress(data))
+            if not dec.eof:
+                return None
+            data = dec.unused_data
+    except (zlib.error, zstandard.ZstdError):
+        return None
+    return b"".join(out)
+
+
+def _tail(path, kind, need):
+    """(offset, decoded text) of the shortest tail of the file, starting at a line-starting member
+    (plain text: a line), whose text holds ``need``; (None, None) when no tail does."""
+    size = os.path.getsize(path)
+    window = 1 << 20
+    with open(path, "rb") as f:
+        while True:
+            start = max(0, size - window)
+            f.seek(start)
+            data = f.read()
+            if kind is None:
+                at = data.rfind(need)
+                if at >= 0:
+                    line = data.rfind(b"\n", 0, at) + 1
+                    return start + line, data[line:]
+            else:
+                pos = len(data)
+                while (pos := data.rfind(MEMBER_START[kind], 0, pos)) >= 0:
+                    if starts_a_line(data[pos:pos + (1 << 18)], kind):
+                        text = _decode(data[pos:], kind)
+                        if text is not None and need in text:
+                            return start + pos, text
+            if start == 0:
+                return None, None
+            window *= 4
+
+
+def read(path):
+    """The last aggregate record (its ``args``) of the trace file ``path``, or None."""
+    try:
+        _, text = _tail(path, compression_of(path), MARKER)
+    except OSError:
+        return None
+    if text is None:
+        return None
+    at = text.rfind(MARKER)
+    line = text[text.rfind(b"\n", 0, at) + 1:text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)]
+    try:
+        return json.loads(line.rstrip(b",\r"))["args"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def write(path, record=None):
+    """Stores the aggregate ``record`` (default: :func:`compute`) in the trace file ``path``, as a
+    line just before its closing ``]`` (a compressed file's last member/frame is rewritten)."""
+    record = record if record is not None else compute(path)
+    kind = compression_of(path)
+    pid = record["process_names"][0][0] if record["process_names"] else (
+        record["groups"][0][5] if record["groups"] else 0)
+    def encode(args):
+        return json.dumps({"name": NAME, "cat": "dftracer", "ph": "M", "pid": pid, "tid": 0, "args": args},
+                          separators=(",", ":")).encode() + b"\n"
+
+    line = encode(record)
+    if len(line) > MAX_LINE:  # every reader skips longer lines: without the samples (diff reads the events)
+        line = encode(dict(record, samples=None))
+    if len(line) > MAX_LINE:
+        raise TraceError(f"{path}: its aggregates take {len(line) >> 20} MiB, more than a line may hold")
+    offset, text = _tail(path, kind, b"]")
+    if text is None:
+        offset, text = os.path.getsize(path), b""
+    end = text.rfind(b"]")
+    text = text[:end] + line + text[end:] if end >= 0 and not text[end + 1:].strip() else text + line
+    if kind == "gzip":
+        text = gzip.compress(text)
+    elif kind == "zstd":
+        text = zstandard.ZstdCompressor().compress(text)
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+        f.seek(offset)
+        f.write(text)
+
