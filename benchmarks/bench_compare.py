@@ -104,8 +104,6 @@ class Worker:
         return torch.compile(copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn, backend=backend)
 
     def _prepare(self, fn, inputs, train, level):
-        import torch
-
         from dftrace_dynamo import _core, create_backend
 
         try:
