@@ -295,8 +295,6 @@ def test_rank_view_names_the_slowest_rank(tmp_path):
     assert spread["slowest"].startswith("rank 1") and spread["fastest"].startswith("rank 0")
     assert spread["spread_us"] == pytest.approx(3000, rel=0.05)
     assert spread["spread"] == pytest.approx(3000 / ranks[0]["median_us"], rel=0.05)
-    # the slow relu is op time: rank 1 is also the straggler, by 3 ms of ops per step
-    assert spread["straggler"].startswith("rank 1") and spread["straggler_ops_us"] == pytest.approx(3000, rel=0.05)
     assert ranks[1]["ops_median_us"] - ranks[0]["ops_median_us"] == pytest.approx(3000, rel=0.05)
     csv_rows = cli("summary", tmp_path, "--by", "rank", "--format", "csv").stdout.splitlines()
     assert csv_rows[0].startswith("process,steps,min_us") and len(csv_rows) == 3

@@ -221,9 +221,6 @@ def test_ddp_shows_no_profiler_warning(ddp):
     assert "Profiler record function" not in proc.stderr, proc.stderr[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="events/comm.py _adopt_existing runs isinstance(obj, DistributedDataParallel) "
-                                       "on every gc object, which touches the deprecated torch.distributed.reduce_op: "
-                                       "a FutureWarning on every rank")
 def test_ddp_shows_no_warning_of_the_tracer(ddp):
     proc, _ = ddp
     assert not re.search(r"\w+Warning\b", proc.stderr), proc.stderr[-3000:]

@@ -325,7 +325,9 @@ def _adopt_existing() -> None:
     if ddp_module is None:
         return
     for obj in gc.get_objects():
-        if isinstance(obj, ddp_module.DistributedDataParallel):
+        # not isinstance: it touches every object's __class__, and torch.distributed.reduce_op
+        # warns (FutureWarning) when touched
+        if ddp_module.DistributedDataParallel in type(obj).__mro__:
             _adopt(obj)
 
 
