@@ -152,5 +152,6 @@ def _on_close() -> None:
 
 
 logger.add_hooks(_on_open, _on_close)
+logger.add_background(lambda: samples)  # a child whose file holds only samples leaves none
 if _core.is_open():  # a trace opened before this module was imported
     _on_open()
