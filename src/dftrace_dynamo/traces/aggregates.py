@@ -20,10 +20,10 @@ of the file and store it in it (the trace writer does not write it yet).
 """
 
 import gzip
-import json
 import os
 import zlib
 
+import orjson
 import zstandard
 
 from . import kernels, sketch
@@ -185,8 +185,8 @@ def read(path):
     at = text.rfind(MARKER)
     line = text[text.rfind(b"\n", 0, at) + 1:text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)]
     try:
-        return json.loads(line.rstrip(b",\r"))["args"]
-    except (ValueError, KeyError, TypeError):
+        return orjson.loads(line.rstrip(b",\r"))["args"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
         return None
 
 
@@ -198,8 +198,7 @@ def write(path, record=None):
     pid = record["process_names"][0][0] if record["process_names"] else (
         record["groups"][0][5] if record["groups"] else 0)
     def encode(args):
-        return json.dumps({"name": NAME, "cat": "dftracer", "ph": "M", "pid": pid, "tid": 0, "args": args},
-                          separators=(",", ":")).encode() + b"\n"
+        return orjson.dumps({"name": NAME, "cat": "dftracer", "ph": "M", "pid": pid, "tid": 0, "args": args}) + b"\n"
 
     line = encode(record)
     if len(line) > MAX_LINE:  # every reader skips longer lines: without the samples (diff reads the events)

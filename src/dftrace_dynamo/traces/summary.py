@@ -321,9 +321,10 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
     # rows in any order: the table is filled by both threads without keeping the file order
     # (queries that need an order say so), which makes loading it markedly faster
     con.execute("SET preserve_insertion_order = false")
-    if progress:  # query_progress() needs DuckDB's progress tracking, not its printing
-        con.execute("SET enable_progress_bar = true")
-        con.execute("SET enable_progress_bar_print = false")
+    # query_progress() needs DuckDB's progress tracking, not its printing (which, on a Dask
+    # worker or without a terminal, would only add noise to standard error)
+    con.execute(f"SET enable_progress_bar = {bool(progress)}")
+    con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
         warnings = _load(con, paths, indices, module_depth, progress, tmpdir)
     out = {"warnings": warnings,
