@@ -113,6 +113,8 @@ def test_dataloader_that_raises_keeps_every_worker_event(tmp_path, order):
 
 
 def test_forked_child_ending_with_os_exit_keeps_all_but_its_last_second(tmp_path):
+    """The writer runs again in a child made by os.fork(): ending with os._exit (no atexit) it loses
+    at most its last second, as under SIGKILL (a child that lives less than that keeps nothing)."""
     proc = run_python([os.path.join(SCRIPTS, "fork_exit.py"), str(tmp_path / "t")])
     made, last_ns = map(int, proc.stdout.split())
     (child,) = [evs for evs in map(read_events, traces(tmp_path)) if any(e.get("name") == "child" for e in evs)]
