@@ -128,18 +128,19 @@ def _site_ids(stmt: ast.stmt) -> list:
     return [int(m.group(1)) for n in ast.walk(stmt) if isinstance(n, ast.Name) and (m := _SITE_NAME.match(n.id))]
 
 
-def add_spans(call_def: ast.FunctionDef, stacks: list, graph_id: int) -> int:
+def add_spans(call_def: ast.FunctionDef, stacks: list, graph_id: int, hooked: bool = True) -> int:
     """Inserts module-slice boundary calls (``_dft_span``, see :mod:`.modules`) between the
     kernel call statements of ``call_def``: a kernel call nests in the module calls all its
     fused ops ran in (``stacks[i]``: those of call site ``i``). Each straight-line sequence
     of statements closes the slices it opened. Returns the number of module slices a call
-    records when each statement runs once."""
+    records when each statement runs once. ``hooked``: as in :func:`.modules.span_plan`
+    (False for a backward graph)."""
     inserts: dict = {}  # (block, statement, after it?) by identity -> the boundary calls there
     slices = 0
     for n, seq in enumerate(_sequences(call_def.body)):
         at = [(block, stmt, _common_stack([stacks[i] for i in ids]))
               for block, stmt in seq if (ids := _site_ids(stmt))]
-        for k, (i, closes) in enumerate(modules.span_plan([stack for *_, stack in at], graph_id)):
+        for k, (i, closes) in enumerate(modules.span_plan([stack for *_, stack in at], graph_id, hooked)):
             args = ", ".join(f"_dft_t{n}_{j}, {site}" for j, site in closes)
             call = ast.parse(f"_dft_t{n}_{k} = _dft_span({args})").body[0]
             block, stmt, _ = at[min(i, len(at) - 1)]
@@ -241,10 +242,11 @@ def _handle_of(handles: list, used: set, callee: str, expr: ast.expr, fdef: ast.
 
 
 def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool,
-               module_slices: bool, device_timer=None) -> int:
+               module_slices: bool, device_timer=None, backward: bool = False) -> int:
     """Gives ``compiled`` (a ``CompiledFxGraph``) its own ``call`` whose kernel calls
     are intercepted (and, with ``module_slices``, framed by module slices; with
-    ``device_timer``, a ``cuda_events.DeviceTimer``, bracketed by CUDA events); returns
+    ``device_timer``, a ``cuda_events.DeviceTimer``, bracketed by CUDA events; in a ``backward``
+    graph, the module whose forward hooks frame its forward calls gets slices too); returns
     the number of call sites. The generated module's other functions with kernel calls
     (the branches of ``torch.cond``, loop bodies) get copies too, which ``call`` then
     calls. Raises if the compiled graph is not a Python wrapper module (CUDA graphs,
@@ -284,7 +286,7 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
             target = device_timer.op(target, _core.CALL, event, args)
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
                                             _core.GRAD_INHERIT, name=name)
-    if module_slices and sum(add_spans(fdef, stacks, graph_id) for fdef in [call_def, *subgraphs]):
+    if module_slices and sum(add_spans(fdef, stacks, graph_id, not backward) for fdef in [call_def, *subgraphs]):
         namespace["_dft_span"] = modules.span_function(cell)
     code = compile(ast.fix_missing_locations(ast.Module(body=[*subgraphs, call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
@@ -343,7 +345,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
         args = {"graph": graph_id, "level": "inductor"}
         timer = cuda_events.DeviceTimer(f"graph {graph_id} {phase}", graph_id) if cuda_events.wanted(inputs) else None
         try:
-            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices, timer)
+            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices, timer,
+                                         backward)
         except Exception as e:  # never break the user's program: the graph event still records
             _warn_once(type(e).__name__, f"graph {graph_id} {phase}: kernels are not traced, only "
                        f"the graph call ({type(e).__name__}: {e})")
