@@ -77,6 +77,7 @@ TRAIN, COMPLETE, EVAL = range(3)
 
 class _State:
     number = 0  # the current step's number
+    following: Optional[int] = None  # named (name_step) while the step was complete: the next one's
     named = False  # number was given (name_step) before the trace opened: keep it
     start_ns: Optional[int] = None  # when the current step began; None while no trace is open
     recorded_at = 0  # events recorded when the current step began (is the last step empty?)
@@ -148,7 +149,8 @@ def _finish(end: int) -> None:
             _state.most[key] = max(_state.most.get(key, 0), n)
     _write(_state.number, _state.start_ns, end)
     _state.ended = True
-    _state.number += 1
+    _state.number = _state.number + 1 if _state.following is None else _state.following
+    _state.following = None
     _begin(end)
 
 
@@ -265,6 +267,7 @@ def _on_open() -> None:
             if not _state.named:  # every trace file numbers its steps from 0
                 _state.number = 0
             _state.named = _state.ended = _state.explicit = False
+            _state.following = None
             _state.known, _state.most = {}, {}
             _state.deferred, _state.candidate = [], None
             # opened lazily (inside a compile): the step began with the work in progress on this thread
@@ -361,7 +364,13 @@ def set_steps(spec: Optional[str]) -> None:
 
 
 def name_step(number) -> None:
-    """Renames the current step (``Dynamo.update(step=...)``); later events carry ``number``.
+    """Names the step that the next training work is in (``Dynamo.update(step=...)``); later steps
+    count on from ``number``.
+
+    In a step, that is the current step (its later events carry ``number``). Once the step is
+    complete (after its optimizer steps, before training work starts again) it is the step that
+    follows: the finished step keeps its number, and so do the events until it ends. During an
+    evaluation it is the step after it: evaluation events carry no step.
 
     Any integer type (``int``, NumPy integers, 0-d integer tensors) is accepted; another value
     is ignored with a warning, since it comes from the user's loop and must not stop it.
@@ -375,9 +384,13 @@ def name_step(number) -> None:
         config.log.warning("step=%r ignored: a step is named by a non-negative integer", number)
         return
     with _lock:
-        _state.number = number
         _state.named = _state.start_ns is None
-        if _state.start_ns is not None and not _state.broken:
+        tracking = not (_state.named or _state.broken)
+        if tracking and _state.mode == COMPLETE:
+            _state.following = number  # taken when the step ends (_finish)
+            return
+        _state.number = number
+        if tracking and _state.mode == TRAIN:  # during an evaluation: the step after it (_end_eval)
             _enter(number)
 
 
