@@ -188,9 +188,6 @@ def test_lightning_steps_and_evaluation(lightning_run):
     check_evaluation(lightning_run, passes=2)  # one validation pass per epoch
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 item 4 not landed: a compiled LightningModule's ops name "
-                                       "'forward._torchdynamo_inline.__self__.head' for 'head' (Lightning compiles "
-                                       "the bound forward)")
 def test_lightning_modules_are_the_models(lightning_run):
     assert user_modules(lightning_run) == {"body.0", "body.1", "head"}
 

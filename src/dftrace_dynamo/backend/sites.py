@@ -39,9 +39,49 @@ class UserPath(str):
     __slots__ = ()
 
 
+# Dynamo-internal path components: a torch.compile'd submodule's OptimizedModule holds the user's
+# module as _orig_mod, a resume function's locals hold modules as ___stack0..., old-style mangled
+# roots (L__self__), and a compiled bound method (Lightning's forward) is reached as
+# <method>._torchdynamo_inline.__self__
+_INTERNAL = re.compile(r"^(?:_orig_mod|_torchdynamo_inline|__self__|_{3}stack\d+|[LG]__\w+__)$")
+_ACCESSOR = re.compile(r"""\.(\w+)|\[(-?\d+)\]|\[(['"])([^'"]*)\3\]""")  # .name, [0], ['name']
+
+
 def _user_path(path: str) -> str:
-    # a torch.compile'd submodule is an OptimizedModule that holds the user's module as _orig_mod
-    return ".".join(part for part in path.split(".") if part != "_orig_mod")
+    """``path`` without Dynamo-internal components (``forward._torchdynamo_inline.__self__.head``
+    is ``head``: the module the method is bound to)."""
+    parts: list[str] = []
+    for part in path.split("."):
+        if part == "__self__" and parts[-1:] == ["_torchdynamo_inline"]:
+            del parts[-2:]
+        else:
+            parts.append(part)
+    return ".".join(part for part in parts if part and not _INTERNAL.match(part))
+
+
+def _walk(obj: Any, accessors: str) -> Any:
+    """The object that ``accessors`` (what follows a source root: ``.head``, ``[0]``, ``['a']``)
+    reach from ``obj``, as Dynamo did when it traced them; None where that fails."""
+    pos, seen = 0, [obj]
+    try:
+        while pos < len(accessors):
+            match = _ACCESSOR.match(accessors, pos)
+            if match is None:
+                return None
+            name, index, key = match[1], match[2], match[4]
+            if name == "__self__" and len(seen) > 2 and accessors[:match.start()].endswith("._torchdynamo_inline"):
+                # a compiled method's function: its self is the object that holds the method
+                obj = getattr(obj, "__self__", seen[-3])
+            elif name is not None:
+                subs = obj.__dict__.get("_modules") if isinstance(obj, torch.nn.Module) else None
+                obj = subs[name] if subs and name in subs else getattr(obj, name)
+            else:
+                obj = obj[int(index) if index is not None else key]
+            seen.append(obj)
+            pos = match.end()
+    except Exception:  # the object changed since Dynamo traced it: the path text decides
+        return None
+    return obj
 
 
 def register(module: torch.nn.Module) -> str:
@@ -74,25 +114,33 @@ def user_stacks(gm: torch.fx.GraphModule, f_locals: Optional[dict],
     owner = f_locals.get("self")
     self_path = register(owner) if isinstance(owner, torch.nn.Module) else ""
     self_frame = (SELF_KEY, (UserPath(self_path), type(owner))) if self_path else None
-    resolved: dict[tuple[str, str], Optional[str]] = {}
+    resolved: dict[str, Optional[str]] = {}
 
-    def root_path(scope: str, name: str) -> Optional[str]:
-        if (scope, name) not in resolved:
-            obj = (f_locals if scope == "L" else f_globals).get(name)
-            resolved[scope, name] = register(obj) if isinstance(obj, torch.nn.Module) else None
-        return resolved[scope, name]
+    def user_path(text: str) -> Optional[str]:
+        """The user's path of the module at ``text`` (a source under a module of the frame's
+        locals or globals), or None."""
+        if text not in resolved:
+            match = _SOURCE_ROOT.match(text)
+            obj = (f_locals if match[1] == "L" else f_globals).get(match[3]) if match else None
+            found = None
+            if isinstance(obj, torch.nn.Module):
+                root = register(obj)
+                # the object reached gives its registered path, whatever Dynamo went through
+                reached = _walk(obj, text[match.end():])
+                found = _paths.get(reached) if isinstance(reached, torch.nn.Module) else None
+                if found is None:
+                    rest = abbreviate(text, max_len=None) if match.end() < len(text) else ""
+                    found = _user_path(".".join(part for part in (root, rest) if part))
+            resolved[text] = found
+        return resolved[text]
 
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         stack = {}
         for key, (path, mtype) in (node.meta.get("nn_module_stack") or {}).items():
-            text = str(path)
-            match = _SOURCE_ROOT.match(text)
-            root = root_path(match[1], match[3]) if match else None
-            if root is not None:  # a module of the user's model, or below one: its path there
-                rest = abbreviate(text, max_len=None) if match.end() < len(text) else ""
-                full = _user_path(".".join(part for part in (root, rest) if part))
+            full = user_path(str(path))
+            if full is not None:  # a module of the user's model, or below one: its path there
                 if full:  # (the user's root itself keeps its name)
                     path = UserPath(full)
                     if full == self_path and not stack:
@@ -148,10 +196,14 @@ def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
         # The module torch.compile was given, where Dynamo records its call (L['fn'] for an
         # nn.Sequential), is named by its class; a module reached through a variable of the
         # compiled function (L['model']) by that variable. Paths below are relative to it.
+        # A path not resolved at compile time loses Dynamo's internal components (a module left
+        # with none, such as an unresolved ___stack0, is named by its class).
         if isinstance(path, UserPath):
             name = str(path)
+        elif _ROOT_PATH.match(str(path)):
+            name = mtype.lower()
         else:
-            name = mtype.lower() if _ROOT_PATH.match(str(path)) else abbreviate(path, max_len=None)
+            name = _user_path(abbreviate(path, max_len=None)) or mtype.lower()
         frames.append((str(key), name, mtype))
     return tuple(frames)
 
@@ -160,7 +212,8 @@ def module_of(node: torch.fx.Node, root: Optional[torch.nn.Module] = None) -> tu
     """(module path, module type) that issued the op; backward ops get their forward module."""
     if node.op == "call_module":
         mod = root.get_submodule(node.target) if root is not None else None
-        return abbreviate(node.target, max_len=None), (type(mod).__name__ if mod is not None else None)
+        path = _user_path(abbreviate(node.target, max_len=None)) or None
+        return path, (type(mod).__name__ if mod is not None else None)
     stack = module_stack(node)
     if not stack:
         return None, None
