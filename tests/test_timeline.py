@@ -122,3 +122,18 @@ def test_forked_child_ending_with_os_exit_keeps_all_but_its_last_second(tmp_path
     assert kept == list(range(len(kept)))  # nothing missing before the cut
     lost_from = max(e["ts"] for e in child if e.get("name") == "child")
     assert last_ns / 1000 - lost_from <= 1.5e6, (made, len(kept))  # a member at least every second
+
+
+def test_clock_offset_is_bounded_by_the_barrier_intervals():
+    """NTP-style bound from (before, after) reads around shared barriers: a rank whose clock runs
+    5 s ahead is measured to within the bound, which the rounds together make tighter than any
+    one of them (970, 725 and 1000 ns alone)."""
+    from dftrace_dynamo.events.clock import offset
+
+    shift, release = 5_000_000_000, [1_000, 50_000, 90_000]  # true instants the last rank arrived
+    # per round: rank 0 read its clock a ns before and b ns after, rank 1 c before and d after
+    waits = [(700, 300, 40, 900), (20, 800, 600, 30), (500, 500, 500, 500)]
+    ref = [(r - a, r + b) for r, (a, b, _, _) in zip(release, waits)]
+    mine = [(r + shift - c, r + shift + d) for r, (_, _, c, d) in zip(release, waits)]
+    off, err = offset(mine, ref)
+    assert abs(off - shift) <= err == (340 + 50) // 2
