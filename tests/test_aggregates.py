@@ -98,6 +98,9 @@ def test_a_record_that_cannot_answer_is_not_used(ranks_agg, tmp_path):
     aggregates.write(copy, record)  # a later record: the last one counts
     assert aggregates.read(copy)["warmup"] == record["warmup"]
     assert summarize([copy])["scan"]["source"] == "events"
+    aggregates.write(copy, {"version": aggregates.VERSION, "groups": [[1]], "process_names": []})  # not as documented
+    assert summarize([copy])["scan"]["source"] == "events"
+    assert perfetto_tp.error_stats(copy) == []
 
 
 def test_cli_says_which_source_it_used(ranks_agg):

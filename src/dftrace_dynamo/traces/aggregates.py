@@ -15,8 +15,10 @@ counts.
 of the file (:func:`.summary.scan`), or None when the record cannot answer
 exactly: the warm-up steps the reader finds differ from those the record kept
 apart, per-step samples are asked for and missing, or the record's version is
-unknown. :func:`compute` and :func:`write` make the record from a full scan
-of the file and store it in it (the trace writer does not write it yet).
+unknown, or it is not as documented. It is looked for in the last
+:data:`SEARCH_BYTES` of the file, each member decoded once. :func:`compute` and :func:`write`
+make the record from a full scan of the file and store it in it (the trace writer does not
+write it yet).
 """
 
 import gzip
@@ -36,6 +38,7 @@ NAME = "dftrace_aggregates"
 VERSION = 1
 MARKER = b'"name":"' + NAME.encode() + b'"'
 MAX_SAMPLES = 100_000  # per-step samples kept at most (else diff reads the events)
+SEARCH_BYTES = 32 << 20  # the record is looked for in this many bytes at the end of a file
 _GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of a group
 
 
@@ -125,7 +128,10 @@ def partials(paths, views, module_depth=None, include_warmup=False, step_samples
     out = []
     for i, path in enumerate(paths):
         record = read(path)
-        got = record and partial(paths, i, record, views, module_depth, include_warmup, step_samples)
+        try:
+            got = record and partial(paths, i, record, views, module_depth, include_warmup, step_samples)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a record not as documented
+            got = None
         if not got:
             return None
         out.append(got)
@@ -147,37 +153,32 @@ def _decode(data, kind):
     return b"".join(out)
 
 
-def _tail(path, kind, need):
-    """(offset, decoded text) of the shortest tail of the file, starting at a line-starting member
-    (plain text: a line), whose text holds ``need``; (None, None) when no tail does."""
+def _members_from_end(path, kind, budget=SEARCH_BYTES):
+    """(offset, end, text) of the file's last members/frames that start a line, last first, within
+    its last ``budget`` bytes, each decoded once; a plain file is one piece from its first whole
+    line in that window to its end."""
     size = os.path.getsize(path)
-    window = 1 << 20
+    start = max(0, size - budget)
     with open(path, "rb") as f:
-        while True:
-            start = max(0, size - window)
-            f.seek(start)
-            data = f.read()
-            if kind is None:
-                at = data.rfind(need)
-                if at >= 0:
-                    line = data.rfind(b"\n", 0, at) + 1
-                    return start + line, data[line:]
-            else:
-                pos = len(data)
-                while (pos := data.rfind(MEMBER_START[kind], 0, pos)) >= 0:
-                    if starts_a_line(data[pos:pos + (1 << 18)], kind):
-                        text = _decode(data[pos:], kind)
-                        if text is not None and need in text:
-                            return start + pos, text
-            if start == 0:
-                return None, None
-            window *= 4
+        f.seek(start)
+        data = f.read()
+    if kind is None:
+        first = 0 if start == 0 else data.find(b"\n") + 1
+        yield start + first, size, data[first:]
+        return
+    end = pos = len(data)
+    while (pos := data.rfind(MEMBER_START[kind], 0, pos)) >= 0:
+        if starts_a_line(data[pos:pos + (1 << 18)], kind):
+            text = _decode(data[pos:end], kind)
+            if text is not None:  # else a false start inside compressed data
+                yield start + pos, start + end, text
+                end = pos
 
 
 def read(path):
     """The last aggregate record (its ``args``) of the trace file ``path``, or None."""
     try:
-        _, text = _tail(path, compression_of(path), MARKER)
+        text = next((t for _, _, t in _members_from_end(path, compression_of(path)) if MARKER in t), None)
     except OSError:
         return None
     if text is None:
@@ -195,8 +196,8 @@ def write(path, record=None):
     line just before its closing ``]`` (a compressed file's last member/frame is rewritten)."""
     record = record if record is not None else compute(path)
     kind = compression_of(path)
-    pid = record["process_names"][0][0] if record["process_names"] else (
-        record["groups"][0][5] if record["groups"] else 0)
+    pids = [p for p, _ in record.get("process_names") or []] + [g[5] for g in record.get("groups") or [] if len(g) > 5]
+    pid = pids[0] if pids else 0
     def encode(args):
         return orjson.dumps({"name": NAME, "cat": "dftracer", "ph": "M", "pid": pid, "tid": 0, "args": args}) + b"\n"
 
@@ -205,11 +206,13 @@ def write(path, record=None):
         line = encode(dict(record, samples=None))
     if len(line) > MAX_LINE:
         raise TraceError(f"{path}: its aggregates take {len(line) >> 20} MiB, more than a line may hold")
-    offset, text = _tail(path, kind, b"]")
-    if text is None:
-        offset, text = os.path.getsize(path), b""
-    end = text.rfind(b"]")
-    text = text[:end] + line + text[end:] if end >= 0 and not text[end + 1:].strip() else text + line
+    size = os.path.getsize(path)
+    # the last member (plain text: the tail) when it holds the closing ']', else the file's end
+    offset, end, text = next(_members_from_end(path, kind), (size, size, b""))
+    at = text.rfind(b"]")
+    if end != size or at < 0 or text[at + 1:].strip():  # not closed (a running or killed process)
+        offset, text, at = size, b"", 0
+    text = text[:at] + line + text[at:]
     if kind == "gzip":
         text = gzip.compress(text)
     elif kind == "zstd":
