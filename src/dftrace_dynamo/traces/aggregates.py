@@ -16,7 +16,7 @@ of the file (:func:`.summary.scan`), or None when the record cannot answer
 exactly: the warm-up steps the reader finds differ from those the record kept
 apart, per-step samples are asked for and missing, or the record's version is
 unknown, or it is not as documented. It is looked for in the last
-:data:`SEARCH_BYTES` of the file, each member decoded once. :func:`compute` and :func:`write`
+few members of the file (:data:`SEARCH_MEMBERS`), each decoded once. :func:`compute` and :func:`write`
 make the record from a full scan of the file and store it in it (the trace writer does not
 write it yet).
 """
@@ -38,7 +38,9 @@ NAME = "dftrace_aggregates"
 VERSION = 1
 MARKER = b'"name":"' + NAME.encode() + b'"'
 MAX_SAMPLES = 100_000  # per-step samples kept at most (else diff reads the events)
-SEARCH_BYTES = 32 << 20  # the record is looked for in this many bytes at the end of a file
+# the record is looked for in the last SEARCH_MEMBERS members (plain text: SEARCH_BYTES) of a
+# file: a file without one (the common case) costs a summary only that much more decoding
+SEARCH_BYTES, SEARCH_MEMBERS = 8 << 20, 4
 _GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of a group
 
 
@@ -153,10 +155,10 @@ def _decode(data, kind):
     return b"".join(out)
 
 
-def _members_from_end(path, kind, budget=SEARCH_BYTES):
-    """(offset, end, text) of the file's last members/frames that start a line, last first, within
-    its last ``budget`` bytes, each decoded once; a plain file is one piece from its first whole
-    line in that window to its end."""
+def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
+    """(offset, end, text) of the file's last ``members`` members/frames that start a line, last
+    first, within its last ``budget`` bytes, each decoded once; a plain file is one piece from
+    its first whole line in that window to its end."""
     size = os.path.getsize(path)
     start = max(0, size - budget)
     with open(path, "rb") as f:
@@ -173,6 +175,9 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES):
             if text is not None:  # else a false start inside compressed data
                 yield start + pos, start + end, text
                 end = pos
+                members -= 1
+                if not members:
+                    return
 
 
 def read(path):
