@@ -25,8 +25,9 @@ QUANTILES = ("p50_us", "p99_us")
 def write_ranks(directory, ranks=3, *extra):
     """``ranks`` stepgen rank files of one run (same run id), different jitter per rank."""
     env = {"DFTRACER_ENABLE": "1", "DFTRACER_RUN_ID": "ranks"}
-    return [run_python([os.path.join(SCRIPTS, "stepgen.py"), str(directory / "job"), "--steps", "8", "--layers", "2",
-                        "--rank", str(r), "--seed", str(r), "--recompile-at", str(4 + r), *extra], env=env).stdout.strip()
+    args = ["--steps", "8", "--layers", "2", *extra]
+    return [run_python([os.path.join(SCRIPTS, "stepgen.py"), str(directory / "job"), *args, "--rank", str(r),
+                        "--seed", str(r), "--recompile-at", str(4 + r)], env=env).stdout.strip()
             for r in range(ranks)]
 
 

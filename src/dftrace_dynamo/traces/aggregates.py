@@ -28,6 +28,7 @@ import zlib
 import orjson
 import zstandard
 
+from ..schema import CAT_DFTRACER
 from . import kernels, sketch
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, starts_a_line
 from .report import OP_VIEWS
@@ -60,7 +61,8 @@ def compute(path):
         SELECT grouping(name, module, phase), pid, step, name, module, phase, sum(coalesce({NS}, 0)) FROM ev
         WHERE kind = {OP} AND step IS NOT NULL
         GROUP BY GROUPING SETS ((pid, step, name), (pid, step, module), (pid, step, phase)) ORDER BY ALL""").fetchall()
-    names = dict(con.execute(f"SELECT pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY pid").fetchall())
+    names = dict(con.execute(f"SELECT pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY pid")
+                 .fetchall())
     info_rows = kernels.view(con, f"kind = {OP}", None)
     con.close()
     views = {0b011: "op", 0b101: "module", 0b110: "phase"}  # grouping() bits of the columns left out
@@ -204,7 +206,7 @@ def write(path, record=None):
     pids = [p for p, _ in record.get("process_names") or []] + [g[5] for g in record.get("groups") or [] if len(g) > 5]
     pid = pids[0] if pids else 0
     def encode(args):
-        return orjson.dumps({"name": NAME, "cat": "dftracer", "ph": "M", "pid": pid, "tid": 0, "args": args}) + b"\n"
+        return orjson.dumps({"name": NAME, "cat": CAT_DFTRACER, "ph": "M", "pid": pid, "tid": 0, "args": args}) + b"\n"
 
     line = encode(record)
     if len(line) > MAX_LINE:  # every reader skips longer lines: without the samples (diff reads the events)
