@@ -281,12 +281,15 @@ def test_pydftracer_without_inc_metadata_writes_no_args(tmp_path):
     assert [e["name"] for e in ops(events)] == PYD_OPS and all("args" not in e for e in ops(events))
 
 
-def test_perfetto_shows_ours_and_nothing_of_pydftracers(ours, pyd):
+def test_perfetto_shows_ours_and_nothing_of_pydftracers_until_converted(ours, pyd):
     count = "select count(*) as n from slice"
     assert perfetto_tp.rows(pyd[2], count) == [{"n": 0}]
     assert perfetto_tp.rows(ours[1], count)[0]["n"] >= len(GUIDE_OPS)
-    p = cli("convert", pyd[2], "-o", pyd[0] / "converted.pfw.gz")
-    assert p.returncode != 0  # "convert cannot read it"
+    converted = pyd[0] / "converted.pfw.gz"
+    assert cli("convert", pyd[2], "-o", converted).returncode == 0
+    names = [r["name"] for r in perfetto_tp.rows(converted, "select name from slice order by ts")]
+    assert [n for n in names if n.startswith("function.")] == PYD_OPS and {"start", "end"} <= set(names)
+    assert "``dftrace-dynamo convert`` writes a copy that Perfetto shows" in PAGE_TEXT
 
 
 def test_tracing_off_with_enable_unset(tmp_path):
@@ -297,20 +300,17 @@ def test_tracing_off_with_enable_unset(tmp_path):
     assert len(traces(tmp_path, "dynamo_trace-*-[0-9]*.pfw.gz")) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="summary reads ph as a string only: needs ph 1 (pydftracer's X) "
-                                       "to count as a complete event")
 def test_summary_reads_pydftracers_trace(pyd):
     doc, _ = summary_json(pyd[2])
     assert doc["op_events"] == len(PYD_OPS)
     assert {row["key"] for row in doc["views"]["op"]} >= {"function.convolution.default", "function.addmm.default"}
 
 
-@pytest.mark.xfail(strict=True, reason="validate stops at the numeric ph (exit 2): needs one problem "
-                                       "saying Perfetto opens the file as an empty trace")
 def test_validate_says_perfetto_shows_pydftracers_trace_empty(pyd):
     p = cli("validate", pyd[2])
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "Perfetto" in p.stdout and "empty" in p.stdout, p.stdout
+    assert "1 problem" in p.stdout and "line 1: 'ph' is a number (4): Perfetto opens this file as an empty trace" \
+        in p.stdout, p.stdout
 
 
 def test_configuration_names_where_the_meanings_differ():

@@ -2,11 +2,15 @@
 
 Event lines are copied byte for byte (numbers keep their exact text); lines
 that are not valid JSON are dropped so that the output always loads in
-Perfetto (one broken line would abort the whole load)."""
+Perfetto (one broken line would abort the whole load). An event whose ``ph``
+is a DFTracer 2.1+ number gets the letter it stands for (:data:`.reader.PH_LETTERS`),
+which Perfetto reads."""
 
 import os
 
-from .reader import EventLines, TraceError, check_trace, too_long
+import orjson
+
+from .reader import PH_LETTERS, EventLines, TraceError, check_trace, too_long
 from .writer import TraceWriter
 
 
@@ -51,6 +55,8 @@ def convert(src, out, json_array=False, force=False):
     out = prepare_output(out, [src], force)
     lines = EventLines(src)
     with TraceWriter(out, json_array=json_array) as w:
-        for _, raw, _ in lines:
+        for _, raw, ev in lines:
+            if type(ev.get("ph")) is int:
+                raw = orjson.dumps(dict(ev, ph=PH_LETTERS.get(ev["ph"], str(ev["ph"]))))
             w.write(raw)
     return w.events, lost_notes(lines)

@@ -49,6 +49,10 @@ FIELD_TYPES = {"name": "a string", "cat": "a string", "ph": "a string", "pid": "
 _NONE = type(None)
 _STR, _INT, _NUM, _OBJ = {str, _NONE}, {int, _NONE}, {int, float, _NONE}, {dict, _NONE}
 _ACCEPTED = {"a string": _STR, "an integer": _INT, "a number": _NUM, "an object": _OBJ}
+_PH = {str, int, _NONE}  # DFTracer 2.1+ writes ph as a number (PH_LETTERS)
+# DFTracer 2.1+ (pydftracer 2.0.6 with the 2.2.0 core): ph numbers and the Chrome letters they
+# replace; 0 (unknown) and 3 (aggregated records) have none
+PH_LETTERS = {1: "X", 2: "C", 4: "M"}
 
 
 def _json_kind(v):
@@ -65,11 +69,11 @@ def wrong_field(ev):
     get = ev.get
     if (type(get("pid")) in _INT and type(get("tid")) in _INT and type(get("ts")) in _NUM  # per event: fast
             and type(get("dur")) in _NUM and type(get("name")) in _STR and type(get("cat")) in _STR
-            and type(get("ph")) in _STR and type(get("args")) in _OBJ):
+            and type(get("ph")) in _PH and type(get("args")) in _OBJ):
         return None
     for key, expected in FIELD_TYPES.items():
         v = get(key)
-        if type(v) not in _ACCEPTED[expected]:
+        if type(v) not in (_PH if key == "ph" else _ACCEPTED[expected]):
             shown = orjson.dumps(v).decode()
             shown = shown if len(shown) <= 40 else shown[:37] + "..."
             return f"'{key}' is {_json_kind(v)} ({shown}), not {expected}"
@@ -351,6 +355,19 @@ def oversized_error(paths):
     return None
 
 
+def wrong_type_error(path, events):
+    """The :class:`TraceError` of the first event of ``path`` with a field of the wrong JSON
+    type (:data:`FIELD_TYPES`) among its first ``events``, in ``validate``'s words; None when
+    there is none."""
+    try:
+        for n, _ in enumerate(EventLines(path), 1):
+            if n == events:
+                break
+    except TraceError as e:
+        return e
+    return None
+
+
 def first_lines(path, n=2):
     """The first ``n`` non-blank lines (fewer for a short file)."""
     out = []
@@ -399,8 +416,9 @@ class EventLines:
     type raises :class:`TraceError`. After iteration, as :class:`Counted`:
     ``broken`` (lines that are not JSON; the last one may just be a cut last
     line, see ``last_line``), ``not_events`` (JSON lines that are not objects),
-    ``early_close`` (``]`` lines followed by more data) and ``oversized``
-    (lines longer than :data:`MAX_LINE`, skipped); ``closed`` (line number of
+    ``early_close`` (``]`` lines followed by more data), ``oversized``
+    (lines longer than :data:`MAX_LINE`, skipped) and ``numeric_ph`` (events with a
+    DFTracer 2.1+ number for ``ph``; ``first_ph``: the first such number); ``closed`` (line number of
     the final ``]``, 0 when missing), ``text_lines`` (lines that are not
     blank), ``last_line``, ``head`` (first decompressed bytes) and ``damage``."""
 
@@ -409,6 +427,7 @@ class EventLines:
         self.lines = Lines(path)
         self.damage, self.oversized = self.lines.damage, self.lines.oversized
         self.broken, self.not_events, self.early_close = Counted(), Counted(), Counted()
+        self.numeric_ph, self.first_ph = Counted(), None
         self.closed, self.text_lines = 0, 0
 
     @property
@@ -464,6 +483,9 @@ class EventLines:
         wrong = wrong_field(ev)
         if wrong:
             raise TraceError(f"{self.path}: line {lineno}: event field {wrong}")
+        if type(ev.get("ph")) is int:
+            self.first_ph = self.first_ph if self.numeric_ph.count else ev["ph"]
+            self.numeric_ph.add(lineno)
 
     def cut_last_line(self):
         """True when the last line is broken: what a crash mid-write leaves."""

@@ -6,7 +6,12 @@ views need (no Python code runs per event). A large compressed file is cut at
 member/frame boundaries into pieces that DuckDB reads in parallel. The
 ``[``/``]`` lines and a cut last line are skipped (``ignore_errors``). A file
 DuckDB cannot decompress (cut inside a gzip member or zstd frame) is decoded by
-:mod:`.reader` into a temporary plain file first, keeping what is readable.
+:mod:`.reader` into a temporary plain file first, keeping what is readable. A
+line longer than :data:`.reader.MAX_LINE`, or an event field of the wrong JSON
+type in the first :data:`TYPE_CHECKED` events of a file, is refused with
+``validate``'s message (:class:`.reader.TraceError`).
+DFTracer 2.1+ traces, whose ``ph`` is a number (:data:`.reader.PH_LETTERS`),
+are read as if it were the letter.
 
 What counts as an *op event*: a complete event (``"ph":"X"``) of category
 ``dynamo`` whose args carry a ``node`` (one executed FX node), or of category
@@ -22,6 +27,7 @@ When the traces hold step slices, warm-up steps (see :mod:`.steps`) are left
 out of every statistic unless ``include_warmup``.
 """
 
+import functools
 import json
 import math
 import mmap
@@ -33,9 +39,9 @@ import duckdb
 
 from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
 from ..schema import ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, CAT_COMM, CAT_STEP
-from . import compiles, ranks, runs, sketch, steps
-from .reader import (MEMBER_START, Damage, TraceError, check_trace, compression_of, iter_chunks,
-                     rank_of, starts_a_line, tail_damage)
+from . import compiles, ranks, reader, runs, sketch, steps
+from .reader import (MAX_LINE, MEMBER_START, PH_LETTERS, Damage, TraceError, check_trace,
+                     compression_of, iter_chunks, rank_of, starts_a_line, tail_damage)
 from . import kernels
 from .report import OP_VIEWS, VIEWS
 
@@ -51,6 +57,9 @@ RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # 
 # a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
 NS = "CAST(round(dur * 1000) AS BIGINT)"
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
+# events per file whose field types are checked here, in Python (DuckDB reads a field of the wrong
+# JSON type as null, or converts it, without a word; validate checks every event)
+TYPE_CHECKED = 1000
 
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
 # each one costs parsing time on every event: only those a view uses
@@ -60,6 +69,8 @@ _ARGS = ("graph", "node", "module", "phase", "name", "step", "kernel_type", *_IN
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
             "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in _ARGS)
             + ", aten_ops VARCHAR[])'}")
+# DFTracer 2.1+ ph numbers (read as text) as the letters they replace
+_PH = "CASE ph " + " ".join(f"WHEN '{n}' THEN '{c}'" for n, c in PH_LETTERS.items()) + " ELSE ph END"
 _KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns, in result order
 _SETS = {
     "op": ("name",),
@@ -112,7 +123,8 @@ def _source_sql(sources):
         fmt = "array" if layout == "array" else "newline_delimited"
         # hive_partitioning: the input index comes from the directory name file=N, for free
         parts.append(f"SELECT * FROM read_json(?, format='{fmt}', compression='{comp}', "
-                     f"ignore_errors=true, hive_partitioning=true, columns={_COLUMNS})")
+                     f"ignore_errors=true, hive_partitioning=true, maximum_object_size={MAX_LINE}, "
+                     f"columns={_COLUMNS})")
         params.append(files)
     return " UNION ALL ".join(parts), params
 
@@ -145,7 +157,7 @@ SELECT * FROM (
            CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = '{CAT_DFTRACER}') THEN to_json({info})::VARCHAR
                 WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR
                 WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR END AS extra
-    FROM ({source_sql}) e
+    FROM (SELECT * REPLACE ({_PH} AS ph) FROM ({source_sql})) e
 ) WHERE kind IS NOT NULL
 """
 
@@ -230,6 +242,8 @@ def _load(con, paths, indices, module_depth, progress, tmpdir):
     for index in indices:
         path = paths[index]
         layout, kind = check_trace(path), compression_of(path)
+        if err := reader.wrong_type_error(path, TYPE_CHECKED):
+            raise err
         directory = os.path.join(tmpdir, f"file={index}")
         os.mkdir(directory)
         pieces = _pieces(path, kind, directory)
@@ -249,6 +263,8 @@ def _load(con, paths, indices, module_depth, progress, tmpdir):
             _run(con, _load_sql(module_depth, source_sql), params, progress)
             return warnings
         except (duckdb.IOException, duckdb.InvalidInputException) as e:
+            if "maximum_object_size" in str(e) and (err := reader.oversized_error([paths[i] for i in indices])):
+                raise err from None
             if attempt:
                 raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
             con.execute("DROP TABLE IF EXISTS ev")
@@ -256,6 +272,19 @@ def _load(con, paths, indices, module_depth, progress, tmpdir):
             warnings += notes
 
 
+def _out_of_memory_in_one_line(function):
+    """DuckDB running out of memory (traces too large for this machine) is answered with one line."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except duckdb.OutOfMemoryException as e:
+            raise TraceError(f"out of memory reading the traces ({str(e).splitlines()[0]}); read fewer files at "
+                             "a time, on a machine with more memory, or with --engine dask") from None
+    return wrapper
+
+
+@_out_of_memory_in_one_line
 def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, include_warmup=False,
               all_runs=False, step_samples=False, engine=None, source="auto"):
     """Statistics for the trace files ``paths`` (already found, see

@@ -18,7 +18,9 @@ Notes (reported, not failures): a cut last line (a crash; Perfetto drops it
 silently), a missing closing ``]``.
 
 Also a problem, though Perfetto may load it: a line longer than
-:data:`.reader.MAX_LINE`, which no dftrace-dynamo command reads. An event
+:data:`.reader.MAX_LINE`, which no dftrace-dynamo command reads. A number for
+``ph`` (DFTracer 2.1+, :data:`.reader.PH_LETTERS`) is one problem for the whole
+file: Perfetto opens such a file as an empty trace (``convert`` writes a copy it shows). An event
 field of the wrong JSON type (:data:`.reader.FIELD_TYPES`) is refused with a
 :class:`.reader.TraceError`, as by every other reader.
 """
@@ -150,6 +152,9 @@ def validate(path, keep=KEEP):
     report.counted(lines.not_events, "JSON value that is not an event object")
     report.counted(lines.early_close, "data after this ']' (two runs appended to one file?): "
                                       "Perfetto stops reading here")
+    if lines.numeric_ph.count:
+        report.problem(lines.numeric_ph.first[0], f"'ph' is a number ({lines.first_ph}): Perfetto opens this file "
+                       "as an empty trace (DFTracer 2.1+ layout; dftrace-dynamo convert writes a copy it shows)")
     for lineno, size in zip(lines.oversized.first, lines.oversized_sizes):
         report.problem(lineno, too_long(size))
     report.count += lines.oversized.count - len(lines.oversized.first)
