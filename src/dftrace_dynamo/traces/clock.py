@@ -11,7 +11,7 @@ group is set up or the trace opens, near the start).
 import orjson
 
 from ..schema import ARG_CLOCK_ERROR, ARG_CLOCK_OFFSET
-from .reader import Damage, is_number, iter_chunks, rank_of
+from .reader import MAX_LINE, Damage, is_number, iter_chunks, rank_of
 
 MARK = f'"{ARG_CLOCK_OFFSET}"'.encode()
 SCAN_BYTES = 256 << 20
@@ -26,11 +26,15 @@ def record(path):
         i = buf.find(MARK)
         if i < 0:
             buf = buf[buf.rfind(b"\n") + 1:]  # only a line in progress can still hold it
+            if len(buf) > MAX_LINE:  # a line too long to read: keep what could start the mark
+                buf = buf[-len(MARK):]
             if seen > SCAN_BYTES:
                 return None
             continue
         end = buf.find(b"\n", i)
         if end < 0:
+            if len(buf) > MAX_LINE:
+                return None
             continue  # the rest of the line is in the next chunk
         line = buf[buf.rfind(b"\n", 0, i) + 1:end].strip().rstrip(b",")
         try:
