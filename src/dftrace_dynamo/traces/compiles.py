@@ -8,6 +8,8 @@ and recompiles are listed with their reason and source location, grouped when
 the same one happened several times (once per process, or per recompile).
 """
 
+import bisect
+
 from ..schema import COMPILE_KINDS as KINDS
 
 
@@ -21,6 +23,28 @@ def kind_of(record):
     if name.startswith("backend graph"):
         return "backend"
     return "instrument" if name.startswith("instrument ") else "compile"
+
+
+def place(records, slices):
+    """Gives each compile record (dicts with file, pid, ts, step) the step whose step slice holds
+    it: a step's events carry the step counted when they ran, and a compile that runs while the
+    step is still open (a GAN's G compiles after D's optimizer step) may carry the next one.
+    Outside every slice a record keeps its own step; in a process without step slices it has
+    none. ``slices``: (file, pid, tid, step, ts, dur) rows."""
+    by_proc = {}
+    for file, pid, _, step, ts, dur in slices:
+        by_proc.setdefault((file, pid), []).append((ts, ts + (dur or 0), step))
+    for spans in by_proc.values():
+        spans.sort()
+    for r in records:
+        spans = by_proc.get((r["file"], r["pid"]))
+        if spans is None:
+            r["step"] = None
+            continue
+        i = bisect.bisect_right(spans, (r["ts"], float("inf"), float("inf"))) - 1
+        if i >= 0 and r["ts"] < spans[i][1]:
+            r["step"] = spans[i][2]
+    return records
 
 
 def _grouped(records, label):

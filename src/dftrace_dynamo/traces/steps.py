@@ -28,7 +28,6 @@ nothing compiled. A compile event belongs to the step slice of its process
 that contains its start; outside every slice, to its ``args.step``.
 """
 
-import bisect
 import statistics
 
 from ..schema import STEP_PARTS as CATEGORIES
@@ -61,21 +60,12 @@ def series_stats(values):
 
 
 def _compiled_steps(slices, records):
-    """(file, pid) -> {step: set of compile kinds} for the compile records."""
-    by_proc = {}
-    for file, pid, _, step, ts, dur in slices:
-        by_proc.setdefault((file, pid), []).append((ts, ts + (dur or 0), step))
-    for spans in by_proc.values():
-        spans.sort()
+    """(file, pid) -> {step: set of compile kinds} for the compile records, each in the step
+    whose slice holds it (:func:`.compiles.place`)."""
     out = {}
-    for r in records:
-        spans = by_proc.get((r["file"], r["pid"]))
-        if spans is None:
-            continue
-        i = bisect.bisect_right(spans, (r["ts"], float("inf"), float("inf"))) - 1
-        step = spans[i][2] if i >= 0 and r["ts"] < spans[i][1] else r["step"]
-        if step is not None:
-            out.setdefault((r["file"], r["pid"]), {}).setdefault(step, set()).add(compiles.kind_of(r))
+    for r in compiles.place([dict(r) for r in records], slices):
+        if r["step"] is not None:
+            out.setdefault((r["file"], r["pid"]), {}).setdefault(r["step"], set()).add(compiles.kind_of(r))
     return out
 
 

@@ -365,10 +365,7 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
         "ORDER BY file, pid, tid, ts, dur DESC, name").fetchall()]
     slices = con.execute(f"SELECT file, pid, tid, step, ts, dur FROM ev WHERE kind = {STEP} AND step IS NOT NULL "
                          "ORDER BY file, pid, ts, tid, step").fetchall()
-    stepped = {(f, p) for f, p, *_ in slices}
-    for r in records:  # every event carries a step; it means something only where steps were marked
-        if (r["file"], r["pid"]) not in stepped:
-            r["step"] = None
+    compiles.place(records, slices)  # each compile in the step whose slice holds it
     # per-step sums matter only where steps were marked (every op of any trace carries a step)
     parts = con.execute(f"""
         SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000 FROM ev
