@@ -98,6 +98,8 @@ def test_a_rank_whose_clock_is_off_lines_up_in_merge_and_summary(tmp_path):
     offsets = {r["rank"]: r["clock_offset_us"] for r in ranks["ranks"]}
     assert offsets["rank0"] == 0 and abs(offsets["rank1"] - shift_ns / 1000) <= 1000, offsets
     assert ranks["skew"]["max_us"] < 1e6  # step ends of the ranks line up, not 3 s apart
+    table = run_python(["-m", "dftrace_dynamo", "summary", "--by", "rank", *traces(tmp_path, "ddp-*")]).stdout
+    assert "clocks: measured offsets to rank 0" in table, table
 
 
 @pytest.mark.parametrize("order", ["before", "after"])

@@ -174,6 +174,7 @@ def _wait_lines(info):
         out.append(f"straggler: {s['rank']}, the others wait {fmt_ms(s['wait_caused_median_us'])} ms per step for it "
                    f"(median of {s['steps']} steps; {why})"
                    if s else f"straggler: none (no rank makes the others wait more than the {why})")
+    out.append(f"clocks: {info['clock']}")
     sk = info["skew"]
     if sk["median_us"] is not None:
         out.append(f"step-end skew across ranks: median {fmt_ms(sk['median_us'])} ms, max {fmt_ms(sk['max_us'])} ms")
