@@ -83,11 +83,7 @@ def test_dftracer_stats_counts_what_summary_counts(trace, request, tmp_path):
     assert steps == sum(n for (cat, _), n in theirs.items() if cat == "step") > 0
 
 
-@pytest.mark.parametrize("trace", [
-    pytest.param("stepgen_ranks", marks=pytest.mark.xfail(strict=True, reason=(
-        "dftracer_split copies the start record (with the run_id) into one part only; the parts "
-        "without it are grouped by time and taken for other runs (traces/runs.py)"))),
-    "training"])
+@pytest.mark.parametrize("trace", ["stepgen_ranks", "training"])
 def test_the_parts_dftracer_split_writes_are_read(trace, request, tmp_path):
     source = request.getfixturevalue(trace)
     # a few kB per part: every trace here is cut into several parts

@@ -174,6 +174,16 @@ def test_merge_output_inside_a_merged_directory_is_refused(tmp_path):
     assert cli("merge", runs, "-o", runs / "merged.json").returncode == 0  # not read as a trace later
 
 
+def test_a_file_without_run_id_during_a_run_joins_it(tmp_path):
+    # what dftracer_split writes: the start record (with the run_id) in one part only
+    start = dict(OP, name="start", cat="dftracer", dur=0, args={"run_id": "r1"})
+    parts = [write(tmp_path / "a.pfw", start, OP), write(tmp_path / "b.pfw", dict(OP, ts=OP["ts"] + 3)),
+             write(tmp_path / "c.pfw", dict(OP, ts=OP["ts"] + 7))]  # overlaps b only
+    p = cli("summary", *parts, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["runs"] == [{"run": "run r1", "files": list(map(str, parts))}]
+
+
 @pytest.mark.parametrize("how", ["run_id", "time"])
 def test_merge_refuses_two_runs_as_summary_does(tmp_path, how):
     if how == "run_id":  # the same times, two launches of dftrace-dynamo run

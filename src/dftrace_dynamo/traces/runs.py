@@ -4,10 +4,12 @@ A *run* is one launch of a job: one process, or all ranks and workers of
 one. Two files belong to the same run when their ``start`` records carry the
 same ``run_id`` (written when ``DFTRACER_RUN_ID`` is set, as ``dftrace-dynamo
 run`` does). Files without a ``run_id`` (traces written outside ``run``,
-older traces, pydftracer's) are grouped by time: the processes of one job run
-at the same time, while running a script again starts after the previous run
-ended, so files whose time spans (first to last event) overlap, directly or
-through other files, are one run.
+older traces, pydftracer's, and the parts ``dftracer_split`` writes, which
+keep the ``start`` record in one part only) join the run with a ``run_id``
+whose time span they overlap, directly or through other such files; the others are grouped by time: the processes of
+one job run at the same time, while running a script again starts after the
+previous run ended, so files whose time spans (first to last event) overlap,
+directly or through other files, are one run.
 """
 
 import datetime
@@ -34,12 +36,21 @@ def find_runs(paths, rows):
             if run_id not in by_id:
                 by_id[run_id] = {"label": f"run {run_id}", "files": [], "start_us": first}
                 runs.append(by_id[run_id])
-            by_id[run_id]["files"].append(file)
-            by_id[run_id]["start_us"] = min(by_id[run_id]["start_us"], first)
+            run = by_id[run_id]
+            run["files"].append(file)
+            run["start_us"], run["end_us"] = min(run["start_us"], first), max(run.get("end_us", last), last)
         else:
             timed.append((first, last, file))
+    by_time = []
+    for first, last, file in sorted(timed):  # a file without run_id during a run with one belongs to it
+        run = next((r for r in runs if first <= r["end_us"] and last >= r["start_us"]), None)
+        if run:
+            run["files"].append(file)
+            run["end_us"] = max(run["end_us"], last)
+        else:
+            by_time.append((first, last, file))
     end = None
-    for first, last, file in sorted(timed):
+    for first, last, file in sorted(by_time):
         if end is None or first > end:
             runs.append({"label": None, "files": [], "start_us": first})
             end = last
@@ -51,6 +62,8 @@ def find_runs(paths, rows):
     runs.sort(key=lambda r: r["start_us"])
     for r in runs:
         r["label"] = r["label"] or f"run started {_when(r['start_us'])}"
+        r["files"].sort()
+        r.pop("end_us", None)
     return runs
 
 
