@@ -30,7 +30,7 @@ import zstandard
 
 from ..schema import CAT_DFTRACER
 from . import kernels, sketch
-from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, starts_a_line
+from .reader import FEED, MAX_LINE, MEMBER_START, TraceError, compression_of, starts_a_line
 from .report import OP_VIEWS
 from .summary import GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, load
 from . import steps
@@ -142,19 +142,30 @@ def partials(paths, views, module_depth=None, include_warmup=False, step_samples
     return out
 
 
-def _decode(data, kind):
-    """Decompressed text of concatenated members/frames ``data``; None when they do not decode to the end."""
-    out = []
+def _decode(data, kind, cap=2 * MAX_LINE):
+    """Decompressed text of concatenated members/frames ``data``, :data:`.reader.FEED` bytes of
+    input at a time; None when they do not decode to the end, or give more than ``cap`` bytes
+    (a member that large holds no record a reader would take, and must not fill the memory)."""
+    new = (lambda: zlib.decompressobj(31)) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj
+    out, total, at, view = [], 0, 0, memoryview(data)
+    dec, fed = new(), False
     try:
-        while data:
-            dec = zlib.decompressobj(31) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj()
-            out.append(dec.decompress(data))
-            if not dec.eof:
+        while at < len(data):
+            piece = view[at:at + FEED]
+            chunk = dec.decompress(piece)
+            fed = True
+            total += len(chunk)
+            if total > cap:
                 return None
-            data = dec.unused_data
+            out.append(chunk)
+            if dec.eof:
+                at += len(piece) - len(dec.unused_data)
+                dec, fed = new(), False
+            else:
+                at += len(piece)
     except (zlib.error, zstandard.ZstdError):
         return None
-    return b"".join(out)
+    return None if fed else b"".join(out)
 
 
 def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
