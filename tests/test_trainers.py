@@ -192,9 +192,6 @@ def test_lightning_modules_are_the_models(lightning_run):
     assert user_modules(lightning_run) == {"body.0", "body.1", "head"}
 
 
-@pytest.mark.xfail(strict=True, reason="importing lightning wraps torch.compile to deepcopy its kwargs, and a "
-                                       "create_backend() tracer holds a _core.TagCell, which cannot be copied: "
-                                       "torch.compile(model, backend=create_backend()) raises TypeError")
 def test_a_tracer_object_compiles_with_lightning_imported(tmp_path):
     pytest.importorskip("lightning")
     proc = run_py("""

@@ -73,6 +73,9 @@ OWN_FIELDS = frozenset({ARG_HHASH, ARG_GRAPH, ARG_NODE, ARG_MODULE, ARG_MODULE_T
 class Tags:
     """Dynamic tags (name, epoch, step, ...) written in every event's args; shared by backends."""
 
+    def __deepcopy__(self, memo):  # one set of tags per backend, shared by its copies
+        return self
+
     def __init__(self, **values):
         self.cell = _core.TagCell()
         self.values: dict = {}
@@ -124,6 +127,9 @@ def _check_level(level) -> None:
 
 class TracerBackend:
     """A configured tracing backend; pass it as ``torch.compile(..., backend=...)``."""
+
+    def __deepcopy__(self, memo):  # Lightning's torch.compile deep-copies its arguments
+        return self
 
     def __init__(self, *, level: str = DEFAULT_LEVEL, enable: bool = True, inner: Any = None,
                  on_graph: Optional[Callable] = None, tags: Optional[Tags] = None):
