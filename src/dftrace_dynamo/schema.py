@@ -52,7 +52,7 @@ ARG_FRAME = "frame"
 ARG_COMPILE_ID = "compile_id"
 # comm events: the operation, its payload and its process group
 ARG_OP = "op"  # all_reduce, broadcast, send, ... (the event name says the same)
-ARG_BYTES = "bytes"  # payload of this rank (its input tensors; all_gather: its own part)
+ARG_BYTES = "bytes"  # payload of this rank (its input tensors; all_gather: its own part); see also below
 ARG_DTYPE = "dtype"
 ARG_GROUP = "group"  # the process group's name (same on every member)
 ARG_GROUP_SIZE = "group_size"
@@ -67,6 +67,19 @@ ARG_CLOCK_ERROR = "clock_error_ns"
 ARG_PEAK_RSS = "peak_rss"  # bytes: the process's peak resident memory during the step
 ARG_CUDA_PEAK = "cuda_max_allocated"  # bytes: torch.cuda.max_memory_allocated during the step
 ARG_RSS = "rss"  # bytes: resident memory at the sample (counter track)
+
+# DFTRACER_INC_METADATA=1: static facts about an op (and, FLOPs and bytes summed, a kernel)
+ARG_OP_TYPE = "op_type"  # the FX node's op (call_function, call_method, call_module)
+ARG_TARGET = "target"  # what it calls: the op's overload name, a method or a submodule
+ARG_INPUT_SHAPES = "input_shapes"
+ARG_INPUT_DTYPES = "input_dtypes"
+ARG_OUTPUT_SHAPES = "output_shapes"
+ARG_OUTPUT_DTYPES = "output_dtypes"
+ARG_SOURCE = "source"  # the user's line that produced the op (file:line)
+ARG_FLOPS = "flops"
+# ARG_BYTES too: bytes read and written (every input read once, every output written once)
+METADATA_ARGS = (ARG_OP_TYPE, ARG_TARGET, ARG_INPUT_SHAPES, ARG_INPUT_DTYPES, ARG_OUTPUT_SHAPES, ARG_OUTPUT_DTYPES,
+                 ARG_MODULE_TYPE, ARG_SOURCE, ARG_FLOPS, ARG_BYTES)
 
 # ---- phases (``args.phase``) ------------------------------------------------------
 PHASE_FORWARD = "forward"

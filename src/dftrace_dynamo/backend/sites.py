@@ -16,7 +16,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..naming import abbreviate
-from ..schema import ARG_GRAPH, ARG_MODULE, ARG_NODE
+from ..schema import (ARG_BYTES, ARG_FLOPS, ARG_GRAPH, ARG_INPUT_DTYPES, ARG_INPUT_SHAPES, ARG_MODULE, ARG_MODULE_TYPE,
+                      ARG_NODE, ARG_OP_TYPE, ARG_OUTPUT_DTYPES, ARG_OUTPUT_SHAPES, ARG_SOURCE, ARG_TARGET)
 
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
@@ -292,25 +293,25 @@ def metadata(node: torch.fx.Node, module_type: Optional[str]) -> dict:
     out = _value(node)
     inputs, outputs = _tensors((args, kwargs)), _tensors(out)
     meta: dict[str, Any] = {
-        "op_type": node.op,
-        "target": node.target if isinstance(node.target, str) else op_name(node).partition(".")[2],
-        "input_shapes": [[_dim(d) for d in t.shape] for t in inputs],
-        "input_dtypes": [str(t.dtype).removeprefix("torch.") for t in inputs],
-        "output_shapes": [[_dim(d) for d in t.shape] for t in outputs],
-        "output_dtypes": [str(t.dtype).removeprefix("torch.") for t in outputs],
+        ARG_OP_TYPE: node.op,
+        ARG_TARGET: node.target if isinstance(node.target, str) else op_name(node).partition(".")[2],
+        ARG_INPUT_SHAPES: [[_dim(d) for d in t.shape] for t in inputs],
+        ARG_INPUT_DTYPES: [str(t.dtype).removeprefix("torch.") for t in inputs],
+        ARG_OUTPUT_SHAPES: [[_dim(d) for d in t.shape] for t in outputs],
+        ARG_OUTPUT_DTYPES: [str(t.dtype).removeprefix("torch.") for t in outputs],
     }
     if module_type:
-        meta["module_type"] = module_type
+        meta[ARG_MODULE_TYPE] = module_type
     source = source_of(node)
     if source:
-        meta["source"] = source
+        meta[ARG_SOURCE] = source
     flops = _flops(node, args, kwargs, out)
     if flops is not None:
-        meta["flops"] = flops
+        meta[ARG_FLOPS] = flops
     sizes = [_concrete_numel(t) for t in inputs + outputs]
     if sizes and None not in sizes:
         # upper estimate: every input read once and every output written once
-        meta["bytes"] = sum(n * t.element_size() for n, t in zip(sizes, inputs + outputs))
+        meta[ARG_BYTES] = sum(n * t.element_size() for n, t in zip(sizes, inputs + outputs))
     return meta
 
 

@@ -34,7 +34,7 @@ import torch
 from .. import _core
 from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, ARG_KERNEL_TYPE, ARG_LEVEL,
                       ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, CAT_GRAPH, PHASE_BACKWARD, PHASE_FORWARD,
-                      PHASE_INFERENCE)
+                      METADATA_ARGS, PHASE_INFERENCE)
 from ..events import cuda as cuda_events, steps
 from ..session import config, logger
 from . import compile_events, instrument, modules, sites
@@ -65,9 +65,9 @@ def tracing_disabled() -> bool:
 
 # the fields the tracer writes on the events that carry tags (ops, graphs, modules, kernels): a
 # tag named like one is written as user_<name> instead of clobbering it (step is no tag: update()
-# names the step); docs/format.rst lists them
+# names the step), DFTRACER_INC_METADATA's included; docs/format.rst lists them
 OWN_FIELDS = frozenset({ARG_HHASH, ARG_GRAPH, ARG_NODE, ARG_MODULE, ARG_MODULE_TYPE, ARG_LEVEL, ARG_KERNEL_TYPE,
-                        ARG_ATEN_OPS, ARG_PHASE, ARG_GRAD, ARG_FAILED})
+                        ARG_ATEN_OPS, ARG_PHASE, ARG_GRAD, ARG_FAILED, *METADATA_ARGS})
 
 
 class Tags:
