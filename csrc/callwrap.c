@@ -355,6 +355,8 @@ static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t na
     Py_DECREF(g);
     if (grad < 0)
         return NULL;
+    if (!dft_ops_recording()) /* grad_fn ended a step into one outside the step windows */
+        return PyObject_Vectorcall(self->plain ? self->plain : self->fn, args, nargsf, kwnames);
     uint32_t phase = self->phase;
     if (phase == DFT_PHASE_FORWARD && !grad)
         phase = DFT_PHASE_INFERENCE;

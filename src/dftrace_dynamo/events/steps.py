@@ -137,6 +137,14 @@ def _enter(number: int) -> None:
     _core.set_ops_on(_state.ops)
 
 
+def _arm_next() -> None:
+    """The step is complete: the next forward graph call ends it, and records only while op-level
+    events are on. They go on for it when the next step is in a window (the graph call turns
+    them off again when it ends a step into one that is not)."""
+    following = _state.number + 1 if _state.following is None else _state.following
+    _core.set_ops_on(_state.ops or config.step_selected(_state.windows, following))
+
+
 def _write(number: int, start: int, end: int) -> None:
     _core.step_slice(number, start, end, memory.step_args())
 
@@ -236,6 +244,7 @@ def _join(optimizer) -> None:
         _state.most, _state.joined = {}, True
         if _state.mode == COMPLETE:
             _state.mode = TRAIN
+            _core.set_ops_on(_state.ops)
             _flush()
 
 
@@ -254,6 +263,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
         if all(k in stepped for k in _state.known):
             _state.mode, _state.complete_ns = COMPLETE, now
             _state.thread = threading.get_ident()
+            _arm_next()
 
 
 def _on_open() -> None:
@@ -388,6 +398,7 @@ def name_step(number) -> None:
         tracking = not (_state.named or _state.broken)
         if tracking and _state.mode == COMPLETE:
             _state.following = number  # taken when the step ends (_finish)
+            _arm_next()
             return
         _state.number = number
         if tracking and _state.mode == TRAIN:  # during an evaluation: the step after it (_end_eval)
