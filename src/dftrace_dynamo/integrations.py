@@ -76,8 +76,9 @@ def _profiler():
             _select(self.steps)
 
         def stop(self, action_name: str) -> None:
-            # after training_step (inside the optimizer's closure, or with manual optimization
-            # after its own backward and steps), the step in progress is this one
+            # after training_step: inside the optimizer's closure the step in progress is this
+            # one; with manual optimization its steps are done and the name goes to the next
+            # step, which Lightning's global_step already counts
             if action_name.startswith("[Strategy]") and action_name.endswith(".training_step"):
                 module = getattr(self, "_lightning_module", None)
                 if module is not None:

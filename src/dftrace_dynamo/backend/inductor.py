@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _core
-from ..schema import CAT_KERNEL
+from ..schema import ARG_BYTES, ARG_FLOPS, ARG_MODULE, CAT_KERNEL
 from ..events import cuda as cuda_events
 from ..session import config
 from . import modules, sites
@@ -79,11 +79,11 @@ def kernel_args(by_name: dict, graph_id: int, kind: str, post_grad: list, with_m
     # getitem only picks an output of a multi-output op (and has no module stack of its own)
     stack = _common_stack([sites.module_stack(n) for n in nodes if n.target is not operator.getitem])
     if stack and stack[-1][1]:
-        args["module"] = stack[-1][1]
+        args[ARG_MODULE] = stack[-1][1]
     if with_metadata and nodes:
         # upper estimates: the sum over the fused ops, as if each ran alone
         meta = [sites.metadata(n, None) for n in nodes]
-        for key in ("flops", "bytes"):
+        for key in (ARG_FLOPS, ARG_BYTES):
             if all(key in m for m in meta):
                 args[key] = sum(m[key] for m in meta)
     return args, stack
