@@ -101,16 +101,18 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
     }
     uint64_t st = s - s % 1000;
     if (r->place_n) {
-        uint64_t pde = r->place[(r->place_top - 1) & m].de;
-        uint64_t c = (pde + 999) / 1000 * 1000;
+        uint64_t c = (r->place[(r->place_top - 1) & m].de + 999) / 1000 * 1000;
         if (c > st)
             st = c;
     }
+    /* the measured duration, trimmed to the µs after the measured end (a start moved by an
+     * earlier event never moves what follows); never empty: a slice of length 0 at st would
+     * sit inside the next one when that starts at st too (Perfetto puts the longer first) */
     uint64_t en = st + (e - s), lim = (e + 999) / 1000 * 1000;
-    if (lim < st)
-        lim = st;
     if (en > lim)
         en = lim;
+    if (en <= st)
+        en = st + 1;
     if (desc_de > en)
         en = desc_de;
     if (desc_ds == st && en == desc_de)

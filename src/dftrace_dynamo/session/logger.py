@@ -168,8 +168,11 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     }
     if rank:
         start_args["rank"] = rank
-    if os.environ.get("DFTRACER_RUN_ID"):  # set by dftrace-dynamo run: tells runs apart in summary
-        start_args["run_id"] = os.environ["DFTRACER_RUN_ID"]
+    # set by dftrace-dynamo run, else torchrun's job id: tells runs apart in summary, and keeps a
+    # job's ranks together whatever their clocks say
+    run_id = os.environ.get("DFTRACER_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id:
+        start_args["run_id"] = run_id
     records = [
         string_hash("HH", host),
         meta("process_name", {"name": _clean(proc_name)}),
