@@ -86,5 +86,5 @@ def test_broken_pipe_is_quiet(tmp_path):
     (tmp_path / "overlap.pfw").write_text("[\n" + "\n".join(lines) + "\n]\n")
     p = subprocess.run(" ".join([*CLI, "validate", "--max-problems", "5000", str(tmp_path / "overlap.pfw")])
                        + " | head -1", shell=True, capture_output=True, text=True)
-    assert p.stdout.startswith(str(tmp_path / "overlap.pfw") + ": 1500 problems")
+    assert p.stdout.startswith(str(tmp_path / "overlap.pfw") + ": 1,500 problems")
     assert p.stderr == ""
