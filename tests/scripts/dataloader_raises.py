@@ -1,8 +1,10 @@
 """A DataLoader whose dataset raises on some items, caught by the loop, for 2 epochs; each
-``__getitem__`` is a region in its worker's trace.
+``__getitem__`` is a region in its worker's trace, and appends its item to
+``PREFIX.items.<pid>`` (the ground truth).
 
     python dataloader_raises.py PREFIX {before,after}   (import torch.utils.data before/after initialize_log)
 """
+import os
 import sys
 
 from dftrace_dynamo import dftracer, region
@@ -20,6 +22,8 @@ class Flaky(Dataset):
 
     def __getitem__(self, i):
         with region("getitem", cat="dataset", i=i):
+            with open(f"{sys.argv[1]}.items.{os.getpid()}", "a") as f:  # what the worker really did
+                f.write(f"{i}\n")
             if i % 10 == 7:
                 raise ValueError(f"bad item {i}")
             return torch.full((2,), float(i))

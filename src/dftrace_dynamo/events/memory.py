@@ -106,7 +106,7 @@ def step_args() -> Optional[dict]:
 
 def _sample(stop: threading.Event) -> None:
     global samples
-    while not stop.wait(PERIOD_S):
+    while True:  # a first sample at once: even a short trace has its memory track
         try:
             rss = _rss()
             _state.sampled_peak = max(_state.sampled_peak, rss)
@@ -114,6 +114,8 @@ def _sample(stop: threading.Event) -> None:
                 _core.counter("memory", CAT_MEMORY, _core.now_ns(), {ARG_RSS: rss})
                 samples += 1
         except Exception:  # the file closed under us: the thread ends with the trace
+            return
+        if stop.wait(PERIOD_S):
             return
 
 
