@@ -322,6 +322,5 @@ int dft_check_site(unsigned long long site);
 
 /* ---- module spans (span.c) --------------------------------------------- */
 PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
-extern PyTypeObject dft_SpanCallType;
 
 #endif
