@@ -106,13 +106,12 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
             st = c;
     }
     /* the measured duration, trimmed to the µs after the measured end (a start moved by an
-     * earlier event never moves what follows); never empty: a slice of length 0 at st would
-     * sit inside the next one when that starts at st too (Perfetto puts the longer first) */
+     * earlier event never moves what follows); a trimmed one is never empty: a slice of length 0
+     * at st would sit inside the next one when that starts at st too (Perfetto puts the longer
+     * first) */
     uint64_t en = st + (e - s), lim = (e + 999) / 1000 * 1000;
     if (en > lim)
-        en = lim;
-    if (en <= st)
-        en = st + 1;
+        en = lim > st ? lim : st + (e > s);
     if (desc_de > en)
         en = desc_de;
     if (desc_ds == st && en == desc_de)

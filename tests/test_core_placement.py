@@ -84,7 +84,7 @@ def check_placement(nodes, evs):
             assert disp[p] != disp[k]
     for i, (s, e, _, _) in enumerate(nodes):
         if i not in children:  # leaf: its measured duration, trimmed to the µs after its end, never empty
-            assert disp[i][1] - disp[i][0] == max(1, min(e - s, -(-e // 1000) * 1000 - disp[i][0])), i
+            assert disp[i][1] - disp[i][0] == max(e > s, min(e - s, -(-e // 1000) * 1000 - disp[i][0])), i
             assert disp[i][1] <= max(-(-e // 1000) * 1000, disp[i][0] + 1)  # never ends later than that
     return disp
 
