@@ -57,10 +57,9 @@ class Sketch:
 
     __slots__ = ("counts", "n", "min", "max")
 
-    def __init__(self, counts=None, lo=math.inf, hi=-math.inf):
-        self.counts = dict(counts or {})
-        self.n = sum(self.counts.values())
-        self.min, self.max = lo, hi
+    def __init__(self):
+        self.counts, self.n = {}, 0
+        self.min, self.max = math.inf, -math.inf
 
     def add(self, v, n=1):
         k = key(v)
@@ -102,11 +101,3 @@ class Sketch:
         hi = min(lo + 1, self.n - 1)
         v_lo, v_hi = self._ranks([lo, hi]) if hi != lo else self._ranks([lo]) * 2
         return v_lo + (v_hi - v_lo) * (pos - lo)
-
-    def to_json(self):
-        keys = sorted(self.counts)
-        return {"keys": keys, "counts": [self.counts[k] for k in keys], "min": self.min, "max": self.max}
-
-    @classmethod
-    def from_json(cls, doc):
-        return cls(zip(doc["keys"], doc["counts"]), doc["min"], doc["max"])
