@@ -126,14 +126,10 @@ def run(args):
     if args.top < 1:
         raise TraceError("--top must be at least 1")
     base, new = find_traces([args.base]), find_traces([args.new])
-    engine = engines.make(args.engine, args.scheduler, args.workers)
-    try:
-        with progress_bar(200, "diff", unit="%") as bar:
-            result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update,
-                          args.fail_above, engine, args.source)
-    finally:
-        if engine:
-            engine.close()
+    with engines.make(args.engine, args.scheduler, args.workers) as engine, \
+            progress_bar(200, "diff", unit="%") as bar:
+        result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update,
+                      args.fail_above, engine, args.source)
     for note in result["warnings"]:
         warn("diff", note)
     for side, paths in (("base", base), ("new", new)):

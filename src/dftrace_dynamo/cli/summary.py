@@ -52,14 +52,10 @@ def run(args):
         raise TraceError("--module-depth must be at least 1")
     paths = find_traces(args.traces)
     views = list(dict.fromkeys(args.by or VIEWS))
-    engine = engines.make(args.engine, args.scheduler, args.workers)
-    try:
-        with progress_bar(100, "summary", unit="%") as bar:
-            result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update,
-                               args.include_warmup, args.all_runs, engine=engine, source=args.source)
-    finally:
-        if engine:
-            engine.close()
+    with engines.make(args.engine, args.scheduler, args.workers) as engine, \
+            progress_bar(100, "summary", unit="%") as bar:
+        result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update,
+                           args.include_warmup, args.all_runs, engine=engine, source=args.source)
     for note in result["warnings"]:
         warn("summary", note)
     note = engines.source_note(result["scan"], len(paths))

@@ -13,6 +13,8 @@ which the local scan reports). The workers must see the files at the same
 paths (a shared file system).
 """
 
+import contextlib
+
 from .reader import TraceError
 
 INSTALL = "pip install 'dftrace-dynamo[dask]'"
@@ -98,11 +100,12 @@ def source_note(scan, files):
 
 
 def make(name, scheduler=None, workers=None):
-    """The engine of the CLI's ``--engine`` (None for the local scan)."""
+    """The engine of the CLI's ``--engine``, as a context manager that gives it (None for the
+    local scan) and closes what it started."""
     if name == "local":
         if scheduler or workers:
             raise TraceError("--scheduler and --workers go with --engine dask")
-        return None
+        return contextlib.nullcontext()
     if scheduler and workers:
         raise TraceError("--scheduler and --workers exclude each other (the cluster at ADDRESS has its own workers)")
     if workers is not None and workers < 1:
