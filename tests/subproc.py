@@ -29,3 +29,11 @@ def run_python(argv, cwd=None, env=None, timeout=300):
 def run_py(code, cwd, env=None, timeout=300):
     """Runs the (dedented) ``code`` with ``python -c`` in ``cwd``; returns the CompletedProcess."""
     return python(["-c", textwrap.dedent(code)], cwd, env, timeout)
+
+
+def shell(command, cwd, env=None, timeout=600):
+    """Runs the shell line ``command`` in ``cwd`` as a user would type it: ``python``,
+    ``torchrun`` and ``dftrace-dynamo`` are this interpreter's; returns the CompletedProcess."""
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=clean_env({"PATH": path, **(env or {})}),
+                          capture_output=True, text=True, timeout=timeout)

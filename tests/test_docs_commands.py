@@ -3,17 +3,14 @@ literal blocks parses with the command's own parser, every line of docs/cli/*.rs
 traces, written by tests/scripts/stepgen.py under the names the line uses) unless NOT_RUN says why,
 and README's "trace your own training script" block runs as written on the recipes' train.py."""
 
-import os
 import pathlib
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
 from dftrace_dynamo.cli import build_parser
-from subproc import clean_env, run_python
+from subproc import run_python, shell
 from test_recipes import FILES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -65,12 +62,9 @@ def test_readme_trace_your_own_script_runs(tmp_path):
     block = re.search(r"Trace your own training script, unchanged::\n\n((?:    .*\n)+)",
                       (ROOT / "README.rst").read_text()).group(1)
     (tmp_path / "train.py").write_text(FILES["train.py"])
-    env = clean_env({"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-                     "MPLBACKEND": "Agg"})
     for line in block.splitlines():
         command = line.split("  #")[0].strip()
-        p = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=600)
+        p = shell(command, tmp_path, {"MPLBACKEND": "Agg"})
         assert p.returncode == 0, (command, p.stdout[-2000:], p.stderr[-2000:])
     assert (tmp_path / "modules.png").exists()
 
@@ -114,9 +108,7 @@ def _provide(path, cwd):
         data = pathlib.Path(made).read_bytes()
         target.write_bytes(data[: len(data) * 2 // 3])
     else:
-        p = subprocess.run([sys.executable, "-m", "dftrace_dynamo", "convert", made, "-o", str(target)],
-                           capture_output=True, text=True, env=clean_env())
-        assert p.returncode == 0, p.stderr
+        run_python(["-m", "dftrace_dynamo", "convert", made, "-o", str(target)])
 
 
 def test_every_cli_page_line_is_run_or_says_why():
@@ -128,9 +120,7 @@ def test_every_cli_page_line_is_run_or_says_why():
 def test_cli_page_command_runs(page, line, tmp_path):
     for path in _inputs(line):
         _provide(path, tmp_path)
-    env = clean_env({"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-                     "MPLBACKEND": "Agg"})
-    p = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = shell(line, tmp_path, {"MPLBACKEND": "Agg"}, timeout=300)
     # --fail-above exits 1 when the new run is slower, which two runs of the same work may be
     ok = (0, 1) if "--fail-above" in line else (0,)
     assert p.returncode in ok and "Traceback" not in p.stderr, (page, line, p.returncode, p.stderr[-2000:])

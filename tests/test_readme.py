@@ -5,11 +5,9 @@ import glob
 import os
 import pathlib
 import re
-import subprocess
-import sys
 import tomllib
 
-from subproc import clean_env
+from subproc import shell
 from tracefile import read_events
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -42,8 +40,7 @@ def test_all_extra_installs_what_the_readme_shows():
 
 def test_main_job_runs_as_documented(tmp_path):
     job = COMMANDS[0].rsplit(" && ", 1)[1]
-    env = clean_env({"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")})
-    p = subprocess.run(["bash", "-c", job], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    p = shell(job, tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Failed to initialize NumPy" not in p.stderr
     (path,) = glob.glob(str(tmp_path / "dftrace-demo" / "demo-*-*.pfw.gz"))

@@ -9,15 +9,13 @@ import os
 import pathlib
 import re
 import statistics
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import perfetto_tp
 from scripts.clitools import cli
-from subproc import clean_env
+from subproc import shell
 from tracefile import read_events
 
 RECIPES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "recipes.rst"
@@ -50,19 +48,17 @@ def test_page_has_every_recipe():
     assert {"train.py", "blocks.py", "ddp_train.py", "inductor_model.py"} <= set(FILES)
 
 
-def run_recipe(label, tmp_path):
-    """Writes the page's files into ``tmp_path`` and runs the recipe's commands there, in a shell
-    whose ``python`` and ``dftrace-dynamo`` are this interpreter's; returns their outputs."""
-    for name, content in FILES.items():
-        (tmp_path / name).write_text(content)
-    env = clean_env({"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")})
-    outputs = []
-    for command in COMMANDS[label]:
-        p = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=900)
+def run_recipe(label, cwd, files=FILES, commands=COMMANDS, env=None):
+    """Writes the page's ``files`` into ``cwd`` and runs the recipe's ``commands`` there as a user
+    would (:func:`subproc.shell`, plus ``env``); returns their processes."""
+    for name, content in files.items():
+        (cwd / name).write_text(content)
+    done = []
+    for command in commands[label]:
+        p = shell(command, cwd, env, timeout=900)
         assert p.returncode == 0, (command, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-        outputs.append(p.stdout)
-    return outputs
+        done.append(p)
+    return done
 
 
 def events_under(directory):
@@ -103,7 +99,7 @@ def test_slowest_module(tmp_path):
 
 
 def test_compare_two_runs(tmp_path):
-    outputs = run_recipe("recipe-diff", tmp_path)
+    outputs = [p.stdout for p in run_recipe("recipe-diff", tmp_path)]
     assert "function.addmm.default" in outputs[2] or "function.mm.default" in outputs[2], outputs[2]
     # 256x wider layers: far more than 20 % slower, so --fail-above fails
     assert outputs[3].strip().endswith("slower by more than 20 %"), outputs[3]
@@ -129,13 +125,14 @@ def test_torchrun_straggler(tmp_path):
     # the table header and the straggler line the page quotes are what summary prints
     page = RECIPES.read_text()
     header = next(line.strip() for line in page.splitlines() if line.strip().startswith("rank          wall"))
-    assert header in [line.strip() for line in outputs[1].splitlines()], outputs[1]
+    table = outputs[1].stdout
+    assert header in [line.strip() for line in table.splitlines()], table
     straggler = re.compile(r"^ *straggler: rank1, the others wait ([\d.]+) ms per step for it \(median of \d+ steps; "
                            r"threshold [\d.]+ ms: "
                            r"3 x the step-to-step noise \([\d.]+ ms\), at least 5% of the median step\)$", re.M)
     assert straggler.search(page)
-    line = straggler.search(outputs[1])
-    assert line and float(line.group(1)) == pytest.approx(cost / 1e3, abs=0.001), outputs[1]
+    line = straggler.search(table)
+    assert line and float(line.group(1)) == pytest.approx(cost / 1e3, abs=0.001), table
 
 
 def test_inductor_kernels(tmp_path):
@@ -151,7 +148,7 @@ def test_inductor_kernels(tmp_path):
         assert any(g["tid"] == k["tid"] and g["ts"] <= k["ts"] and k["ts"] + k["dur"] <= g["ts"] + g["dur"] + 1e-3
                    for g in graphs), k
         assert k["args"]["aten_ops"], k
-    assert "cpp_fused" in outputs[1]
+    assert "cpp_fused" in outputs[1].stdout
 
 
 def _counted(events):

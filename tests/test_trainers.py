@@ -6,13 +6,11 @@ the steps, ops named by the model's own module paths. Files and commands are rea
 import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
-from subproc import clean_env, run_py
-from test_recipes import parse, traces_under
+from subproc import python, run_py
+from test_recipes import parse, run_recipe, traces_under
 from tracefile import read_events, traces
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "trainers.rst"
@@ -21,18 +19,8 @@ TORCH = "2.13.0"
 
 
 def run_page_recipe(label, cwd):
-    """Writes the page's files into ``cwd`` and runs the recipe's commands there with this
-    interpreter's ``python``, ``torchrun`` and ``dftrace-dynamo``; returns their processes."""
-    for name, content in FILES.items():
-        (cwd / name).write_text(content)
-    env = clean_env({"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-                     "OMP_NUM_THREADS": "1"})
-    done = []
-    for command in COMMANDS[label]:
-        p = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-        assert p.returncode == 0, (command, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-        done.append(p)
-    return done
+    """The recipe ``label`` of this page, run in ``cwd`` (one thread per process); its processes."""
+    return run_recipe(label, cwd, FILES, COMMANDS, {"OMP_NUM_THREADS": "1"})
 
 
 def run_traces(directory):
@@ -40,6 +28,14 @@ def run_traces(directory):
     paths = traces_under(directory)
     assert paths, f"no trace under {directory}"
     return {os.path.basename(p): read_events(p) for p in paths}
+
+
+def single_trace(tmp_path_factory, label, out):
+    """The events of the one trace that the recipe ``label`` writes under ``out``."""
+    cwd = tmp_path_factory.mktemp(label)
+    run_page_recipe(label, cwd)
+    (events,) = run_traces(cwd / out).values()
+    return events
 
 
 def of(events, cat):
@@ -91,7 +87,7 @@ def test_integrations_import_no_trainer():
     code = ("import sys, dftrace_dynamo.integrations as i; "
             "assert not {'torch', 'transformers', 'lightning'} & set(sys.modules), sys.modules.keys(); "
             "print(sorted(i.__all__))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
+    p = python(["-c", code])
     assert p.returncode == 0 and p.stdout.strip() == "['DftraceProfiler', 'DftraceTrainerCallback']", p.stderr
 
 
@@ -142,10 +138,7 @@ def test_steps_take_the_trainers_numbers(cls, tmp_path):
 def hf(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    cwd = tmp_path_factory.mktemp("hf")
-    run_page_recipe("recipe-hf", cwd)
-    (events,) = run_traces(cwd / "hf-run").values()
-    return events
+    return single_trace(tmp_path_factory, "recipe-hf", "hf-run")
 
 
 def test_hf_steps_are_the_trainers(hf):
@@ -176,10 +169,7 @@ def test_hf_modules_are_the_models(hf):
 @pytest.fixture(scope="module")
 def lightning_run(tmp_path_factory):
     pytest.importorskip("lightning")
-    cwd = tmp_path_factory.mktemp("lit")
-    run_page_recipe("recipe-lightning", cwd)
-    (events,) = run_traces(cwd / "lit-run").values()
-    return events
+    return single_trace(tmp_path_factory, "recipe-lightning", "lit-run")
 
 
 def test_lightning_steps_and_evaluation(lightning_run):
