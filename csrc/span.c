@@ -47,11 +47,16 @@ static inline PyObject *new_u64(uint64_t v) {
     return PyLong_FromUnsignedLongLong(v);
 }
 
-/* The (start_ns, site) pairs of one boundary: records the closed spans,
+/* span(cell, start_ns, site, ...): records the closed (start_ns, site) spans,
  * returns now. */
-static PyObject *span_pairs(PyObject *cell, PyObject *const *args, Py_ssize_t n) {
-    if (DFT_UNLIKELY(n & 1)) {
+PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (DFT_UNLIKELY(nargs < 1 || !(nargs & 1))) {
         PyErr_SetString(PyExc_TypeError, "span() takes a cell and (start_ns, site) pairs");
+        return NULL;
+    }
+    PyObject *cell = args[0];
+    if (DFT_UNLIKELY(cell != Py_None && !PyObject_TypeCheck(cell, &dft_TagCellType))) {
+        PyErr_SetString(PyExc_TypeError, "cell must be a TagCell or None");
         return NULL;
     }
     if (DFT_UNLIKELY(!dft_ops_recording()))
@@ -60,7 +65,7 @@ static PyObject *span_pairs(PyObject *cell, PyObject *const *args, Py_ssize_t n)
     uint32_t tags = cell == Py_None ? 0 : ((dft_TagCell *)cell)->id;
     uint32_t nsites = atomic_load_explicit(&dft_sites.count, memory_order_relaxed);
     uint32_t ctx = dft_tls.ctx;
-    for (Py_ssize_t i = 0; i < n; i += 2) {
+    for (Py_ssize_t i = 1; i < nargs; i += 2) {
         unsigned long long start, site;
         if (get_u64(args[i], &start) < 0 || get_u64(args[i + 1], &site) < 0)
             return NULL;
@@ -72,22 +77,4 @@ static PyObject *span_pairs(PyObject *cell, PyObject *const *args, Py_ssize_t n)
             dft_push((uint32_t)site, start, now, ctx, tags, NULL);
     }
     return new_u64(now);
-}
-
-static int check_cell(PyObject *cell) {
-    if (DFT_UNLIKELY(cell != Py_None && !PyObject_TypeCheck(cell, &dft_TagCellType))) {
-        PyErr_SetString(PyExc_TypeError, "cell must be a TagCell or None");
-        return -1;
-    }
-    return 0;
-}
-
-PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
-    if (DFT_UNLIKELY(nargs < 1)) {
-        PyErr_SetString(PyExc_TypeError, "span() takes a cell and (start_ns, site) pairs");
-        return NULL;
-    }
-    if (check_cell(args[0]) < 0)
-        return NULL;
-    return span_pairs(args[0], args + 1, nargs - 1);
 }
