@@ -56,6 +56,7 @@ void dft_buf_free(dft_buf *b);
 /* Python -> JSON text; need the GIL. Return 0, or -1 with a Python error. */
 int dft_json_str(dft_buf *b, PyObject *s);      /* "escaped" */
 int dft_json_fields(dft_buf *b, PyObject *d);   /* ,"k":v for each item */
+int dft_json_namecat(dft_buf *b, PyObject *name, PyObject *cat); /* ,"name":..,"cat":.. */
 /* Arg values written in another form (see json.c), counted per kind. */
 #define DFT_ARGS_DEPTH 16 /* nested lists/dicts inside an args dict that are written */
 enum { DFT_ARG_DEEP, DFT_ARG_CYCLE, DFT_ARG_UNPRINTABLE, DFT_ARG_KINDS };
@@ -95,6 +96,10 @@ int64_t dft_tags_own(PyObject *args, uint32_t cur);
 void dft_tags_hold(uint32_t id);
 void dft_tags_release(uint32_t id);
 int dft_tags_usable(uint64_t id);
+/* The owned text of a site-0 record (log, step_slice, counter; writer.c
+ * emit_event): namecat \0 args \0, namecat empty when name is NULL. NULL:
+ * Python error. */
+char *dft_extra_text(PyObject *name, PyObject *cat, PyObject *args);
 static inline void *dft_tab_get(dft_table *t, uint32_t i) {
     char *c = atomic_load_explicit(&t->chunks[i >> DFT_TAB_BITS], memory_order_acquire);
     return c + (size_t)(i & (DFT_TAB_CHUNK - 1)) * t->esize;
@@ -106,7 +111,7 @@ typedef struct {
     uint32_t site, tags;
     uint32_t flags;
     uint32_t step; /* current step + 1 when recorded, 0: none (steps.c) */
-    char *extra; /* owned ,"k":v fragment of one-off args (log), or NULL */
+    char *extra; /* owned text of a site-0 record (dft_extra_text), or NULL */
 } dft_rec;
 
 /* Placement stack entry: a completed subtree (measured start, display

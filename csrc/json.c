@@ -143,6 +143,13 @@ static int put(dft_buf *b, const char *s, size_t n) {
     return 0;
 }
 
+int dft_json_namecat(dft_buf *b, PyObject *name, PyObject *cat) {
+    return put(b, ",\"name\":", 8) < 0 || dft_json_str(b, name) < 0 || put(b, ",\"cat\":", 7) < 0 ||
+                   dft_json_str(b, cat) < 0
+               ? -1
+               : 0;
+}
+
 /* Arg values that cannot be written as given, counted per kind (under the GIL):
  * a container nested deeper than DFT_ARGS_DEPTH or holding itself is written
  * as the string "[...]" ("{...}" for a dict), as Python's repr shows a

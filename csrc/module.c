@@ -78,21 +78,11 @@ static PyObject *intern_text(PyObject *ids, dft_table *t, dft_buf *b, size_t spl
 static PyObject *intern_site_impl(PyObject *name, PyObject *cat, PyObject *args) {
     dft_buf b = {0};
     PyObject *r = NULL;
-    if (dft_buf_reserve(&b, 16) < 0) {
-        PyErr_NoMemory();
-        goto done;
+    if (dft_json_namecat(&b, name, cat) == 0) {
+        size_t split = b.len;
+        if (dft_json_fields(&b, args) == 0)
+            r = intern_text(site_ids, &dft_sites, &b, split);
     }
-    dft_buf_put(&b, ",\"name\":", 8);
-    if (dft_json_str(&b, name) < 0 || dft_buf_reserve(&b, 8) < 0)
-        goto done;
-    dft_buf_put(&b, ",\"cat\":", 7);
-    if (dft_json_str(&b, cat) < 0)
-        goto done;
-    size_t split = b.len;
-    if (dft_json_fields(&b, args) < 0)
-        goto done;
-    r = intern_text(site_ids, &dft_sites, &b, split);
-done:
     dft_buf_free(&b);
     return r;
 }
@@ -336,6 +326,23 @@ static PyObject *py_arg_issues(PyObject *m, PyObject *unused) {
                          "unprintable", (unsigned long long)dft_arg_issues[DFT_ARG_UNPRINTABLE]);
 }
 
+char *dft_extra_text(PyObject *name, PyObject *cat, PyObject *args) {
+    dft_buf b = {0}; /* not static: formatting an arg may run Python code that logs */
+    if ((name && dft_json_namecat(&b, name, cat) < 0) || dft_buf_reserve(&b, 1) < 0)
+        goto fail;
+    dft_buf_put(&b, "", 1);
+    if (dft_json_fields(&b, args) < 0 || dft_buf_reserve(&b, 1) < 0)
+        goto fail;
+    dft_buf_put(&b, "", 1);
+    char *text = realloc(b.p, b.len); /* buffered until written: no slack */
+    return text ? text : b.p;
+fail:
+    if (!PyErr_Occurred())
+        PyErr_NoMemory();
+    dft_buf_free(&b);
+    return NULL;
+}
+
 static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObject *kw) {
     static const char *const names[] = {"name", "cat", "start_ns", "end_ns", "args", "timed", NULL};
     PyObject *o[6];
@@ -352,32 +359,15 @@ static PyObject *py_log(PyObject *m, PyObject *const *args, size_t nargsf, PyObj
     uint64_t issues = arg_issue_total();
     /* Name, category and args travel with the event (site 0): nothing is
      * kept once it is written, however many distinct names a program logs. */
-    dft_buf b = {0}; /* not static: formatting an arg may run Python code that logs */
-    if (dft_buf_reserve(&b, 16) < 0)
-        return PyErr_NoMemory();
-    dft_buf_put(&b, ",\"name\":", 8);
-    if (dft_json_str(&b, o[0]) < 0 || dft_buf_reserve(&b, 8) < 0)
-        goto fail;
-    dft_buf_put(&b, ",\"cat\":", 7);
-    if (dft_json_str(&b, o[1]) < 0 || dft_buf_reserve(&b, 1) < 0)
-        goto fail;
-    dft_buf_put(&b, "", 1);
-    if (dft_json_fields(&b, o[4]) < 0 || dft_buf_reserve(&b, 1) < 0)
-        goto fail;
-    dft_buf_put(&b, "", 1);
-    char *text = realloc(b.p, b.len); /* buffered until written: no slack */
-    text = text ? text : b.p;
+    char *text = dft_extra_text(o[0], o[1], o[4]);
+    if (!text)
+        return NULL;
     uint32_t flags = DFT_FLAG_NOCTX | (timed ? DFT_FLAG_TIMED : 0);
     if (o[4] && PyDict_Check(o[4]) && PyDict_GetItemString(o[4], "step"))
         flags |= DFT_FLAG_NOSTEP; /* its own step arg, not the current step */
     if (dft_push(0, s, e, flags, 0, text) < 0)
         free(text);
     return PyLong_FromUnsignedLongLong(arg_issue_total() - issues);
-fail:
-    if (!PyErr_Occurred())
-        PyErr_NoMemory();
-    dft_buf_free(&b);
-    return NULL;
 }
 
 /* ---- file lifecycle ------------------------------------------------------ */

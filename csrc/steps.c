@@ -52,34 +52,6 @@ static PyObject *py_ops_on(PyObject *m, PyObject *unused) {
     return PyBool_FromLong(!(atomic_load(&dft_state) & DFT_ST_OPS_OFF));
 }
 
-/* "\0" name/cat (none, or the counter's) "\0" args "\0": the extra text of a
- * site-0 record (writer.c); NULL with a Python error. */
-static char *extra_text(PyObject *name, PyObject *cat, PyObject *args) {
-    dft_buf b = {0};
-    if (dft_buf_reserve(&b, 16) < 0)
-        return (char *)PyErr_NoMemory();
-    if (name) {
-        dft_buf_put(&b, ",\"name\":", 8);
-        if (dft_json_str(&b, name) < 0 || dft_buf_reserve(&b, 8) < 0)
-            goto fail;
-        dft_buf_put(&b, ",\"cat\":", 7);
-        if (dft_json_str(&b, cat) < 0)
-            goto fail;
-    }
-    if (dft_buf_reserve(&b, 1) < 0)
-        goto fail;
-    dft_buf_put(&b, "", 1);
-    if (dft_json_fields(&b, args) < 0 || dft_buf_reserve(&b, 1) < 0)
-        goto fail;
-    dft_buf_put(&b, "", 1);
-    return b.p;
-fail:
-    if (!PyErr_Occurred())
-        PyErr_NoMemory();
-    dft_buf_free(&b);
-    return NULL;
-}
-
 /* step_slice(step, start_ns, end_ns, args=None): the slice "step N" (cat step)
  * on the calling thread, carrying its own number whatever the current step
  * is, and args (the step's peak memory). */
@@ -94,7 +66,7 @@ static PyObject *py_step_slice(PyObject *m, PyObject *args) {
         return NULL;
     }
     char *extra = NULL;
-    if (extra_args != Py_None && !(extra = extra_text(NULL, NULL, extra_args)))
+    if (extra_args != Py_None && !(extra = dft_extra_text(NULL, NULL, extra_args)))
         return NULL;
     uint32_t saved = dft_step_tag;
     dft_step_tag = tag;
@@ -111,7 +83,7 @@ static PyObject *py_counter(PyObject *m, PyObject *args) {
     unsigned long long ts;
     if (!PyArg_ParseTuple(args, "UUKO!:counter", &name, &cat, &ts, &PyDict_Type, &values))
         return NULL;
-    char *extra = extra_text(name, cat, values); /* dropped by dft_push when no file is open */
+    char *extra = dft_extra_text(name, cat, values); /* dropped by dft_push when no file is open */
     if (!extra)
         return NULL;
     if (dft_push(0, ts, ts, DFT_FLAG_NOCTX | DFT_FLAG_NOSTEP | DFT_FLAG_COUNTER, 0, extra) < 0)

@@ -296,7 +296,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
     dft_str namecat = site->namecat;
     const char *extra = x->extra;
-    if (!x->site && extra) { /* log(): extra is namecat \0 args \0 (a step slice has none) */
+    if (!x->site && extra) { /* namecat \0 args \0 (dft_extra_text; a step slice's namecat is empty) */
         namecat.p = extra;
         namecat.len = (uint32_t)strlen(extra);
         extra += namecat.len + 1;
