@@ -5,17 +5,15 @@ processor must load every event at its measured depth with no error stat.
 Also: dftracer-utils accepts the gzip file with the exact count."""
 
 import random
-import shutil
 import subprocess
 import threading
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
 import perfetto_tp
 from dftrace_dynamo import _core
 from test_core_format import closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
-from tracefile import dftracer_validate
+from tracefile import dftracer_tool, dftracer_validate
 
 BASE = 1_763_000_000_000_000_123  # epoch-sized ns, not on a µs boundary
 
@@ -152,8 +150,8 @@ def test_perfetto_loads_every_event_at_its_depth(tmp_path):
     assert names[got["n0"]["tid"]] == "MainThread"
 
 
-@pytest.mark.skipif(shutil.which("dftracer_validate") is None, reason="dftracer-utils not installed")
 def test_dftracer_utils_accept_gzip(tmp_path):
+    event_count = dftracer_tool("dftracer_event_count")
     site = _core.intern_site("op", "dynamo", {"graph": 0})
     d = tmp_path / "traces"
     d.mkdir()
@@ -169,7 +167,7 @@ def test_dftracer_utils_accept_gzip(tmp_path):
     non_meta = sum(o["ph"] != "M" for o in objs)
     assert non_meta == n + 2  # start + events + end
     dftracer_validate(path)
-    c = subprocess.run(["dftracer_event_count", "-d", str(d), "--index-dir", str(tmp_path / "idx"),
+    c = subprocess.run([event_count, "-d", str(d), "--index-dir", str(tmp_path / "idx"),
                         "--log-level", "off"], capture_output=True, text=True, timeout=120)
     assert c.returncode == 0, c.stderr
     assert int(c.stdout.split()[-1]) == non_meta

@@ -5,31 +5,20 @@ and from a real traced training loop (tests/scripts/steps_train.py)."""
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from collections import Counter
 
 import pytest
 
 from scripts.clitools import cli, summary_json
 from subproc import run_python
-from tracefile import dftracer_validate, traces
+from tracefile import dftracer_tool, dftracer_validate, traces
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 
 
-def tool(name):
-    """The dftracer-utils command ``name`` (next to this interpreter when its venv is not
-    activated); skips the test where it is not installed."""
-    found = shutil.which(name) or shutil.which(name, path=os.path.dirname(sys.executable))
-    if found is None:
-        pytest.skip(f"{name} not installed (pip install dftracer-utils)")
-    return found
-
-
 def run_tool(name, *args):
-    p = subprocess.run([tool(name), *map(str, args)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([dftracer_tool(name), *map(str, args)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (name, p.stdout[-3000:], p.stderr[-3000:])
     return p.stdout
 

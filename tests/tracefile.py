@@ -38,13 +38,19 @@ def traces(directory, pattern="*.pfw*"):
     return sorted(glob.glob(os.path.join(str(directory), pattern)))
 
 
-def dftracer_validate(path):
-    """dftracer-utils' validator must pass ``path``; skips the test where the tool is not
-    installed (it sits next to this interpreter when its venv is not activated)."""
+def dftracer_tool(name):
+    """The dftracer-utils command ``name`` (next to this interpreter when its venv is not
+    activated); skips the test where it is not installed."""
     import pytest
 
-    tool = shutil.which("dftracer_validate") or shutil.which("dftracer_validate", path=os.path.dirname(sys.executable))
-    if tool is None:
-        pytest.skip("dftracer-utils not installed")
-    v = subprocess.run([tool, "--files", str(path)], capture_output=True, text=True, timeout=300)
+    found = shutil.which(name) or shutil.which(name, path=os.path.dirname(sys.executable))
+    if found is None:
+        pytest.skip(f"{name} not installed (pip install dftracer-utils)")
+    return found
+
+
+def dftracer_validate(path):
+    """dftracer-utils' validator must pass ``path``."""
+    v = subprocess.run([dftracer_tool("dftracer_validate"), "--files", str(path)], capture_output=True, text=True,
+                       timeout=300)
     assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
