@@ -40,7 +40,7 @@ def rank_files(tmp_path_factory):
 def training(tmp_path_factory):
     """A real traced training loop at level inductor: steps, module slices, kernel events."""
     d = tmp_path_factory.mktemp("train")
-    run_python([os.path.join(SCRIPTS, "kerneltrain.py"), str(d / "train"), "--steps", "5"],
+    run_python([os.path.join(SCRIPTS, "difftrain.py"), str(d / "train"), "--steps", "5", "--level", "inductor"],
                env={"DFTRACER_ENABLE": "1"}, timeout=600)
     return sorted(str(p) for p in d.glob("train-*.pfw*"))
 

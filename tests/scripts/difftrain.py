@@ -1,14 +1,15 @@
-"""A small traced training loop for the diff tests: an MLP of modules ``l1``, ``l2``, ``l3``
-compiled with the tracing backend, SGD, one thread. ``--extra W`` makes ``l2`` alone slower:
-its forward also multiplies its input by a (width x W) buffer whose result is added times 0,
-so the op graph is the same for every W and only the time of ``l2``'s ops changes.
+"""A small traced training loop for the diff and analysis-engine tests: an MLP of modules ``l1``,
+``l2``, ``l3`` compiled with the tracing backend (``--level``, default ``torch``), SGD, one
+thread, a step slice per iteration. ``--extra W`` makes ``l2`` alone slower: its forward also
+multiplies its input by a (width x W) buffer whose result is added times 0, so the op graph is
+the same for every W and only the time of ``l2``'s ops changes.
 
 ``--turns R W``: take turns with another run, step by step: wait for a byte on file
 descriptor R before each step, write one to W after it. Two runs that alternate so see the
 same load of a shared machine, and neither slows the other down; each step is marked with
 ``step_context``, so the wait belongs to no step.
 
-    python difftrain.py PREFIX [--steps 30] [--extra W] [--turns R W]
+    python difftrain.py PREFIX [--steps 30] [--level torch|inductor] [--extra W] [--turns R W]
 """
 import argparse
 import os
@@ -43,6 +44,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("prefix")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--level", default="torch")
     ap.add_argument("--extra", type=int, default=0)
     ap.add_argument("--turns", type=int, nargs=2, metavar=("R", "W"))
     a = ap.parse_args()
@@ -52,7 +54,7 @@ def main():
     torch.manual_seed(0)
     log = dftracer.initialize_log(a.prefix, None, -1)
     model = Net(a.extra)
-    compiled = torch.compile(model, backend=create_backend())
+    compiled = torch.compile(model, backend=create_backend(level=a.level))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,))
     for _ in range(a.steps):
