@@ -23,14 +23,13 @@ write it yet).
 
 import gzip
 import os
-import zlib
 
 import orjson
 import zstandard
 
 from ..schema import CAT_DFTRACER
 from . import kernels, sketch
-from .reader import FEED, MAX_LINE, MEMBER_START, TraceError, compression_of, starts_a_line
+from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
 from .summary import GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, load
 from . import steps
@@ -142,32 +141,6 @@ def partials(paths, views, module_depth=None, include_warmup=False, step_samples
     return out
 
 
-def _decode(data, kind, cap=2 * MAX_LINE):
-    """Decompressed text of concatenated members/frames ``data``, :data:`.reader.FEED` bytes of
-    input at a time; None when they do not decode to the end, or give more than ``cap`` bytes
-    (a member that large holds no record a reader would take, and must not fill the memory)."""
-    new = (lambda: zlib.decompressobj(31)) if kind == "gzip" else zstandard.ZstdDecompressor().decompressobj
-    out, total, at, view = [], 0, 0, memoryview(data)
-    dec, fed = new(), False
-    try:
-        while at < len(data):
-            piece = view[at:at + FEED]
-            chunk = dec.decompress(piece)
-            fed = True
-            total += len(chunk)
-            if total > cap:
-                return None
-            out.append(chunk)
-            if dec.eof:
-                at += len(piece) - len(dec.unused_data)
-                dec, fed = new(), False
-            else:
-                at += len(piece)
-    except (zlib.error, zstandard.ZstdError):
-        return None
-    return None if fed else b"".join(out)
-
-
 def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
     """(offset, end, text) of the file's last ``members`` members/frames that start a line, last
     first, within its last ``budget`` bytes, each decoded once; a plain file is one piece from
@@ -184,7 +157,8 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
     end = pos = len(data)
     while (pos := data.rfind(MEMBER_START[kind], 0, pos)) >= 0:
         if starts_a_line(data[pos:pos + (1 << 18)], kind):
-            text = _decode(data[pos:end], kind)
+            # a member that large holds no record a reader would take, and must not fill the memory
+            text = decode_members(data[pos:end], kind, 2 * MAX_LINE)
             if text is not None:  # else a false start inside compressed data
                 yield start + pos, start + end, text
                 end = pos

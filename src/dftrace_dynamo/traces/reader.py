@@ -178,6 +178,18 @@ def _members(f, size, damage, kind, pos=0):
                    f"{pos - member_start} bytes; used what it decodes to, its end is lost")
 
 
+def decode_members(data, kind, cap):
+    """The decompressed text of the whole gzip members / zstd frames ``data``; None when they
+    do not decode to their end, or give more than ``cap`` bytes."""
+    damage, out, total = Damage(""), [], 0
+    for chunk in _members(io.BytesIO(data), len(data), damage, kind):
+        total += len(chunk)
+        if total > cap or damage.notes:
+            return None
+        out.append(chunk)
+    return None if damage.notes else b"".join(out)
+
+
 def _next_member(f, start, kind):
     """Position in ``f`` of the next member/frame start at or after ``start``
     that decodes to the beginning of a line, or None."""
