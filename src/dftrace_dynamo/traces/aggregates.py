@@ -21,18 +21,16 @@ make the record from a full scan of the file and store it in it (the trace write
 write it yet).
 """
 
-import gzip
 import os
 
 import orjson
-import zstandard
 
 from ..schema import CAT_DFTRACER
-from . import kernels, sketch
+from . import kernels, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
 from .summary import GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, load
-from . import steps
+from .writer import compress
 
 NAME = "dftrace_aggregates"
 VERSION = 1
@@ -204,11 +202,7 @@ def write(path, record=None):
     at = text.rfind(b"]")
     if end != size or at < 0 or text[at + 1:].strip():  # not closed (a running or killed process)
         offset, text, at = size, b"", 0
-    text = text[:at] + line + text[at:]
-    if kind == "gzip":
-        text = gzip.compress(text)
-    elif kind == "zstd":
-        text = zstandard.ZstdCompressor().compress(text)
+    text = compress(text[:at] + line + text[at:], kind)
     with open(path, "r+b") as f:
         f.truncate(offset)
         f.seek(offset)

@@ -20,6 +20,16 @@ def compression_for(path):
     return None
 
 
+def compress(data, compression):
+    """``data`` as one gzip member or zstd frame (``compression`` None: as it is)."""
+    if compression == "gzip":
+        comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+        return comp.compress(data) + comp.flush()
+    if compression == "zstd":
+        return zstandard.ZstdCompressor(level=1).compress(data)
+    return data
+
+
 class TraceWriter:
     """``json_array=True`` writes a strict JSON array (commas between objects)
     for viewers that do not accept the comma-less DFTracer layout."""
@@ -31,7 +41,6 @@ class TraceWriter:
         self._file = open(self.path, "xb")
         self._buf = bytearray(b"[\n")
         self._first = True
-        self._zstd = zstandard.ZstdCompressor(level=1) if self.compression == "zstd" else None
         self.events = 0
 
     def write(self, line):
@@ -51,12 +60,7 @@ class TraceWriter:
             return
         data = bytes(self._buf)
         self._buf.clear()
-        if self.compression == "gzip":
-            comp = zlib.compressobj(1, zlib.DEFLATED, 31)
-            data = comp.compress(data) + comp.flush()
-        elif self._zstd is not None:
-            data = self._zstd.compress(data)
-        self._file.write(data)
+        self._file.write(compress(data, self.compression))
 
     def close(self):
         self._buf += b"\n]\n" if self._json_array else b"]\n"
