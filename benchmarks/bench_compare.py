@@ -41,6 +41,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from bench_overhead import clock_call_ns, run, time_block, workload  # noqa: E402
 
 
 # ---- builds ------------------------------------------------------------------------------------
@@ -70,22 +72,11 @@ def describe(rev):
 
 # ---- worker (runs inside one build) ---------------------------------------------------------------
 
-def clock_call_ns(n=200_000):
-    clock = time.perf_counter_ns
-    start = clock()
-    for _ in range(n):
-        clock()
-    return (clock() - start) / n
-
-
 class Worker:
     """Compiles the workloads with this process's build and times rounds of blocks."""
 
     def __init__(self, keys, trace_dir):
         import torch
-
-        sys.path.insert(0, HERE)
-        from bench_overhead import workload  # noqa: E402
 
         import dftrace_dynamo
 
@@ -110,9 +101,6 @@ class Worker:
             from dftrace_dynamo.session import config
         except ImportError:  # builds before the package was grouped into session/, backend/...
             from dftrace_dynamo import config
-
-        sys.path.insert(0, HERE)
-        from bench_overhead import run  # noqa: E402
 
         graphs = []
 
@@ -155,15 +143,7 @@ class Worker:
         calls, _, _, default_calls = self.cases[key]
         n = block_calls or default_calls
         clock = time.thread_time_ns if timer == "thread" else time.process_time_ns
-        order = sorted(calls, reverse=flip)
-        out = {}
-        for name in order:
-            call = calls[name]
-            start = clock()
-            for _ in range(n):
-                call()
-            out[name] = (clock() - start) / n
-        return out
+        return {name: time_block(calls[name], n, clock) / n for name in sorted(calls, reverse=flip)}
 
 
 def worker_main():

@@ -27,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import Tool, clock_call_ns, measure_in_child, ops_per_call, run, workload  # noqa: E402
+from bench_overhead import clock_call_ns, measure_in_child, ops_per_call, run, time_block, workload  # noqa: E402
 
 LEVELS = ("torch", "aten")
 
@@ -87,8 +87,8 @@ def measure_pair(wname, level, rounds, block_calls):
         call_b()
     diffs, ratios = [], []
     for _ in range(rounds):
-        a = Tool.block(None, call_a, block_calls)
-        b = Tool.block(None, call_b, block_calls)
+        a = time_block(call_a, block_calls)
+        b = time_block(call_b, block_calls)
         diffs.append((b - a) / block_calls)
         ratios.append(b / a)
     q1, median, q3 = statistics.quantiles(diffs, n=4)

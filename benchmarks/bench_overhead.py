@@ -69,6 +69,15 @@ def workload(name):
     return model, (ids,), False, 1
 
 
+def time_block(call, n, clock=time.process_time_ns):
+    """Time of ``n`` calls of ``call`` by ``clock``: by default CPU time of the whole process (the
+    trace writer thread included), which other jobs on a shared machine delay but do not add to."""
+    start = clock()
+    for _ in range(n):
+        call()
+    return clock() - start
+
+
 class Tool:
     """Compiles with ``backend`` and times blocks of calls; subclasses wrap the block in a tracer."""
 
@@ -76,12 +85,7 @@ class Tool:
         self.name, self.backend, self.level = name, backend, level
 
     def block(self, call, n):
-        # CPU time of the whole process (the trace writer thread included): other jobs on a
-        # shared machine delay us but do not add to it
-        start = time.process_time_ns()
-        for _ in range(n):
-            call()
-        return time.process_time_ns() - start
+        return time_block(call, n)
 
 
 class ProfilerTool(Tool):
@@ -167,7 +171,7 @@ def measure(fn, inputs, train, tool, rounds, block_calls):
         tool.block(call_b, 1)
     diffs, ratios = [], []
     for _ in range(rounds):
-        a = Tool.block(tool, call_a, block_calls)
+        a = time_block(call_a, block_calls)
         b = tool.block(call_b, block_calls)
         diffs.append((b - a) / block_calls)
         ratios.append(b / a)
