@@ -6,7 +6,6 @@ passes dftracer_validate."""
 import json
 import os
 import shutil
-import sys
 import textwrap
 
 import pytest
@@ -99,7 +98,7 @@ def test_log_event_any_numbers_never_raise(tmp_path, trace):
 
 
 def test_the_issue_numbers_are_dropped_or_clamped_and_counted_once_each(tmp_path):
-    p = run_py(f"""
+    p = run_py("""
         from dftrace_dynamo import dftracer
         log = dftracer.initialize_log("t")
         t = dftracer.get_time()

@@ -337,7 +337,7 @@ def test_secret_options_are_redacted_from_the_command_line(tmp_path):
     script.write_text("from dftrace_dynamo import dftracer\ndftracer.initialize_log('r').finalize()\n")
     args = ["--api-key=sk-live-123", "--password", "hunter3", "--Auth_Token", "tok-9", "db.secret=s3cr3t",
             "--lr", "0.1", "--credentials-file=/home/u/creds.json", "--passwd=", "--keyfile", "--verbose", "data"]
-    p = run_python([str(script), *args], tmp_path, timeout=120)
+    run_python([str(script), *args], tmp_path, timeout=120)
     (path,) = traces(tmp_path)
     text = read_lines(path)
     for secret in ("sk-live-123", "hunter3", "tok-9", "s3cr3t", "creds.json"):
