@@ -306,18 +306,15 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
                   (tags ? tags->len : 0);
     uint64_t s = x->start, e = x->end > x->start ? x->end : x->start, S, E;
     uint32_t tid = r->tid;
-    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER)) {
-        if (dft_buf_reserve(b, need) < 0)
-            return -1;
-        S = E = s;
-    } else if (DFT_UNLIKELY(x->flags & DFT_FLAG_TIMED)) {
-        if (place_timed(r, s, e, &S, &E, &tid) < 0 || dft_buf_reserve(b, need) < 0)
-            return -1;
-    } else {
-        if (dft_buf_reserve(b, need) < 0)
-            return -1;
+    /* place_timed may write a thread name first; place() only once the line fits */
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_TIMED) && place_timed(r, s, e, &S, &E, &tid) < 0)
+        return -1;
+    if (dft_buf_reserve(b, need) < 0)
+        return -1;
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER))
+        S = E = s; /* a sample, not placed */
+    else if (DFT_LIKELY(!(x->flags & DFT_FLAG_TIMED)))
         place(r, s, e, &S, &E);
-    }
 
     char *p = b->p + b->len;
     if (DFT_UNLIKELY(x->flags & DFT_FLAG_STEP))
@@ -333,11 +330,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
         PUT(",\"ph\":\"C\",\"args\":{");
         if (extra_len)
             PUTS(extra + 1, extra_len - 1); /* its leading comma */
-        PUT("}}\n");
-        b->len = (size_t)(p - b->p);
-        dft_w.written++;
-        dft_w.member_events++;
-        return 0;
+        goto end;
     }
     PUT(",\"ph\":\"X\",\"args\":{\"hhash\":");
     PUTS(dft_w.hhash_json, dft_w.hhash_len);
@@ -358,6 +351,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     }
     if (x->flags & DFT_FLAG_FAILED)
         PUT(",\"failed\":1");
+end:
     PUT("}}\n");
     b->len = (size_t)(p - b->p);
     dft_w.written++;
