@@ -247,7 +247,7 @@ static inline int64_t dft_tsc_to_ns(const dft_tsc_seg *g, uint64_t tick) {
 
 static inline uint64_t dft_now(void) {
 #if DFT_HAVE_TSC
-    if (DFT_LIKELY(dft_use_tsc)) {
+    if (DFT_LIKELY(__atomic_load_n(&dft_use_tsc, __ATOMIC_ACQUIRE))) { /* set by the writer thread */
         const dft_tsc_seg *g = atomic_load_explicit(&dft_tsc_cur, memory_order_acquire);
         return (uint64_t)dft_tsc_to_ns(g, __rdtsc());
     }
