@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .reader import TraceError
-from .steps import CATEGORIES
+from .steps import CATEGORIES, counted
 from .summary import SAMPLE_VIEWS, summarize
 
 VIEWS = SAMPLE_VIEWS
@@ -86,8 +86,8 @@ def shift_test(base, new, z):
 
 
 def _steady(side, include_warmup):
-    """The step-analysis rows (one per step number) of one side's steady-state steps."""
-    return [r for r in side["steps"]["rows"] if include_warmup or not r["warmup"]]
+    """The step-analysis rows (one per step number) of the steps one side's statistics count."""
+    return [r for r in side["steps"]["rows"] if counted(r, include_warmup)]
 
 
 def _sides(base, new, include_warmup):

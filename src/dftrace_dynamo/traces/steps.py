@@ -143,23 +143,25 @@ def _per_step(rows):
     return out
 
 
+def counted(row, include_warmup):
+    """Whether a step row enters the statistics: recorded and (unless ``include_warmup``) not warm-up."""
+    return row["recorded"] and (include_warmup or not row["warmup"])
+
+
 def public(info, label):
     """The step analysis as the summary's ``steps`` document (JSON-ready).
     ``label((file, pid))`` names a process."""
     if not info["rows"]:
         return None
-    def use(r):  # a step enters the statistics when recorded and (unless asked) not warm-up
-        return r["recorded"] and (info["include_warmup"] or not r["warmup"])
-
     per_step = _per_step(info["rows"])
-    steady = [r for r in per_step if use(r)]
+    steady = [r for r in per_step if counted(r, info["include_warmup"])]
     stats = series_stats([r["wall_us"] for r in steady])
     if stats:
         stats.update({f"{c}_mean_us": statistics.fmean(r[f"{c}_us"] for r in steady) for c in CATEGORIES})
         stats["coverage"] = statistics.fmean(r["coverage"] for r in steady)
     used_rows = {proc: [] for proc in info["processes"]}
     for r in info["rows"]:
-        if use(r):
+        if counted(r, info["include_warmup"]):
             used_rows[(r["file"], r["pid"])].append(r)
     ranks = []
     for proc, own in used_rows.items():
