@@ -272,6 +272,7 @@ typedef struct {
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
 int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame; -1: k->err, k->kept */
 void dft_sink_cut(dft_sink *k);
+int dft_sink_deleted(const dft_sink *k); /* the file (or its directory) was deleted */
 void dft_sink_free(dft_sink *k);
 
 /* ---- writer (writer.c) ------------------------------------------------- */

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -507,8 +506,7 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     dft_writer_stop();
     Py_END_ALLOW_THREADS
     dft_w.closing = 0;
-    struct stat st;
-    int deleted = fstat(dft_w.sink.fd, &st) == 0 && st.st_nlink == 0;
+    int deleted = dft_sink_deleted(&dft_w.sink);
     close(dft_w.sink.fd);
     dft_sink_free(&dft_w.sink);
     dft_w.sink.fd = -1;

@@ -176,11 +176,15 @@ static int compress_member(dft_sink *k, const char *p, size_t n) {
     return 0;
 }
 
+int dft_sink_deleted(const dft_sink *k) {
+    struct stat st;
+    return fstat(k->fd, &st) == 0 && st.st_nlink == 0;
+}
+
 int dft_sink_write(dft_sink *k, const char *p, size_t n) {
     if (!n || k->err)
         return k->err ? -1 : 0;
-    struct stat st;
-    if (fstat(k->fd, &st) == 0 && st.st_nlink == 0) { /* deleted (or its directory): writes go nowhere */
+    if (dft_sink_deleted(k)) { /* writes would go nowhere */
         k->err = ENOENT;
         k->kept = 0;
         return -1;
