@@ -26,10 +26,10 @@ import os
 import orjson
 
 from ..schema import CAT_DFTRACER
-from . import kernels, sketch, steps
+from . import kernels, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
-from .summary import GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, load
+from .summary import BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, load, warm_condition
 from .writer import compress
 
 NAME = "dftrace_aggregates"
@@ -45,15 +45,11 @@ _GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of
 def compute(path):
     """The aggregate record (its ``args``) of the trace file ``path``, from a full scan."""
     con, base, info = load([path], [0], rank_rows=True)
-    by_pid = {}
-    for _, pid, step in info["warmup_keys"]:
-        by_pid.setdefault(int(pid), []).append(int(step))
-    warm = " OR ".join(f"(pid = {p} AND step IN ({', '.join(map(str, s))}))" for p, s in by_pid.items()) or "false"
     groups = con.execute(f"""
         SELECT kind, name, module, phase, graph, pid, extra IS NOT NULL AND kind = {OP},
-               CASE WHEN {warm} THEN step END, b, count(*), count(dur), sum({NS}), min(dur), max(dur), sum(dur * dur)
-        FROM (SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)
-        WHERE kind IN ({OP}, {GRAPH}) GROUP BY ALL ORDER BY ALL""").fetchall()
+               CASE WHEN {warm_condition(info["warmup_keys"])} THEN step END, b, count(*), count(dur), sum({NS}),
+               min(dur), max(dur), sum(dur * dur)
+        FROM {BUCKETED} WHERE kind IN ({OP}, {GRAPH}) GROUP BY ALL ORDER BY ALL""").fetchall()
     samples = con.execute(f"""
         SELECT grouping(name, module, phase), pid, step, name, module, phase, sum(coalesce({NS}, 0)) FROM ev
         WHERE kind = {OP} AND step IS NOT NULL
@@ -65,7 +61,7 @@ def compute(path):
     views = {0b011: "op", 0b101: "module", 0b110: "phase"}  # grouping() bits of the columns left out
     return {
         "version": VERSION,
-        "warmup": sorted([p, s] for p, ss in by_pid.items() for s in ss),
+        "warmup": sorted([int(p), int(s)] for _, p, s in info["warmup_keys"]),
         "groups": groups,
         "process_names": [[p, n] for p, n in names.items()],
         "kernels": [[r["key"], r["kernel_type"], r["fused_ops"]] for r in info_rows],

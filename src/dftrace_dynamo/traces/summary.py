@@ -56,6 +56,8 @@ RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH
 RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # what ranks.analyse reads of ev
 # a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
 NS = "CAST(round(dur * 1000) AS BIGINT)"
+# table ev with column b: the sketch bucket of each op event's duration (NULL on other rows)
+BUCKETED = f"(SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)"
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 # events per file whose field types are checked here, in Python (DuckDB reads a field of the wrong
 # JSON type as null, or converts it, without a word; validate checks every event)
@@ -464,7 +466,7 @@ def _groups(con, views, warm_filter, whole):
     bucket = "NULL" if whole else "b"
     grouping = ", ".join("(kind, " + ", ".join(s) + ("" if whole else ", b") + ")" for s in sets)
     quant = f"quantile_cont(dur, [0.5, 0.99]) FILTER (WHERE kind = {OP})" if whole else "NULL"
-    source = "ev" if whole else f"(SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)"
+    source = "ev" if whole else BUCKETED
     rows = con.execute(f"""
 SELECT kind, grouping({", ".join(keys)}), {", ".join(keys)}, {bucket}, count(*), count(dur), sum({NS}),
        min(dur), max(dur), {quant}, any_value(aname) FILTER (WHERE kind = {PROCESS_NAME})
@@ -551,20 +553,25 @@ def _merge_samples(views, partials):
             for view, keys in ns.items()}
 
 
-def _warm_filter(con, keys, inline_max=256):
-    """SQL condition (``AND ...``) leaving out the events of the warm-up steps ``keys``
-    ((file, pid, step) tuples): per process, its warm-up steps as an IN list (a filter
-    on each row, much cheaper than an anti-join over 10 M rows); a table and an
-    anti-join when more than ``inline_max`` processes have warm-up steps."""
+def warm_condition(keys):
+    """SQL condition true on the events of the warm-up steps ``keys`` ((file, pid, step)
+    tuples; NULL on an event without a step): per process, its warm-up steps as an IN list."""
     by_proc = {}
     for file, pid, step in keys:
         by_proc.setdefault((int(file), int(pid)), set()).add(int(step))
-    if not by_proc:
+    return " OR ".join(f"(file = {f} AND pid = {p} AND step IN ({', '.join(map(str, sorted(s)))}))"
+                       for (f, p), s in sorted(by_proc.items())) or "false"
+
+
+def _warm_filter(con, keys, inline_max=256):
+    """SQL condition (``AND ...``) leaving out the events of the warm-up steps ``keys``
+    ((file, pid, step) tuples): :func:`warm_condition` (a filter on each row, much cheaper
+    than an anti-join over 10 M rows); a table and an anti-join when more than
+    ``inline_max`` processes have warm-up steps."""
+    if not keys:
         return ""
-    if len(by_proc) <= inline_max:
-        procs = " OR ".join(f"(file = {f} AND pid = {p} AND step IN ({', '.join(map(str, sorted(s)))}))"
-                            for (f, p), s in sorted(by_proc.items()))
-        return f"AND NOT coalesce({procs}, false)"  # a row without a step is kept
+    if len({(f, p) for f, p, _ in keys}) <= inline_max:
+        return f"AND NOT coalesce({warm_condition(keys)}, false)"  # a row without a step is kept
     con.execute("CREATE TEMP TABLE warm (file BIGINT, pid BIGINT, step BIGINT)")
     con.executemany("INSERT INTO warm VALUES (?, ?, ?)", keys)
     return "AND NOT EXISTS (SELECT 1 FROM warm w WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)"
