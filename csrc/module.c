@@ -399,14 +399,9 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     if (dft_json_str(&hh, hhash) < 0)
         goto out;
     /* the file system's bytes (os.fsencode): a name that is not UTF-8 still works */
-    fsname = PyUnicode_EncodeFSDefault(path);
-    if (!fsname)
+    if (!PyUnicode_FSConverter(path, &fsname)) /* ValueError for an embedded null byte */
         goto out;
     const char *cpath = PyBytes_AS_STRING(fsname);
-    if (strlen(cpath) != (size_t)PyBytes_GET_SIZE(fsname)) {
-        PyErr_SetString(PyExc_ValueError, "embedded null byte in the trace path");
-        goto out;
-    }
     char *path_copy = strdup(cpath);
     if (!path_copy) {
         PyErr_NoMemory();
