@@ -1,7 +1,7 @@
 /* Training steps in the core: the process-global current step written into
  * every event, the step slices themselves, and the step-window switch that
  * turns op-level recording off outside the selected steps. Python's
- * dftrace_dynamo.steps decides when steps begin and end. */
+ * dftrace_dynamo.events.steps decides when steps begin and end. */
 #include "core.h"
 
 /* Read and written with the GIL held (every push holds it). */
