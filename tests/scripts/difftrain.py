@@ -1,5 +1,5 @@
 """A small traced training loop for the diff and analysis-engine tests: an MLP of modules ``l1``,
-``l2``, ``l3`` compiled with the tracing backend (``--level``, default ``torch``), SGD, one
+``l2``, ``l3`` compiled with the tracing backend (``--level``, default ``aten``), SGD, one
 thread, a step slice per iteration. ``--extra W`` makes ``l2`` alone slower: its forward also
 multiplies its input by a (width x W) buffer whose result is added times 0, so the op graph is
 the same for every W and only the time of ``l2``'s ops changes.
@@ -9,7 +9,7 @@ descriptor R before each step, write one to W after it. Two runs that alternate 
 same load of a shared machine, and neither slows the other down; each step is marked with
 ``step_context``, so the wait belongs to no step.
 
-    python difftrain.py PREFIX [--steps 30] [--level torch|inductor] [--extra W] [--turns R W]
+    python difftrain.py PREFIX [--steps 30] [--level aten|torch|inductor] [--extra W] [--turns R W]
 """
 import argparse
 import os
@@ -44,7 +44,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("prefix")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--level", default="torch")
+    ap.add_argument("--level", default="aten")
     ap.add_argument("--extra", type=int, default=0)
     ap.add_argument("--turns", type=int, nargs=2, metavar=("R", "W"))
     a = ap.parse_args()
