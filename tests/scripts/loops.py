@@ -28,10 +28,15 @@ def mlp(width=16):
     return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
 
 
-def gan(n, marks):
+def two_models():
+    """A critic (discriminator) and a generator compiled with one backend, and an SGD for each."""
     backend = create_backend()
-    d, g = torch.compile(mlp(), backend=backend), torch.compile(mlp(), backend=backend)
-    opt_d, opt_g = torch.optim.SGD(d.parameters(), lr=1e-3), torch.optim.SGD(g.parameters(), lr=1e-3)
+    c, g = torch.compile(mlp(), backend=backend), torch.compile(mlp(), backend=backend)
+    return c, g, torch.optim.SGD(c.parameters(), lr=1e-3), torch.optim.SGD(g.parameters(), lr=1e-3)
+
+
+def gan(n, marks):
+    d, g, opt_d, opt_g = two_models()
     for _ in range(n):
         marks.append(time.monotonic_ns())
         real, z = torch.randn(8, 16), torch.randn(8, 16)
@@ -48,9 +53,7 @@ def gan(n, marks):
 
 
 def critic(n, marks):
-    backend = create_backend()
-    c, g = torch.compile(mlp(), backend=backend), torch.compile(mlp(), backend=backend)
-    opt_c, opt_g = torch.optim.SGD(c.parameters(), lr=1e-3), torch.optim.SGD(g.parameters(), lr=1e-3)
+    c, g, opt_c, opt_g = two_models()
     for _ in range(n):
         marks.append(time.monotonic_ns())
         for _ in range(5):
