@@ -79,7 +79,7 @@ class _State:
     number = 0  # the current step's number
     following: Optional[int] = None  # named (name_step) while the step was complete: the next one's
     named = False  # number was given (name_step) before the trace opened: keep it
-    start_ns: Optional[int] = None  # when the current step began; None while no trace is open
+    start_ns: Optional[int] = None  # when the current step (or evaluation) began; None while no trace is open
     recorded_at = 0  # events recorded when the current step began (is the last step empty?)
     ended = False  # a step ended in this trace file
     explicit = False  # the user marks steps in this trace: optimizer steps no longer end them
@@ -88,15 +88,13 @@ class _State:
     ops = False  # a trace is open and the current step is in a window
     broken = False
     mode = TRAIN
-    known: dict = {}  # id(optimizer) of the training's optimizers -> True (insertion-ordered)
+    known: set = set()  # id(optimizer) of the training's optimizers
     stepped: dict = {}  # id(optimizer) -> its steps in the current step
     most: dict = {}  # id(optimizer) -> its most steps in one step since the last optimizer joined
     joined = False  # an optimizer joined in the current step (its counts teach nothing)
     complete_ns = 0  # when the current step became complete
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
-    candidate: Optional[int] = None  # start of the first held slice since then: where the step ends
     deferred: list = []  # (name, cat, start, end, args): slices held until it is known what follows
-    eval_ns = 0  # when the evaluation in progress began
 
 
 _state = _State()
@@ -162,16 +160,26 @@ def _finish(end: int) -> None:
     _begin(end)
 
 
+def _boundary(now: int) -> int:
+    """Where a complete step (or an evaluation) ends when training work starts at ``now``: at the
+    first slice held back since, which belongs to what follows."""
+    return _state.deferred[0][2] if _state.deferred else now
+
+
 def _flush() -> None:
     """The slices held back while the boundary was undecided, recorded in what was decided."""
-    deferred, _state.deferred, _state.candidate = _state.deferred, [], None
+    deferred, _state.deferred = _state.deferred, []
     if _state.ops:
         for name, cat, start, end, args in deferred:
             _core.log(name, cat, start, end, args)
 
 
+def _eval_slice(end: int) -> None:
+    _core.log("eval", CAT_EVAL, _state.start_ns, end, None)  # evaluation began where the last step ended
+
+
 def _end_eval(end: int) -> None:
-    _core.log("eval", CAT_EVAL, _state.eval_ns, end, None)
+    _eval_slice(end)
     _begin(end)  # the step after the evaluation (its number was taken when the last one ended)
 
 
@@ -196,7 +204,7 @@ def _training(now: int) -> None:
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        at = now if _state.candidate is None else _state.candidate
+        at = _boundary(now)
         if _state.mode == COMPLETE:
             _finish(at)
         elif _state.mode == EVAL:
@@ -212,9 +220,8 @@ def _evaluation(now: int) -> None:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
         if _state.mode == COMPLETE:
-            at = now if _state.candidate is None else _state.candidate
-            _finish(at)  # a step on each side of an evaluation: never one step
-            _state.mode, _state.eval_ns = EVAL, at
+            _finish(_boundary(now))  # a step on each side of an evaluation: never one step
+            _state.mode = EVAL
             _core.set_step(None)  # evaluation belongs to no step
         if _state.mode == EVAL:
             _flush()
@@ -227,8 +234,6 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
         with _lock:
             if _state.mode != TRAIN and threading.get_ident() == _state.thread:
                 _state.deferred.append((name, cat, start, end, args))
-                if _state.candidate is None:
-                    _state.candidate = start
                 return
     if _state.ops:
         _slice(name, cat, start, args, end)
@@ -240,7 +245,7 @@ def _join(optimizer) -> None:
     with _lock:
         if id(optimizer) in _state.known or _state.explicit or _state.start_ns is None:
             return
-        _state.known[id(optimizer)] = True
+        _state.known.add(id(optimizer))
         _state.most, _state.joined = {}, True
         if _state.mode == COMPLETE:
             _state.mode = TRAIN
@@ -259,7 +264,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
         stepped = _state.stepped
         stepped[key] = stepped.get(key, 0) + 1
         if any(n > 2 * _state.most[k] for k, n in stepped.items() if k in _state.most):
-            _state.known = {k: True for k in stepped}  # an optimizer that stopped stepping leaves
+            _state.known = set(stepped)  # an optimizer that stopped stepping leaves
         if all(k in stepped for k in _state.known):
             _state.mode, _state.complete_ns = COMPLETE, now
             _state.thread = threading.get_ident()
@@ -278,8 +283,7 @@ def _on_open() -> None:
                 _state.number = 0
             _state.named = _state.ended = _state.explicit = False
             _state.following = None
-            _state.known, _state.most = {}, {}
-            _state.deferred, _state.candidate = [], None
+            _state.known, _state.most, _state.deferred = set(), {}, []
             # opened lazily (inside a compile): the step began with the work in progress on this thread
             data = _local.__dict__.pop("data", None)
             anchors = [t for t in (a() for a in _open_anchors) if t is not None]
@@ -308,7 +312,7 @@ def _on_close() -> None:
                 now = _core.now_ns()
                 if _state.mode == EVAL:
                     _flush()
-                    _core.log("eval", CAT_EVAL, _state.eval_ns, now, None)
+                    _eval_slice(now)
                 elif _state.mode == COMPLETE:
                     _write(_state.number, _state.start_ns, _state.complete_ns)
                     _flush()
@@ -420,7 +424,8 @@ def grad_probe(grad_fn):
     windows) that also tells step tracking about the call. Costs one test inside a step."""
     def probe():
         grad = grad_fn()
-        _forward(grad)
+        if _state.mode != TRAIN:
+            _forward(grad)
         return grad
 
     return probe
@@ -502,8 +507,10 @@ def _wrap_data(original, name: str):
     """``next()`` on a DataLoader iterator, ``iter()`` of a DataLoader: a data slice."""
     @functools.wraps(original)
     def fetch(self, *args):
-        if _compiling() or _state.start_ns is None:
-            if _compiling() or _state.broken or name != "data":
+        if _compiling():
+            return original(self, *args)
+        if _state.start_ns is None:
+            if _state.broken or name != "data":
                 return original(self, *args)
             start = _core.now_ns()  # no trace yet: this batch begins the first step if one opens lazily
             result = original(self, *args)
