@@ -27,7 +27,8 @@ A step is one training iteration. Without marks, optimizers decide where it ends
 
 Marks override this: from the first :func:`step` / :func:`step_context` in a
 trace file on, the user's marks alone end steps (a mark just after an optimizer
-step ends that same step: no empty step).
+step ends that same step: no empty step; a mark during an evaluation ends the
+evaluation, and the step after it begins there).
 
 Evaluation: with optimizer-driven steps, a graph call with grad disabled while
 the step is complete (or evaluation runs already) begins an ``eval`` slice (cat
@@ -189,14 +190,13 @@ def _end(now: int) -> None:
         if _state.start_ns is None or _state.broken:
             _state.number += 1
             return
-        if _state.mode == EVAL:
-            _end_eval(now)
-            _flush()
-            return
         _state.explicit = True
-        if _state.mode == COMPLETE:
-            _flush()  # held after the optimizer steps, before the mark: this step's
-        _finish(now)
+        if _state.mode != TRAIN:
+            _flush()  # held after the optimizer steps or during the evaluation, before the mark: theirs
+        if _state.mode == EVAL:
+            _end_eval(now)  # the mark ends the evaluation; the step after it begins
+        else:
+            _finish(now)
 
 
 def _training(now: int) -> None:
