@@ -41,7 +41,7 @@ import torch
 from .. import _core
 from ..events import steps
 from ..session import config, hooks
-from ..schema import CAT_COMPILE
+from ..schema import ARG_KIND, CAT_COMPILE
 from . import sites
 
 _listeners: list[Callable[[dict], None]] = []
@@ -74,7 +74,7 @@ def collect() -> Iterator[list]:
 
 def emit(kind: str, name: str, start_ns: int, end_ns: int, **fields) -> dict:
     """Writes one compile-side event and hands its record to the listeners."""
-    args = {"kind": kind, **{k: v for k, v in fields.items() if v is not None}}  # kind: for summary's graphs view
+    args = {ARG_KIND: kind, **{k: v for k, v in fields.items() if v is not None}}  # kind: for summary's graphs view
     _core.log(name, CAT_COMPILE, start_ns, end_ns, args)
     record = dict(args, name=name, start_ns=start_ns, end_ns=end_ns)
     for fn in list(_listeners):

@@ -33,7 +33,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _core
-from ..schema import ARG_BYTES, ARG_FLOPS, ARG_MODULE, CAT_KERNEL
+from ..schema import (ARG_ATEN_OPS, ARG_BYTES, ARG_FLOPS, ARG_GRAPH, ARG_KERNEL_TYPE, ARG_LEVEL, ARG_MODULE, CAT_KERNEL,
+                      PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE)
 from ..events import cuda as cuda_events
 from ..session import config
 from . import modules, sites
@@ -69,12 +70,12 @@ def kernel_args(by_name: dict, graph_id: int, kind: str, post_grad: list, with_m
     first): the kernel's ``module`` is the innermost."""
     nodes = [by_name[n] for n in post_grad if n in by_name]
     args: dict[str, Any] = {
-        "graph": graph_id, "kernel_type": kind,
-        "aten_ops": list(dict.fromkeys(op for op in map(_aten_op, nodes) if op)),
+        ARG_GRAPH: graph_id, ARG_KERNEL_TYPE: kind,
+        ARG_ATEN_OPS: list(dict.fromkeys(op for op in map(_aten_op, nodes) if op)),
         "source_nodes": list(dict.fromkeys(map(_source_node, nodes))),
     }
     if not nodes:
-        args["source_nodes"], args["aten_ops"] = comment()
+        args["source_nodes"], args[ARG_ATEN_OPS] = comment()
         nodes = [by_name[n] for n in args["source_nodes"] if n in by_name]
     # getitem only picks an output of a multi-output op (and has no module stack of its own)
     stack = _common_stack([sites.module_stack(n) for n in nodes if n.target is not operator.getitem])
@@ -338,11 +339,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
 
     def inner_compile(aot_gm, inputs, **kwargs):
         backward = bool(kwargs.get("is_backward"))
-        phase = "backward" if backward else "inference" if kwargs.get("is_inference") else "forward"
+        phase = PHASE_BACKWARD if backward else PHASE_INFERENCE if kwargs.get("is_inference") else PHASE_FORWARD
         notify(aot_gm, inputs, phase)
         with _provenance(backward, aot_gm):
             compiled = compile_fx_inner(aot_gm, inputs, **kwargs)
-        args = {"graph": graph_id, "level": "inductor"}
+        args = {ARG_GRAPH: graph_id, ARG_LEVEL: "inductor"}
         timer = cuda_events.DeviceTimer(f"graph {graph_id} {phase}", graph_id) if cuda_events.wanted(inputs) else None
         try:
             args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices, timer,

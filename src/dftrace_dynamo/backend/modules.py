@@ -31,7 +31,7 @@ from typing import Sequence
 import torch.fx
 
 from .. import _core
-from ..schema import CAT_MODULE
+from ..schema import ARG_GRAPH, ARG_MODULE_TYPE, CAT_MODULE
 from ..session import hooks
 from . import sites
 
@@ -72,7 +72,7 @@ def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int,
         _, path, mtype = frame
         if (path, mtype) not in site_ids:
             site_ids[path, mtype] = _core.intern_site(path, CAT_MODULE,
-                                                      {"module_type": mtype, "graph": graph_id})
+                                                      {ARG_MODULE_TYPE: mtype, ARG_GRAPH: graph_id})
         return site_ids[path, mtype]
 
     plan = []
@@ -116,7 +116,7 @@ def frame_slices(module: torch.nn.Module, path: str, cell) -> None:
     name = f"module slice {path} {id(module):x}"
     if hooks.installed(name):
         return
-    site = _core.intern_site(path, CAT_MODULE, {"module_type": type(module).__name__})
+    site = _core.intern_site(path, CAT_MODULE, {ARG_MODULE_TYPE: type(module).__name__})
     starts: list = []  # one per call in progress (a module may call itself)
 
     def pre(*_):

@@ -33,8 +33,8 @@ import torch
 
 from .. import _core
 from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, ARG_KERNEL_TYPE, ARG_LEVEL,
-                      ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, CAT_GRAPH, PHASE_BACKWARD, PHASE_FORWARD,
-                      METADATA_ARGS, PHASE_INFERENCE)
+                      ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, ARG_STEP, CAT_GRAPH, METADATA_ARGS,
+                      PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE)
 from ..events import cuda as cuda_events, steps
 from ..session import config, logger
 from . import compile_events, instrument, modules, sites
@@ -89,7 +89,7 @@ class Tags:
         values = {k: v for k, v in values.items() if v is not None}
         if args:
             values.update(args)
-        step = values.pop("step", None)
+        step = values.pop(ARG_STEP, None)
         if step is not None:
             steps.name_step(step)
         self.values.update(logger.own_fields(values, OWN_FIELDS))
@@ -112,7 +112,7 @@ def _aot_grad_fn(phase: str, grad: bool) -> Callable[[], bool]:
     """grad_enabled of an AOT graph's events. The forward runs inside autograd.Function.forward
     (grad off): its grad_enabled is the user's mode ``grad``, a constant; backward reads the
     mode the autograd engine set."""
-    return torch.is_grad_enabled if phase == "backward" else _constant(grad)
+    return torch.is_grad_enabled if phase == PHASE_BACKWARD else _constant(grad)
 
 
 def _probed(phase: str, grad_fn: Callable[[], bool]) -> Callable[[], bool]:
@@ -185,7 +185,7 @@ class TracerBackend:
     @staticmethod
     def _torch_phase() -> str:
         # Dynamo guards on grad mode, so the mode now is the mode of every call of this graph.
-        return "forward" if torch.is_grad_enabled() else "inference"
+        return PHASE_FORWARD if torch.is_grad_enabled() else PHASE_INFERENCE
 
     def _inner_name(self) -> Optional[str]:
         if self.inner is None:
@@ -202,7 +202,8 @@ class TracerBackend:
 
     def _notify_aot(self, fx_g, inputs, graph_id, level, phase, start) -> None:
         # AOTAutograd's time so far; a backward compiled at the first backward has none
-        self._notify(fx_g, inputs, graph_id, level, phase, "aot", None if phase == "backward" else _core.now_ns() - start)
+        self._notify(fx_g, inputs, graph_id, level, phase, "aot",
+                     None if phase == PHASE_BACKWARD else _core.now_ns() - start)
 
     def _graph_call(self, gm, example_inputs, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False):
         """Instruments ``gm`` and wraps its forward in the graph event."""
@@ -216,7 +217,7 @@ class TracerBackend:
         plain = self._plain(gm) if level == "torch" else None
         nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer,
                                       backward=phase == PHASE_BACKWARD)
-        site = _core.intern_site(name, CAT_GRAPH, {"graph": graph_id, "level": level, "nodes": nodes})
+        site = _core.intern_site(name, CAT_GRAPH, {ARG_GRAPH: graph_id, ARG_LEVEL: level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
         forward = gm.forward if timer is None else timer.graph(gm.forward)
@@ -251,9 +252,9 @@ class TracerBackend:
 
         # Same AOTAutograd settings as backend="aot_eager", so numerics match it bit for bit.
         return aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
+            fw_compiler=compiler(PHASE_FORWARD),
+            bw_compiler=compiler(PHASE_BACKWARD),
+            inference_compiler=compiler(PHASE_INFERENCE),
             partition_fn=min_cut_rematerialization_partition,
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
@@ -282,7 +283,7 @@ class TracerBackend:
         phase = self._torch_phase()
         compiled = inner(gm, example_inputs, **kwargs)
         site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH,
-                                 {"graph": graph_id, "level": "torch", "inner": self._inner_name()})
+                                 {ARG_GRAPH: graph_id, ARG_LEVEL: "torch", "inner": self._inner_name()})
         return _core.GraphCall(compiled, site, self.tags.cell, _PHASE[phase], _probed(phase, torch.is_grad_enabled))
 
 

@@ -28,7 +28,7 @@ from typing import Optional
 import orjson
 
 from .. import __version__, _core
-from ..schema import ARG_HHASH
+from ..schema import ARG_HHASH, ARG_RANK, ARG_RUN_ID, CAT_DFTRACER
 from . import config, hooks
 
 _lock = threading.RLock()
@@ -152,27 +152,27 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     exe = strip_userinfo(sys.executable or "python")
     rank = os.environ.get("RANK")
     proc_name = f"rank {rank} ({_process_name()} {pid})" if rank else f"{_process_name()} {pid}"
-    base = {"cat": "dftracer", "pid": pid, "tid": tid}
+    base = {"cat": CAT_DFTRACER, "pid": pid, "tid": tid}
 
     def meta(name: str, args: dict) -> dict:
         return {"name": name, **base, "ph": "M", "args": args}
 
     def string_hash(name: str, value: str) -> dict:
-        return meta(name, {"hhash": hhash, "name": _clean(value), "value": _hash16(value)})
+        return meta(name, {ARG_HHASH: hhash, "name": _clean(value), "value": _hash16(value)})
 
     now = datetime.datetime.now()
     start_args = {
-        "hhash": hhash, "cmd_hash": _hash16(cmd), "p_idx": p_idx, "cwd": _hash16(cwd),
+        ARG_HHASH: hhash, "cmd_hash": _hash16(cmd), "p_idx": p_idx, "cwd": _hash16(cwd),
         "exec_hash": _hash16(exe), "version": __version__, "date": now.strftime("%a %b %d %H:%M:%S %Y"),
         "ppid": os.getppid(),
     }
     if rank:
-        start_args["rank"] = rank
+        start_args[ARG_RANK] = rank
     # set by dftrace-dynamo run, else torchrun's job id: tells runs apart in summary, and keeps a
     # job's ranks together whatever their clocks say
     run_id = os.environ.get("DFTRACER_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
-        start_args["run_id"] = run_id
+        start_args[ARG_RUN_ID] = run_id
     records = [
         string_hash("HH", host),
         meta("process_name", {"name": _clean(proc_name)}),
