@@ -36,8 +36,7 @@ class _State:
     statm_fd: Optional[int] = None  # /proc/self/statm (the sampler's)
     clear_refs: Optional[int] = None  # /proc/self/clear_refs, None where it cannot be written
     sampled_peak = 0  # the largest sample since the last step end (no clear_refs)
-    sampler: Optional[threading.Thread] = None
-    stop: Optional[threading.Event] = None
+    stop: Optional[threading.Event] = None  # set: the sampler thread ends
 
 
 _state = _State()
@@ -140,8 +139,7 @@ def _on_open() -> None:
             _state.clear_refs = _open("/proc/self/clear_refs", os.O_WRONLY)
         _reset_peak()
         _state.stop = threading.Event()
-        _state.sampler = threading.Thread(target=_sample, args=(_state.stop,), name="dftrace memory", daemon=True)
-        _state.sampler.start()
+        threading.Thread(target=_sample, args=(_state.stop,), name="dftrace memory", daemon=True).start()
     except Exception as exc:
         config.get()
         config.log.warning("memory sampling is off: %s: %s", type(exc).__name__, exc)

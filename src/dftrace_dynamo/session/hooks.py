@@ -173,17 +173,19 @@ def install(group: str) -> None:
     """Installs every declared hook of ``group`` that is not installed yet."""
     with _lock:
         for hook in list(_declared.values()):
-            if hook.group == group and not hook.installed:
-                hook._install()
-                hook.installed = True
+            if hook.group == group:
+                _install(hook)
 
 
 def install_one(name: str) -> None:
     with _lock:
-        hook = _declared[name]
-        if not hook.installed:
-            hook._install()
-            hook.installed = True
+        _install(_declared[name])
+
+
+def _install(hook: Hook) -> None:
+    if not hook.installed:
+        hook._install()
+        hook.installed = True
 
 
 def installed(name: str) -> bool:
@@ -198,7 +200,7 @@ def remove_one(name: str) -> None:
 
 
 def remove(group: str) -> None:
-    """Removes the installed hooks of ``group``, last installed first."""
+    """Removes the installed hooks of ``group``, last declared first."""
     _remove([h for h in _declared.values() if h.group == group])
 
 
