@@ -185,6 +185,12 @@ def _change_text(row):
     return f"{100 * row['change']:+.1f}% [{low}, {high}]"
 
 
+def _listed(rows):
+    """The first five rows with their change, for the verdict."""
+    return "; ".join(f"{_name(r)} {_change_text(r)}" for r in rows[:5]) + (
+        f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+
+
 def _verdict(rows, per_step, fail_above, steps):
     """The headline: ``fail`` (the exit status is 1 exactly when it is true), ``text``,
     ``rows`` (the names of the rows that failed the rule, biggest change first)."""
@@ -196,13 +202,9 @@ def _verdict(rows, per_step, fail_above, steps):
     failed = [r for r in grew if fail_above is not None and _grew_above(r, fail_above)]
     tested = f"{len(rows)} rows over {steps[0]} and {steps[1]} steady steps, {CONFIDENCE:.0%} confidence"
     if failed:
-        names = "; ".join(f"{_name(r)} {_change_text(r)}" for r in failed[:5])
-        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
-        text = f"FAIL: grew by more than --fail-above {fail_above:g}%: {names}{more} ({tested})"
+        text = f"FAIL: grew by more than --fail-above {fail_above:g}%: {_listed(failed)} ({tested})"
     elif moved:
-        names = "; ".join(f"{_name(r)} {_change_text(r)}" for r in moved[:5])
-        more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
-        text = f"changed beyond noise: {names}{more} ({tested})"
+        text = f"changed beyond noise: {_listed(moved)} ({tested})"
         if fail_above is not None:
             text = f"PASS: no row grew by more than --fail-above {fail_above:g}%; " + text
     else:
