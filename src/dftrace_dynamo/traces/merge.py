@@ -19,7 +19,7 @@ import orjson
 
 from . import clock, runs
 from .convert import lost_notes, prepare_output
-from .reader import SUFFIXES, EventLines, TraceError, check_trace, is_number, rank_of
+from .reader import SUFFIXES, EventLines, TraceError, check_trace, is_number, is_start_record, rank_of
 from .writer import TraceWriter
 
 
@@ -78,7 +78,7 @@ class _Span:
         end = ts + dur if is_number(dur) else ts
         self.first = ts if self.first is None else min(self.first, ts)
         self.last = end if self.last is None else max(self.last, end)
-        if ev.get("name") == "start" and ev.get("cat") == "dftracer" and ev.get("ph") == "X":
+        if is_start_record(ev):
             run_id = (ev.get("args") or {}).get("run_id")
             if run_id is not None:
                 self.run_id = run_id if isinstance(run_id, str) else orjson.dumps(run_id).decode()

@@ -21,6 +21,8 @@ import zlib
 import orjson
 import zstandard
 
+from ..schema import CAT_DFTRACER
+
 CHUNK = 1 << 20
 # Compressed bytes per decoder call. Deflate expands at most 1032x and a zstd
 # block of 4 bytes gives at most 128 KiB, so one call yields <= 1 MiB (gzip)
@@ -53,6 +55,11 @@ _PH = {str, int, _NONE}  # DFTracer 2.1+ writes ph as a number (PH_LETTERS)
 # DFTracer 2.1+ (pydftracer 2.0.6 with the 2.2.0 core): ph numbers and the Chrome letters they
 # replace; 0 (unknown) and 3 (aggregated records) have none
 PH_LETTERS = {1: "X", 2: "C", 4: "M"}
+
+
+def is_start_record(ev):
+    """Whether the event ``ev`` is the ``start`` record (its args: run id, command line)."""
+    return ev.get("name") == "start" and ev.get("cat") == CAT_DFTRACER
 
 
 def _json_kind(v):

@@ -20,7 +20,7 @@ from array import array
 import numpy as np
 
 from .convert import lost_notes, prepare_output
-from .reader import EventLines, TraceError, check_trace, is_number
+from .reader import EventLines, TraceError, check_trace, is_number, is_start_record
 from .writer import TraceWriter
 
 ALL = -1  # copied into every part
@@ -34,7 +34,7 @@ def _scan(src):
     lines = EventLines(src)
     for _, _, ev in lines:
         t, d = ev.get("ts"), ev.get("dur")
-        meta = ev.get("ph") == "M" or (ev.get("name") == "start" and ev.get("cat") == "dftracer") or not is_number(t)
+        meta = ev.get("ph") == "M" or is_start_record(ev) or not is_number(t)
         everywhere.append(meta)
         t = float(t) if is_number(t) else 0.0
         d = float(d) if ev.get("ph") == "X" and is_number(d) and d >= 0 else 0.0
