@@ -117,12 +117,18 @@ def check_verdict_and_exit_status_agree(d, p, table):
     assert table.stderr.strip() == (f"dftrace-dynamo diff: {d['verdict']['text']}" if failed else "")
 
 
-@pytest.mark.parametrize("name", SAME)
-def test_the_same_program_twice_changes_no_row_beyond_noise(pairs, name):
-    base, new, _ = pairs[name]
+def judged(base, new):
+    """:func:`diff` with ``--fail-above 5``, its numbers and its verdict checked."""
     d, p, table = diff(base, new, "--fail-above", "5")
     check_method_numbers(d)
     check_verdict_and_exit_status_agree(d, p, table)
+    return d, p, table
+
+
+@pytest.mark.parametrize("name", SAME)
+def test_the_same_program_twice_changes_no_row_beyond_noise(pairs, name):
+    base, new, _ = pairs[name]
+    d, p, table = judged(base, new)
     assert p.returncode == 0 and d["verdict"]["rows"] == []
     assert [(r["view"], r["key"], r["interval"]) for r in d["rows"] if not r["within_noise"]] == []
     assert d["up"] == d["down"] == [] and d["within_noise"] == len(d["rows"])
@@ -133,9 +139,7 @@ def test_the_same_program_twice_changes_no_row_beyond_noise(pairs, name):
 @pytest.mark.parametrize("name", SLOWED)
 def test_a_slower_module_fails_the_check_and_is_named(pairs, name):
     base, new, module = pairs[name]
-    d, p, table = diff(base, new, "--fail-above", "5")
-    check_method_numbers(d)
-    check_verdict_and_exit_status_agree(d, p, table)
+    d, p, table = judged(base, new)
     assert p.returncode == 1 and f"module {module}" in d["verdict"]["rows"]
     assert f"module {module} +" in d["verdict"]["text"]
     row = next(r for r in d["rows"] if (r["view"], r["key"]) == ("module", module))
@@ -220,9 +224,7 @@ def test_rows_are_per_process_so_jobs_of_different_sizes_compare(tmp_path):
     for rank in (0, 1):  # one job of two ranks (one run id), each rank the same loop as the single process
         job = stepgen(tmp_path / "job", rank, rank=rank, env={"DFTRACER_RUN_ID": "job"})
     single = stepgen(tmp_path / "single", 7)
-    d, p, table = diff(job, single, "--fail-above", "5")
-    check_method_numbers(d)
-    check_verdict_and_exit_status_agree(d, p, table)
+    d, p, table = judged(job, single)
     assert p.returncode == 0 and all(r["within_noise"] for r in d["rows"])
     relu = next(r for r in d["rows"] if (r["view"], r["key"]) == ("op", "function.relu.default"))
     assert relu["base_count_per_step"] == relu["new_count_per_step"] == 4  # per step and process
