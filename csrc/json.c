@@ -193,33 +193,14 @@ typedef struct {
 
 static int json_value(dft_buf *b, PyObject *v, json_path *path);
 
-/* Enters container v: 1 when it is too deep or already open (then its
- * marker is written instead), 0 when entered, -1 on error. */
-static int enter(dft_buf *b, PyObject *v, json_path *path, const char *marker) {
-    int kind = path->depth > DFT_ARGS_DEPTH ? DFT_ARG_DEEP : -1;
-    for (int i = 0; kind < 0 && i < path->depth; i++)
-        if (path->open[i] == v)
-            kind = DFT_ARG_CYCLE;
-    if (kind < 0) {
-        path->open[path->depth++] = v;
-        return 0;
-    }
-    dft_arg_issues[kind]++;
-    return put(b, marker, 7) < 0 ? -1 : 1;
-}
-
 /* Items are held while written: a str() they call may change the container. */
 static int json_seq(dft_buf *b, PyObject *v, json_path *path) {
-    int rc = enter(b, v, path, "\"[...]\"");
-    if (rc)
-        return rc < 0 ? -1 : 0;
-    rc = put(b, "[", 1);
+    int rc = put(b, "[", 1);
     for (Py_ssize_t i = 0; rc == 0 && i < Py_SIZE(v); i++) {
         PyObject *item = Py_NewRef(PyList_Check(v) ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i));
         rc = (i && put(b, ",", 1) < 0) ? -1 : json_value(b, item, path);
         Py_DECREF(item);
     }
-    path->depth--;
     return rc < 0 ? -1 : put(b, "]", 1);
 }
 
@@ -241,12 +222,24 @@ static int json_items(dft_buf *b, PyObject *d, json_path *path, int lead) {
 }
 
 static int json_dict(dft_buf *b, PyObject *d, json_path *path) {
-    int rc = enter(b, d, path, "\"{...}\"");
-    if (rc)
-        return rc < 0 ? -1 : 0;
-    rc = put(b, "{", 1) < 0 || json_items(b, d, path, 0) < 0 ? -1 : 0;
+    return put(b, "{", 1) < 0 || json_items(b, d, path, 0) < 0 ? -1 : put(b, "}", 1);
+}
+
+/* A dict or list/tuple inside the args dict; its marker instead when it is
+ * nested too deep or inside itself. */
+static int json_container(dft_buf *b, PyObject *v, json_path *path, int dict) {
+    int kind = path->depth > DFT_ARGS_DEPTH ? DFT_ARG_DEEP : -1;
+    for (int i = 0; kind < 0 && i < path->depth; i++)
+        if (path->open[i] == v)
+            kind = DFT_ARG_CYCLE;
+    if (kind >= 0) {
+        dft_arg_issues[kind]++;
+        return put(b, dict ? "\"{...}\"" : "\"[...]\"", 7);
+    }
+    path->open[path->depth++] = v;
+    int rc = dict ? json_dict(b, v, path) : json_seq(b, v, path);
     path->depth--;
-    return rc < 0 ? -1 : put(b, "}", 1);
+    return rc;
 }
 
 static int json_value(dft_buf *b, PyObject *v, json_path *path) {
@@ -289,9 +282,9 @@ static int json_value(dft_buf *b, PyObject *v, json_path *path) {
         return rc;
     }
     if (PyDict_Check(v))
-        return json_dict(b, v, path);
+        return json_container(b, v, path, 1);
     if (PyList_Check(v) || PyTuple_Check(v))
-        return json_seq(b, v, path);
+        return json_container(b, v, path, 0);
     return put_str_of(b, v);
 }
 
