@@ -79,9 +79,9 @@ def executed_nodes(gm):
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def run_torchrun(script, cwd, log_prefix, timeout=600, nproc=2):
-    """``script`` as an ``nproc``-rank torchrun job on this host, tracing into ``log_prefix``-*."""
-    argv = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", str(script)]
+def run_torchrun(script, cwd, log_prefix, timeout=600, nproc=2, args=()):
+    """``script args`` as an ``nproc``-rank torchrun job on this host, tracing into ``log_prefix``-*."""
+    argv = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", str(script), *map(str, args)]
     env = {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(log_prefix), "OMP_NUM_THREADS": "1"}
     proc = python(argv, cwd, env, timeout)
     if proc.returncode != 0 and GLOO_TEARDOWN_ABORT in proc.stderr:

@@ -11,9 +11,6 @@ up to the microsecond grid of ``ts``.
 
 import json
 import os
-import sys
-
-from tracefile import read_events
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "groundtruth_train.py")
 GRID_US = 2.0  # ts is whole µs, nesting may trim an event by at most 1 µs, and the clock model's error
@@ -56,11 +53,11 @@ def check(events, marks, shift_us=0.0, tid=None, grid_us=GRID_US):
     ``shift_us`` is added to every trace time (the merged view's clock correction);
     ``tid``: the training thread (default: the main thread, tid == pid); ``grid_us``: the
     tolerance (a clock offset measured between ranks is good to a bound, not to the µs)."""
-    pid = main_pid(events)
+    (start,) = [e for e in events if e.get("name") == "start"]
+    pid = start["pid"]
     tid = pid if tid is None else tid
     evs = [e for e in x_events(events, pid) if e["tid"] == tid]
     bad = []
-    (start,) = [e for e in events if e.get("name") == "start"]
     # marks of this trace's steps; what ran before the file opened (a lazy open inside the first
     # compile) is not in it, except the batch that began the first step
     traced_marks = [m for m in marks if m[1] >= 0 and (m[3] / 1000 >= start["ts"] or m[0] == "data")]

@@ -2,21 +2,17 @@
 (checked against wall-clock marks taken by the training script, see groundtruth.py), and
 no event is dropped on other threads, in DataLoader workers or in a forked child."""
 
-import glob
 import json
 import os
 
 import pytest
 
 import groundtruth as gt
-from subproc import python, run_python
+from backend_support import run_torchrun
+from subproc import run_python
 from tracefile import read_events, traces
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
-
-
-def _lazy(prefix):
-    return {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(prefix), "OMP_NUM_THREADS": "1"}
 
 
 def _train(tmp_path, mode, *extra):
@@ -24,11 +20,11 @@ def _train(tmp_path, mode, *extra):
     marks = tmp_path / "marks.json"
     env = {"GT_LOG": str(tmp_path / "t"), "OMP_NUM_THREADS": "1"}
     if mode in ("lazy", "decorator", "run"):
-        env.update(_lazy(tmp_path / "t"))
+        env.update(DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=str(tmp_path / "t"))
     if mode == "run":
         run_python(["-m", "dftrace_dynamo", "run", "--compile-all", "--out", str(tmp_path / "runs"),
                     *gt.argv(marks, mode, *extra)], env=env)
-        (path,) = glob.glob(str(tmp_path / "runs" / "*" / "*.pfw*"))
+        (path,) = traces(tmp_path / "runs", "*/*.pfw*")
     else:
         run_python(gt.argv(marks, mode, *extra), env=env)
         (path,) = traces(tmp_path)
@@ -53,11 +49,7 @@ def _torchrun(tmp_path, *extra):
     """A 2-rank gloo job of the ground-truth script, traces opened lazily; the ranks' marks files,
     the merged trace's events and merge's notes."""
     marks = tmp_path / "marks.json"
-    script = tmp_path / "train.py"
-    script.write_text(open(gt.SCRIPT).read())
-    proc = python(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script),
-                   str(marks), "--open", "lazy", "--ddp", *map(str, extra)], tmp_path, _lazy(tmp_path / "ddp"), 600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_torchrun(gt.SCRIPT, tmp_path, tmp_path / "ddp", args=[marks, "--open", "lazy", "--ddp", *extra])
     merged = tmp_path / "merged.pfw"
     notes = run_python(["-m", "dftrace_dynamo", "merge", *traces(tmp_path, "ddp-*"), "-o", str(merged)]).stderr
     return marks, read_events(str(merged)), notes
