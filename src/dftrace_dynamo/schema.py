@@ -86,6 +86,8 @@ PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"
 PHASE_INFERENCE = "inference"
 PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_INFERENCE)
+# not written in args.phase: readers (summary --by phase) give it to the ops with ARG_RECOMPUTE
+PHASE_RECOMPUTE = "recompute"
 
 # ---- compile event kinds (``args.kind`` of ``CAT_COMPILE``) -------------------------
 COMPILE_KINDS = ("compile", "graph_break", "recompile", "backend", "instrument")

@@ -6,10 +6,17 @@ node would have called: the function (``op._op`` for ATen OpOverloads, which
 skips ``OpOverload.__call__``), the method name (METHOD mode) or the submodule
 object. FX code generation binds the Interceptor as a global of the generated
 ``forward``, so a call costs no attribute lookup and no Python frame of ours.
+
+Activation checkpointing (``torch.utils.checkpoint``) runs ops again in backward. At
+``level="aten"`` AOTAutograd's partitioner copies them into the backward graph; at
+``level="torch"`` Dynamo makes the checkpointed code a ``tag_activation_checkpoint`` body
+that torch runs in forward and again in backward. Either way those second runs are
+recorded with ``recompute: true``.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 
 import torch
@@ -17,7 +24,7 @@ import torch.fx
 
 from .. import _core
 from ..events import comm
-from ..schema import CAT_COMM, CAT_OP
+from ..schema import ARG_NODE, ARG_RECOMPUTE, CAT_COMM, CAT_OP
 from ..session import config
 from . import modules, sites
 
@@ -28,6 +35,24 @@ _IDENT = re.compile(r"\W+")
 _SET_GRAD = torch._C._set_grad_enabled
 _ENTER_INFERENCE = torch.autograd.grad_mode._enter_inference_mode
 _EXIT_INFERENCE = torch.autograd.grad_mode._exit_inference_mode
+# torch.utils.checkpoint under Dynamo: tag_activation_checkpoint(body, *inputs, **checkpoint_kwargs)
+_CHECKPOINT = torch.ops.higher_order.tag_activation_checkpoint
+_graph_task = torch._C._current_graph_task_id  # -1 outside a backward pass
+
+
+class Checkpointed:
+    """An op of a checkpointed body at torch level: torch runs the body in forward and again, to
+    recompute its activations, in backward; that run is recorded by ``recompute``'s interceptor.
+    (torch runs such a body node by node with ``fx.Interpreter``, microseconds per op, so one
+    more call here is noise.)"""
+
+    __slots__ = ("forward", "recompute", "__name__")
+
+    def __init__(self, forward, recompute, name: str):
+        self.forward, self.recompute, self.__name__ = forward, recompute, name
+
+    def __call__(self, *args, **kwargs):
+        return (self.forward if _graph_task() < 0 else self.recompute)(*args, **kwargs)
 
 
 def _bind(node: torch.fx.Node, root: torch.nn.Module):
@@ -43,7 +68,7 @@ def _bind(node: torch.fx.Node, root: torch.nn.Module):
 
 
 def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool, device_timer=None,
-               backward: bool = False) -> int:
+               backward: bool = False, recomputed: frozenset = frozenset(), body: str = "", outer: tuple = ()) -> int:
     """Rewrites ``gm`` in place and recompiles it; returns the number of instrumented nodes.
 
     With module slices on (``DFTRACER_MODULE_SLICES``), the nodes of each ``nn.Module``
@@ -51,6 +76,11 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
     graph that includes the module whose forward hooks frame its forward calls.
 
     ``device_timer`` (a ``cuda_events.DeviceTimer``) also brackets each op with CUDA events.
+
+    ``recomputed``: the names of the nodes whose events carry ``recompute`` (a backward graph's
+    re-runs of checkpointed forward ops, see :func:`.sites.recomputed`). ``body``: ``gm`` is the body of a checkpointed region (its attribute name in the graph that
+    calls it), whose ops are recorded with ``recompute`` when run in backward; ``outer``: the module
+    stack of that call, whose slices are already open around the body.
     """
     grad = _core.GRAD_INHERIT
     saved = []  # grad override in force before each open inference_mode region
@@ -58,20 +88,33 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
     for node in list(gm.graph.nodes):
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
+        stack = sites.module_stack(node)
+        if [key for key, _, _ in stack[:len(outer)]] == [key for key, _, _ in outer]:
+            stack = stack[len(outer):]
+        executed.append((node, stack))
+        if node.target is _CHECKPOINT:  # no event of its own: its body's ops would nest in it
+            _instrument_body(gm, node, graph_id, cell, with_metadata, sites.module_stack(node), body)
+            continue
         name = sites.op_name(node)
         args = sites.op_args(node, gm, graph_id, with_metadata)
+        if node.name in recomputed:
+            args[ARG_RECOMPUTE] = True
+        if body:  # node names are unique within one graph: a body's own are not
+            args[ARG_NODE] = f"{body}.{node.name}"
         cat = CAT_OP
         if comm.is_functional_collective(node.target):  # communication, not computation
             cat = CAT_COMM
             args = {**args, **comm.graph_args(node)}
-        site = _core.intern_site(name, cat, args)
         target, mode = _bind(node, gm)
         if device_timer is not None:
             target, mode = device_timer.op(target, mode, name, args), _core.CALL
         pyname = "dft_" + _IDENT.sub("_", name.removeprefix("function.")).strip("_")
-        interceptor = _core.Interceptor(target, site, cell, mode, grad, name=pyname)
+        interceptor = _core.Interceptor(target, _core.intern_site(name, cat, args), cell, mode, grad, name=pyname)
+        if body:
+            again = _core.Interceptor(target, _core.intern_site(name, cat, {**args, ARG_RECOMPUTE: True}), cell,
+                                      mode, grad, name=pyname)
+            interceptor = Checkpointed(interceptor, again, pyname)
         original = node.target
-        executed.append((node, sites.module_stack(node)))
         node.op, node.target = "call_function", interceptor
         # the mode switch itself runs under the old mode; the nodes after it under the new one
         if original is _SET_GRAD and isinstance(node.args[0], bool):
@@ -85,4 +128,18 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
     if executed and config.get().module_slices:
         modules.add_spans(gm.graph, *zip(*executed), graph_id, cell, hooked=not backward)
     gm.recompile()
-    return len(executed)
+    return sum(node.target is not _CHECKPOINT for node, _ in executed)
+
+
+def _instrument_body(gm: torch.fx.GraphModule, node: torch.fx.Node, graph_id: int, cell, with_metadata: bool,
+                     stack: tuple, within: str) -> None:
+    """Instruments a copy of the body that the checkpoint call ``node`` runs, in its place (a
+    torch-level graph keeps an uninstrumented copy that still calls the original). Its ops get
+    no device events: their second run is outside every graph call. ``within``: the body that
+    holds ``node``, if any."""
+    name = node.args[0].target
+    original = gm.get_submodule(name)
+    body = torch.fx.GraphModule(original, copy.deepcopy(original.graph))
+    body.meta.update(original.meta)  # the checkpoint's own options (context_fn) are there
+    instrument(body, graph_id, cell, with_metadata, body=f"{within}.{name}" if within else name, outer=stack)
+    gm.add_submodule(name, body)

@@ -135,7 +135,9 @@ def user_stacks(gm: torch.fx.GraphModule, f_locals: Optional[dict],
             resolved[text] = found
         return resolved[text]
 
-    for node in gm.graph.nodes:
+    # the graph's nodes and those of the subgraphs it calls (bodies of checkpointed regions...)
+    graphs = [sub.graph for sub in gm.modules() if isinstance(sub, torch.fx.GraphModule)]
+    for node in (node for graph in graphs for node in graph.nodes):
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         stack = {}
@@ -313,6 +315,19 @@ def metadata(node: torch.fx.Node, module_type: Optional[str]) -> dict:
         # upper estimate: every input read once and every output written once
         meta[ARG_BYTES] = sum(n * t.element_size() for n, t in zip(sizes, inputs + outputs))
     return meta
+
+
+def recomputed(backward: torch.fx.GraphModule, forward_ops: "set[str]") -> frozenset:
+    """Names of the nodes of an AOTAutograd backward graph that run again an op of an
+    activation-checkpointed region (``torch.utils.checkpoint``) that the forward graph ran
+    (``forward_ops``: its node names, which the partitioner keeps on the nodes it copies). Such a
+    node is a forward node (``partitioner_tag``) whose checkpoint policy says recompute; forward
+    nodes the partitioner copies on its own (cheap views outside checkpointed regions) have none."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    again = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+    return frozenset(node.name for node in backward.graph.nodes if node.name in forward_ops
+                     and node.meta.get("partitioner_tag") == "is_forward" and node.meta.get("recompute") in again)
 
 
 def op_args(node: torch.fx.Node, root: Optional[torch.nn.Module], graph_id: int, with_metadata: bool) -> dict:

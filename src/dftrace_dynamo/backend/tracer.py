@@ -33,8 +33,8 @@ import torch
 
 from .. import _core
 from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, ARG_KERNEL_TYPE, ARG_LEVEL,
-                      ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, ARG_STEP, CAT_GRAPH, METADATA_ARGS,
-                      PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE)
+                      ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, ARG_RECOMPUTE, ARG_STEP, CAT_GRAPH,
+                      METADATA_ARGS, PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE)
 from ..events import cuda as cuda_events, steps
 from ..session import config, logger
 from . import compile_events, instrument, modules, sites
@@ -67,7 +67,7 @@ def tracing_disabled() -> bool:
 # tag named like one is written as user_<name> instead of clobbering it (step is no tag: update()
 # names the step), DFTRACER_INC_METADATA's included; docs/format.rst lists them
 OWN_FIELDS = frozenset({ARG_HHASH, ARG_GRAPH, ARG_NODE, ARG_MODULE, ARG_MODULE_TYPE, ARG_LEVEL, ARG_KERNEL_TYPE,
-                        ARG_ATEN_OPS, ARG_PHASE, ARG_GRAD, ARG_FAILED, *METADATA_ARGS})
+                        ARG_ATEN_OPS, ARG_PHASE, ARG_GRAD, ARG_FAILED, ARG_RECOMPUTE, *METADATA_ARGS})
 
 
 class Tags:
@@ -205,8 +205,10 @@ class TracerBackend:
         self._notify(fx_g, inputs, graph_id, level, phase, "aot",
                      None if phase == PHASE_BACKWARD else _core.now_ns() - start)
 
-    def _graph_call(self, gm, example_inputs, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False):
-        """Instruments ``gm`` and wraps its forward in the graph event."""
+    def _graph_call(self, gm, example_inputs, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False,
+                    recomputed: frozenset = frozenset()):
+        """Instruments ``gm`` and wraps its forward in the graph event (``recomputed``: see
+        :func:`.instrument.instrument`)."""
         start = _core.now_ns()
         if boxed:
             from torch.fx.graph import _BoxedCodeGen
@@ -216,7 +218,7 @@ class TracerBackend:
         timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
         plain = self._plain(gm) if level == "torch" else None
         nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer,
-                                      backward=phase == PHASE_BACKWARD)
+                                      backward=phase == PHASE_BACKWARD, recomputed=recomputed)
         site = _core.intern_site(name, CAT_GRAPH, {ARG_GRAPH: graph_id, ARG_LEVEL: level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
@@ -241,12 +243,16 @@ class TracerBackend:
         from torch._dynamo.backends.common import aot_autograd
 
         grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
+        forward_ops: set[str] = set()  # the forward graph's node names (compiled before the backward)
 
         def compiler(phase: str):
             def compile_graph(fx_g, inputs):
                 self._notify_aot(fx_g, inputs, graph_id, "aten", phase, start)
+                if phase == PHASE_FORWARD:
+                    forward_ops.update(node.name for node in fx_g.graph.nodes)
+                recomputed = sites.recomputed(fx_g, forward_ops) if phase == PHASE_BACKWARD else frozenset()
                 return self._graph_call(fx_g, inputs, graph_id, phase, "aten", _aot_grad_fn(phase, grad),
-                                        boxed=True)
+                                        boxed=True, recomputed=recomputed)
 
             return compile_graph
 

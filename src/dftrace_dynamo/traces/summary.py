@@ -39,6 +39,7 @@ import duckdb
 
 from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
 from ..schema import ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, CAT_COMM, CAT_STEP
+from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
 from . import compiles, ranks, reader, runs, sketch, steps
 from .reader import (MAX_LINE, MEMBER_START, PH_LETTERS, Damage, TraceError, check_trace,
                      compression_of, iter_chunks, rank_of, starts_a_line, tail_damage)
@@ -67,7 +68,7 @@ TYPE_CHECKED = 1000
 # each one costs parsing time on every event: only those a view uses
 _INFO = ("kind", "reason", "location", "frame", "run_id")  # of compile events and the start record
 _RANK_INFO = (ARG_BYTES, ARG_GROUP, ARG_PEAK_RSS, ARG_CUDA_PEAK)  # of comm events and step slices (ranks)
-_ARGS = ("graph", "node", "module", "phase", "name", "step", "kernel_type", *_INFO, *_RANK_INFO)
+_ARGS = ("graph", "node", "module", "phase", ARG_RECOMPUTE, "name", "step", "kernel_type", *_INFO, *_RANK_INFO)
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
             "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in _ARGS)
             + ", aten_ops VARCHAR[])'}")
@@ -155,7 +156,9 @@ SELECT * FROM (
            e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
            coalesce({module}, '(top level)') AS module,
-           coalesce(e.args.phase, '(none)') AS phase, coalesce(e.args.graph, '?') AS graph,
+           CASE WHEN e.args.{ARG_RECOMPUTE} = 'true' THEN '{PHASE_RECOMPUTE}'  -- activation checkpointing's
+                ELSE coalesce(e.args.phase, '(none)') END AS phase,          -- ops run again in backward
+           coalesce(e.args.graph, '?') AS graph,
            CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = '{CAT_DFTRACER}') THEN to_json({info})::VARCHAR
                 WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR
                 WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR END AS extra

@@ -1,0 +1,168 @@
+"""Activation checkpointing: the ops that ``torch.utils.checkpoint`` runs again in backward carry
+``recompute: true`` at both levels, no other op does, ``summary --by phase`` shows them apart,
+the step view counts them in backward, and no number changes."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint
+
+from backend_support import Recorder, ops
+from dftrace_dynamo import create_backend
+from dftrace_dynamo.traces.summary import summarize
+from tracefile import read_events
+
+ITERATIONS = 3
+REFERENCE = {"torch": "eager", "aten": "aot_eager"}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Model(nn.Module):
+    """Three identical blocks; only the first two are checkpointed."""
+
+    CHECKPOINTED = ("blocks.0", "blocks.1")
+
+    def __init__(self, use_reentrant):
+        super().__init__()
+        self.use_reentrant = use_reentrant
+        self.inp = nn.Linear(8, 8)
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for i, block in enumerate(self.blocks):
+            x = checkpoint(block, x, use_reentrant=self.use_reentrant) if i < 2 else block(x)
+        return self.out(x).sum()
+
+
+def train(model, backend, x):
+    """Losses and parameters after ITERATIONS optimizer steps of a copy of ``model``."""
+    model = copy.deepcopy(model)
+    fn = model if backend is None else torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(ITERATIONS):
+        opt.zero_grad()
+        loss = fn(x)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+class _Calls(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def eager_recomputation(model, x):
+    """Ground truth from eager PyTorch: the torch-level ops one block call runs, and the paths of
+    the blocks that checkpointing runs again during one backward."""
+    block = Block()
+    with _Calls() as calls:
+        block(x)
+    model = copy.deepcopy(model)
+    in_backward, rerun = [False], []
+    for path, module in model.named_modules():
+        if isinstance(module, Block):
+            module.register_forward_pre_hook(lambda m, a, path=path: rerun.append(path) if in_backward[0] else None)
+    loss = model(x)
+    in_backward[0] = True
+    loss.backward()
+    return len(calls.calls), rerun
+
+
+def within(path, roots):
+    return any(path == r or path.startswith(r + ".") for r in roots)
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    torch._dynamo.reset()
+    recorder = Recorder(tmp_path)
+    yield recorder
+    recorder._logger.finalize()
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("level", ["torch", "aten"])
+def test_checkpointed_blocks_are_marked_recompute(level, use_reentrant, recorder):
+    torch.manual_seed(0)
+    model, x = Model(use_reentrant), torch.randn(4, 8)
+    per_block, rerun = eager_recomputation(model, x)
+    assert sorted(rerun) == list(Model.CHECKPOINTED)
+
+    traced = train(model, create_backend(level=level), x)
+    path = recorder.path()  # the trace holds the traced run only
+    for other in (train(model, None, x), train(model, REFERENCE[level], x)):  # numbers unchanged
+        assert all(torch.equal(a, b) for a, b in zip(traced[0] + traced[1], other[0] + other[1]))
+
+    events = read_events(path)
+    op_events = ops(events)
+    marked = [e for e in op_events if e["args"].get("recompute")]
+    assert all(e["args"]["recompute"] is True for e in marked)
+    # ops outside the checkpointed blocks (the third block runs the very same ops) are never marked
+    assert marked and all(within(e["args"]["module"], Model.CHECKPOINTED) for e in marked)
+    if level == "torch":
+        # eager checkpointing runs each checkpointed block again in backward: all of its ops
+        assert len(marked) == per_block * len(rerun) * ITERATIONS
+        assert sorted({e["args"]["module"].split(".fc")[0] for e in marked}) == sorted(rerun)
+        first_runs = [e for e in op_events if e["args"].get("phase") == "forward"
+                      and within(e["args"].get("module", ""), Model.CHECKPOINTED)]
+        assert [e["name"] for e in first_runs] == [e["name"] for e in marked]  # same ops, run twice
+    else:
+        # the partitioner copies a forward node into the backward graph under its own name: the
+        # backward ops that re-run forward ops of a checkpointed block are exactly the marked ones
+        forward_nodes = {e["args"]["node"] for e in op_events if e["args"].get("phase") == "forward"}
+        backward = [e for e in op_events if e["args"].get("phase") == "backward"]
+        reruns = [e for e in backward if e["args"]["node"] in forward_nodes]
+        assert [e["args"]["node"] for e in marked] == \
+            [e["args"]["node"] for e in reruns if within(e["args"].get("module", ""), Model.CHECKPOINTED)]
+        assert len(marked) % ITERATIONS == 0
+        # the computation itself is recomputed, not only views: each checkpointed block's relu
+        relus = [e["args"]["module"] for e in marked if e["name"] == "function.relu.default"]
+        assert sorted(relus) == sorted(list(Model.CHECKPOINTED) * ITERATIONS)
+
+    # the step view counts recompute under backward: each marked op is in a backward slice,
+    # outside every forward graph call
+    def spans(cat, suffix=""):
+        return [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events
+                if e.get("ph") == "X" and e.get("cat") == cat and e["name"].endswith(suffix)]
+
+    def inside(e, slices):
+        return any(tid == e["tid"] and start <= e["ts"] and e["ts"] + e["dur"] <= end for tid, start, end in slices)
+
+    backward_slices, forward_graphs = spans("backward"), spans("dynamo_graph", " forward")
+    assert all(inside(e, backward_slices) and not inside(e, forward_graphs) for e in marked)
+
+    summary = summarize([path], ("phase",), top=None, include_warmup=True)
+    rows = summary["steps"]["rows"]
+    assert len(rows) == ITERATIONS
+    for row in rows:
+        recomputed = sum(e["dur"] for e in marked if e["args"]["step"] == row["step"])
+        assert row["backward_us"] >= recomputed > 0
+    # summary --by phase: recompute is a phase of its own, the other phases count the other ops
+    phases = {r["key"]: r["count"] for r in summary["views"]["phase"]}
+    assert phases["recompute"] == len(marked)
+    for phase in ("forward", "backward"):
+        assert phases.get(phase, 0) == sum(e["args"].get("phase") == phase and not e["args"].get("recompute")
+                                           for e in op_events)
