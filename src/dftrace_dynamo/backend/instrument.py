@@ -10,14 +10,16 @@ object. FX code generation binds the Interceptor as a global of the generated
 Activation checkpointing (``torch.utils.checkpoint``) runs ops again in backward. At
 ``level="aten"`` AOTAutograd's partitioner copies them into the backward graph; at
 ``level="torch"`` Dynamo makes the checkpointed code a ``tag_activation_checkpoint`` body
-that torch runs in forward and again in backward. Either way those second runs are
-recorded with ``recompute: true``.
+that torch runs in forward and again in backward. Checkpointing applied from eager code
+around compiled code runs a forward graph again in backward (:class:`Recomputing`). Each way
+those second runs are recorded with ``recompute: true``.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import threading
 
 import torch
 import torch.fx
@@ -40,19 +42,34 @@ _CHECKPOINT = torch.ops.higher_order.tag_activation_checkpoint
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward pass
 
 
-class Checkpointed:
-    """An op of a checkpointed body at torch level: torch runs the body in forward and again, to
-    recompute its activations, in backward; that run is recorded by ``recompute``'s interceptor.
-    (torch runs such a body node by node with ``fx.Interpreter``, microseconds per op, so one
-    more call here is noise.)"""
+class Recomputing:
+    """``call``, or, during a backward pass, ``again``: the same work with events that say it is
+    activation checkpointing's recompute. ``build()`` makes ``again`` at its first call where it
+    is not given (a graph's twin, see :class:`.tracer.TracerBackend`); a failure there runs
+    ``call`` instead, never the user's failure. Used for the ops of a checkpointed body at torch
+    level (torch runs it node by node with ``fx.Interpreter``, microseconds per op, so one more
+    call here is noise) and for a forward graph that checkpointing outside the compiled code runs again."""
 
-    __slots__ = ("forward", "recompute", "__name__")
+    __slots__ = ("call", "again", "build", "lock", "_boxed_call", "__name__")
 
-    def __init__(self, forward, recompute, name: str):
-        self.forward, self.recompute, self.__name__ = forward, recompute, name
+    def __init__(self, call, again=None, build=None, name: str = "dft_recomputing", boxed: bool = False):
+        self.call, self.again, self.build, self.lock, self.__name__ = call, again, build, threading.Lock(), name
+        if boxed:  # AOTAutograd then passes its argument list as is
+            self._boxed_call = True
 
     def __call__(self, *args, **kwargs):
-        return (self.forward if _graph_task() < 0 else self.recompute)(*args, **kwargs)
+        if _graph_task() < 0:
+            return self.call(*args, **kwargs)
+        if self.again is None:
+            with self.lock:
+                if self.again is None:
+                    try:
+                        self.again = self.build()
+                    except Exception as e:
+                        config.log.warning("recompute traced as forward: %s", e)
+                        self.again = self.call
+                    self.build = None
+        return self.again(*args, **kwargs)
 
 
 def _bind(node: torch.fx.Node, root: torch.nn.Module):
@@ -78,9 +95,10 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
     ``device_timer`` (a ``cuda_events.DeviceTimer``) also brackets each op with CUDA events.
 
     ``recomputed``: the names of the nodes whose events carry ``recompute`` (a backward graph's
-    re-runs of checkpointed forward ops, see :func:`.sites.recomputed`). ``body``: ``gm`` is the body of a checkpointed region (its attribute name in the graph that
-    calls it), whose ops are recorded with ``recompute`` when run in backward; ``outer``: the module
-    stack of that call, whose slices are already open around the body.
+    re-runs of checkpointed forward ops, see :func:`.sites.recomputed`; all nodes of a graph's
+    recompute twin). ``body``: ``gm`` is the body of a checkpointed region (its attribute name in
+    the graph that calls it), whose ops are recorded with ``recompute`` when run in backward;
+    ``outer``: the module stack of that call, whose slices are already open around the body.
     """
     grad = _core.GRAD_INHERIT
     saved = []  # grad override in force before each open inference_mode region
@@ -113,7 +131,7 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
         if body:
             again = _core.Interceptor(target, _core.intern_site(name, cat, {**args, ARG_RECOMPUTE: True}), cell,
                                       mode, grad, name=pyname)
-            interceptor = Checkpointed(interceptor, again, pyname)
+            interceptor = Recomputing(interceptor, again, name=pyname)
         original = node.target
         node.op, node.target = "call_function", interceptor
         # the mode switch itself runs under the old mode; the nodes after it under the new one

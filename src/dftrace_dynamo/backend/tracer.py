@@ -25,6 +25,7 @@ and only wraps each compiled graph in a graph event; ops are not traced.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import threading
 from typing import Any, Callable, Optional
@@ -34,7 +35,7 @@ import torch
 from .. import _core
 from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, ARG_KERNEL_TYPE, ARG_LEVEL,
                       ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, ARG_RECOMPUTE, ARG_STEP, CAT_GRAPH,
-                      METADATA_ARGS, PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE)
+                      METADATA_ARGS, PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE, PHASE_RECOMPUTE)
 from ..events import cuda as cuda_events, steps
 from ..session import config, logger
 from . import compile_events, instrument, modules, sites
@@ -102,6 +103,21 @@ def resolve_level(level: Optional[str], autograd: Optional[bool]) -> Optional[st
     if autograd is None:
         return level
     return "aten" if autograd else "torch"
+
+
+def _copy(gm: torch.fx.GraphModule) -> Optional[Callable[[], torch.fx.GraphModule]]:
+    """A function that makes a copy of ``gm`` as it is now: its nodes are copied now (their meta
+    shared: instrumenting does not change it), the module (and its code) when called. None if
+    the graph cannot be copied."""
+    try:
+        graph = torch.fx.Graph()
+        graph._codegen = copy.deepcopy(gm.graph._codegen)
+        graph.output(graph.graph_copy(gm.graph, {}))
+        attrs = {node.target: functools.reduce(getattr, node.target.split("."), gm) for node in graph.nodes
+                 if node.op in ("get_attr", "call_module")}
+    except Exception:
+        return None
+    return lambda: torch.fx.GraphModule(attrs, graph)
 
 
 def _constant(value: bool) -> Callable[[], bool]:
@@ -208,24 +224,38 @@ class TracerBackend:
     def _graph_call(self, gm, example_inputs, graph_id: int, phase: str, level: str, grad_fn, boxed: bool = False,
                     recomputed: frozenset = frozenset()):
         """Instruments ``gm`` and wraps its forward in the graph event (``recomputed``: see
-        :func:`.instrument.instrument`)."""
+        :func:`.instrument.instrument`). A forward graph also gets a recompute twin, a copy instrumented at its
+        first call during a backward pass (activation checkpointing outside the compiled code runs the graph
+        again there): see :class:`.instrument.Recomputing`."""
         start = _core.now_ns()
+        again = phase == PHASE_RECOMPUTE
+        twin = _copy(gm) if phase == PHASE_FORWARD else None  # before instrumenting
         if boxed:
             from torch.fx.graph import _BoxedCodeGen
 
             gm.graph.set_codegen(_BoxedCodeGen())
         name = f"graph {graph_id} {phase}"
         timer = cuda_events.DeviceTimer(name, graph_id) if cuda_events.wanted(example_inputs) else None
-        plain = self._plain(gm) if level == "torch" else None
+        plain = self._plain(gm) if level == "torch" and not again else None
         nodes = instrument.instrument(gm, graph_id, self.tags.cell, config.get().inc_metadata, timer,
                                       backward=phase == PHASE_BACKWARD, recomputed=recomputed)
         site = _core.intern_site(name, CAT_GRAPH, {ARG_GRAPH: graph_id, ARG_LEVEL: level, "nodes": nodes})
         compile_events.emit("instrument", f"instrument {name}", start, _core.now_ns(),
                             graph=graph_id, phase=phase, level=level, nodes=nodes)
         forward = gm.forward if timer is None else timer.graph(gm.forward)
-        call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], _probed(phase, grad_fn), plain)
+        if again:  # backward time; no probe: this is no new forward work for step tracking
+            call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[PHASE_BACKWARD], grad_fn)
+        else:
+            call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], _probed(phase, grad_fn), plain)
         if boxed:  # AOTAutograd then passes its argument list as is
             call._boxed_call = True
+        if twin is not None:
+            def build():  # graph N recompute: phase backward, so that the step view counts it there
+                source = twin()
+                ops = frozenset(node.name for node in source.graph.nodes)
+                return self._graph_call(source, example_inputs, graph_id, PHASE_RECOMPUTE, level, grad_fn, boxed, ops)
+
+            call = instrument.Recomputing(call, build=build, boxed=boxed)
         return call
 
     @staticmethod
