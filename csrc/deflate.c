@@ -182,19 +182,28 @@ static inline void put_lits(bits_t *w, const unsigned char *s, size_t n) {
         put_lit(w, s[i]);
 }
 
-static inline void put_match(bits_t *w, size_t m, unsigned dist) {
-    unsigned v = dist - 1, code = dist_of[v < 256 ? v : 256 + (v >> 7)];
-    uint32_t dc = dist_code[code];
-    uint64_t dbits = (dc & 0xffff) | (uint64_t)(v - dist_base[code]) << (dc >> 16);
-    unsigned dn = (dc >> 16) + dist_extra[code];
+/* A distance's code and extra bits; the matches of one line mostly share one. */
+typedef struct {
+    unsigned dist, n;
+    uint64_t bits;
+} dist_t;
+
+static inline void put_match(bits_t *w, size_t m, unsigned dist, dist_t *d) {
+    if (dist != d->dist) {
+        unsigned v = dist - 1, code = dist_of[v < 256 ? v : 256 + (v >> 7)];
+        uint32_t dc = dist_code[code];
+        d->dist = dist;
+        d->bits = (dc & 0xffff) | (uint64_t)(v - dist_base[code]) << (dc >> 16);
+        d->n = (dc >> 16) + dist_extra[code];
+    }
     while (m > 258) {
         size_t l = m < 261 ? m - 3 : 258; /* leave no remainder below 3 */
         put_bits(w, mlen_bits[l], mlen_n[l]);
-        put_bits(w, dbits, dn);
+        put_bits(w, d->bits, d->n);
         m -= l;
     }
     put_bits(w, mlen_bits[m], mlen_n[m]);
-    put_bits(w, dbits, dn);
+    put_bits(w, d->bits, d->n);
 }
 
 /* Equal leading bytes of a and b, at most max, up to and with a newline
@@ -271,10 +280,11 @@ static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_
  * they agree; returns the start of the next line. */
 static size_t put_line(bits_t *w, const unsigned char *s, size_t i, size_t n, size_t j) {
     int nl;
+    dist_t d = {0, 0, 0};
     while (j < i) {
         size_t m = common(s + i, s + j, n - i, &nl);
         if (m >= 3 && i - j <= WINDOW)
-            put_match(w, m, (unsigned)(i - j));
+            put_match(w, m, (unsigned)(i - j), &d);
         else
             put_lits(w, s + i, m);
         i += m;
