@@ -170,7 +170,7 @@ def test_open_twice_and_close_when_closed(tmp_path):
     assert not (tmp_path / "b.pfw").exists()
     assert _core.close()["num_events"] == 0
     with pytest.raises(ValueError):
-        _core.open(str(tmp_path / "c.pfw"), 3, 1 << 20, b"", 1, HHASH)
+        _core.open(str(tmp_path / "c.pfw"), 4, 1 << 20, b"", 1, HHASH)
 
 
 def test_recording_while_closed_is_a_noop(tmp_path):
