@@ -571,8 +571,9 @@ static PyMethodDef methods[] = {
      "limit), self_reference, unprintable (str() raised)."},
     {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now: records the closed (start_ns, site) spans; 0 when nothing is recorded"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
-    {"gzip_member", dft_py_gzip_member, METH_O,
-     "gzip_member(data) -> one gzip member of data, encoded as the trace writer does (compression 1)."},
+    {"gzip_members", dft_py_gzip_members, METH_O,
+     "gzip_members(parts) -> the gzip members of parts (bytes), encoded as the trace writer encodes "
+     "the members of one file (compression 1)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -91,7 +91,7 @@ int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen) {
     k->fd = -1;
     k->mode = mode;
     if (mode == 1) {
-        if (!(k->dfl = malloc(sizeof(dft_deflate)))) {
+        if (!(k->dfl = dft_deflate_new())) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
@@ -220,32 +220,51 @@ void dft_sink_free(dft_sink *k) {
         deflateEnd(&k->z);
     if (k->zc)
         zs.freeCCtx(k->zc);
-    free(k->dfl);
+    dft_deflate_free(k->dfl);
     k->dfl = NULL;
     k->ld = k->zc = NULL;
     k->z_init = 0;
     dft_buf_free(&k->out);
 }
 
-/* gzip_member(data) -> bytes: one gzip member of data as the writer makes it. */
-PyObject *dft_py_gzip_member(PyObject *m, PyObject *arg) {
-    Py_buffer in;
-    if (PyObject_GetBuffer(arg, &in, PyBUF_SIMPLE) < 0)
+/* gzip_members(parts) -> list of bytes: the gzip members of parts (bytes-like),
+ * in order, as the writer encodes the members of one file. */
+PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts) {
+    PyObject *seq = PySequence_Fast(parts, "gzip_members() takes a sequence of bytes");
+    if (!seq)
         return NULL;
-    PyObject *out = NULL;
-    dft_deflate *d = malloc(sizeof *d);
-    unsigned char *o = malloc(dft_gzip_bound((size_t)in.len));
-    if (!d || !o) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    dft_deflate *d = dft_deflate_new();
+    if (!d && out) {
+        Py_CLEAR(out);
         PyErr_NoMemory();
-    } else {
-        size_t n;
-        Py_BEGIN_ALLOW_THREADS
-        n = dft_gzip_member(d, in.buf, (size_t)in.len, o);
-        Py_END_ALLOW_THREADS
-        out = PyBytes_FromStringAndSize((const char *)o, (Py_ssize_t)n);
     }
-    free(d);
-    free(o);
-    PyBuffer_Release(&in);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        Py_buffer in;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &in, PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        unsigned char *o = malloc(dft_gzip_bound((size_t)in.len));
+        PyObject *b = NULL;
+        if (o) {
+            size_t len;
+            Py_BEGIN_ALLOW_THREADS
+            len = dft_gzip_member(d, in.buf, (size_t)in.len, o);
+            Py_END_ALLOW_THREADS
+            b = PyBytes_FromStringAndSize((const char *)o, (Py_ssize_t)len);
+            free(o);
+        } else {
+            PyErr_NoMemory();
+        }
+        PyBuffer_Release(&in);
+        if (!b)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, b);
+    }
+    dft_deflate_free(d);
+    Py_DECREF(seq);
     return out;
 }

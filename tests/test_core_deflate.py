@@ -1,6 +1,7 @@
 """The writer's own gzip encoder (csrc/deflate.c, compression 1, the default): every member
-decodes with zlib and Python's gzip to exactly the text given, whatever the lines hold, and
-a trace written with it holds exactly the plain-text trace of the same events."""
+decodes alone, with zlib and Python's gzip, to exactly the text given, whatever the lines hold
+and whatever the members before it held (their symbols make its codes), and a trace written
+with it holds exactly the plain-text trace of the same events."""
 
 import gzip
 import json
@@ -29,16 +30,23 @@ def closed_core():
     _core.close()
 
 
-def roundtrip(data):
-    """The member of data: a gzip member (the readers find members by these bytes) that zlib
-    (CRC-32 and length checked) and Python's gzip decode to data, with nothing after it."""
-    out = _core.gzip_member(data)
+def check_member(out, data):
+    """A gzip member (the readers find members by these bytes) that zlib (CRC-32 and length
+    checked) and Python's gzip decode to data, with nothing after it."""
     assert out[:3] == reader.MEMBER_START["gzip"]
     d = zlib.decompressobj(31)
     assert d.decompress(out) == data
     assert d.eof and d.unused_data == b""
     assert gzip.decompress(out) == data
-    return out
+
+
+def roundtrip(*parts):
+    """The members of parts, encoded in order as one file's: each checked; their sizes."""
+    out = _core.gzip_members(parts)
+    assert len(out) == len(parts)
+    for member, data in zip(out, parts):
+        check_member(member, data)
+    return [len(m) for m in out]
 
 
 def trace_line(k, name, args, ts, dur):
@@ -69,19 +77,22 @@ def test_trace_lines_interleaved_sites(sites, picks, newline):
         name, args = sites[i % len(sites)]
         lines.append(trace_line(k, name, args, ts, f"{dur / 1000:.3f}".rstrip("0").rstrip(".")))
     data = b"".join(lines)
-    roundtrip(data if newline else data[:-1])
+    cut = len(data) // 3
+    roundtrip(data if newline else data[:-1], data[:cut], data[cut:])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.binary(max_size=300), max_size=30), st.sampled_from([b"\n", b",", b'"', b"", b"\n\n"]))
-def test_any_bytes(chunks, sep):
-    roundtrip(sep.join(chunks))
+@given(st.lists(st.lists(st.binary(max_size=300), max_size=30), min_size=1, max_size=4),
+       st.sampled_from([b"\n", b",", b'"', b"", b"\n\n"]))
+def test_any_bytes(members, sep):
+    roundtrip(*(sep.join(chunks) for chunks in members))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.text(min_size=1, max_size=200), min_size=1, max_size=50))
 def test_utf8_text_lines(texts):
-    roundtrip("\n".join(texts).encode("utf-8", "surrogatepass") + b"\n")
+    data = "\n".join(texts).encode("utf-8", "surrogatepass") + b"\n"
+    roundtrip(data, data[::-1], data)
 
 
 def test_every_length_and_byte():
@@ -89,9 +100,8 @@ def test_every_length_and_byte():
     each byte value, lines repeated whole (back-references longer than deflate's 258 bytes)."""
     rnd = random.Random(1)
     base = b'{"id":1,"name":"op","cat":"c"}\n'
-    for n in range(0, 300):
-        roundtrip(rnd.randbytes(n))
-        roundtrip((base * (n // len(base) + 1))[:n])
+    roundtrip(*(rnd.randbytes(n) for n in range(300)))
+    roundtrip(*((base * (n // len(base) + 1))[:n] for n in range(300)))
     roundtrip(bytes(range(256)) * 3)
     for n in range(250, 270):
         roundtrip((b"x" * n + b"\n") * 3)
@@ -108,20 +118,23 @@ def test_long_lines_beyond_the_window():
     lines = [b'{"id":1,"name":"' + big + b'"}\n', b'{"id":2,"name":"' + big + b'"}\n',
              b'{"id":3,"name":"short"}\n', b'{"id":4,"name":"' + big[:30000] + b'"}\n',
              b'{"id":5,"name":"short"}\n']
-    roundtrip(b"".join(lines))
     noise = [rnd.randbytes(rnd.randrange(1, 600)).replace(b"\n", b"") + b"\n" for _ in range(300)]
-    roundtrip(b"".join(noise))
-    roundtrip(b"".join(noise) + b"".join(lines) + b"".join(noise))
+    roundtrip(b"".join(lines), b"".join(noise), b"".join(noise) + b"".join(lines) + b"".join(noise))
 
 
 def test_trace_lines_compress():
-    """The repeated parts of trace lines become back-references: about 20 bytes per line of
-    ~230 (a general deflate at level 1: ~17); literals alone would take more than 230."""
+    """The repeated parts of trace lines become back-references: the first member (fixed codes)
+    takes under 32 bytes per line of ~230 (literals alone would take more than 230), the next
+    ones, with codes made for the members before, under 20 (a general deflate at level 1:
+    ~17). A member unlike the one before (random bytes after trace lines, and back) is encoded
+    with fixed codes: at most 9 bits per byte."""
     lines = [trace_line(k, f'"function.op{k % 16}.default"', f',"node":"op_{k % 16}","step":3',
-                        1_700_000_000_000_000 + 7 * k, f"{1 + k % 50}.{k % 997}") for k in range(20000)]
-    data = b"".join(lines)
-    out = roundtrip(data)
-    assert len(out) < 32 * len(lines), len(out) / len(lines)
+                        1_700_000_000_000_000 + 7 * k, f"{1 + k % 50}.{k % 997}") for k in range(30000)]
+    members = [b"".join(lines[k:k + 5000]) for k in range(0, 15000, 5000)]
+    noise = random.Random(4).randbytes(100000)
+    sizes = roundtrip(*members, noise, members[0])
+    assert sizes[0] < 32 * 5000 and sizes[1] < 20 * 5000 and sizes[2] < 20 * 5000, sizes
+    assert sizes[3] <= len(noise) * 9 // 8 + 64 and sizes[4] < 32 * 5000, sizes
 
 
 def unify_end(text):
