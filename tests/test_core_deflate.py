@@ -170,7 +170,7 @@ op_st = st.one_of(
 @given(names=st.lists(st.text(max_size=30), min_size=1, max_size=31), ops=st.lists(op_st, max_size=300))
 def test_writer_gzip_is_the_plain_trace(tmp_path, names, ops):
     """Events recorded and flushed (a member ends) at any point, then closed: the gzip trace,
-    with the writer's encoder (1) and with the general deflate (3, gzip-small), holds the bytes
+    with the writer's encoder (1) and with the general deflate (3, gzip-general), holds the bytes
     of the plain one."""
     sites = [_core.intern_site(n, "dynamo", {"node": n, "graph": k}) for k, n in enumerate(names)]
     n = len(os.listdir(tmp_path))

@@ -347,7 +347,7 @@ def run_without_libs(tmp_path, path, comp):
     return out.stdout.strip()
 
 
-def test_gzip_small_falls_back_to_zlib(tmp_path):
+def test_gzip_general_falls_back_to_zlib(tmp_path):
     path = str(tmp_path / "z.pfw.gz")
     assert run_without_libs(tmp_path, path, 3) == "3000"
     with open(path, "rb") as f:
