@@ -1,21 +1,22 @@
-/* gzip members made for trace lines, at a few hundred instructions per line.
+/* gzip members made for trace lines, at about a thousand instructions per line.
  *
  * A general deflate searches every position for earlier matches (libdeflate
  * level 1: ~16 instructions per byte). Trace lines need no search: most of a
  * line repeats the previous line of the same event site (name, category, pid,
  * tid, args, field names), and what differs are a few digits (id, ts, dur).
- * Each line is compared with one earlier line, 8 bytes at a time: equal runs
+ * Each line is compared with one earlier line, 16 bytes at a time: equal runs
  * become back-references, and at a difference both lines skip to their next
  * JSON delimiter, the bytes skipped in the new line becoming literals. The
  * earlier line is the last one in the member whose first 32 bytes after the
  * id (its name and category) hash alike, or else the previous line. Every
- * back-reference is checked byte by byte against the text, so the output is
- * exact whatever the lines hold; unusual lines only compress less.
+ * back-reference is checked against the text, so the output is exact
+ * whatever the lines hold; unusual lines only compress less.
  *
- * One fixed-Huffman block per member (RFC 1951), in a standard gzip member
- * (RFC 1952): any gzip reader decodes it. The CRC-32 uses carry-less
- * multiplication where the CPU has it (~0.3 instructions per byte), zlib's
- * crc32 otherwise. */
+ * One block per member (RFC 1951) in a standard gzip member (RFC 1952): any
+ * gzip reader decodes it alone. Its Huffman codes are made from the symbols
+ * of the previous member of the file (fixed codes for the first). The CRC-32
+ * uses carry-less multiplication where the CPU has it (~0.35 instructions
+ * per byte), zlib's crc32 otherwise. */
 #include "deflate.h"
 
 #include <pthread.h>
@@ -56,31 +57,28 @@ __attribute__((target("pclmul,sse2"))) static uint32_t crc32_clmul(uint32_t crc,
     return (uint32_t)crc32(crc32(0xffffffffu, a, 16), p, (uInt)n); /* from raw state 0 */
 }
 
-static int clmul_ok = -1;
+/* Set once (init_tables): the CPU has it, and it agrees with zlib. */
+static int clmul_ok;
 
-static int clmul_usable(void) {
-    if (clmul_ok < 0) { /* the CPU has it, and it agrees with zlib (never trust one path alone) */
-        unsigned char t[200];
-        for (unsigned i = 0; i < sizeof t; i++)
-            t[i] = (unsigned char)(i * 131 + 7);
-        clmul_ok = __builtin_cpu_supports("pclmul") &&
-                   crc32_clmul(0, t, sizeof t) == (uint32_t)crc32(0, t, sizeof t) &&
-                   crc32_clmul(0x12345678, t + 3, 67) == (uint32_t)crc32(0x12345678, t + 3, 67);
-    }
-    return clmul_ok;
+static void clmul_check(void) {
+    unsigned char t[200];
+    for (unsigned i = 0; i < sizeof t; i++)
+        t[i] = (unsigned char)(i * 131 + 7);
+    clmul_ok = __builtin_cpu_supports("pclmul") && crc32_clmul(0, t, sizeof t) == (uint32_t)crc32(0, t, sizeof t) &&
+               crc32_clmul(0x12345678, t + 3, 67) == (uint32_t)crc32(0x12345678, t + 3, 67);
 }
 #endif
 
-uint32_t dft_crc32(uint32_t crc, const void *p, size_t n) {
+/* CRC-32 of gzip/zlib, continuing from crc (0 to start). */
+static uint32_t crc32_of(uint32_t crc, const unsigned char *p, size_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (n >= 64 && clmul_usable())
+    if (n >= 64 && clmul_ok)
         return crc32_clmul(crc, p, n);
 #endif
-    const unsigned char *q = p;
     while (n) { /* zlib takes at most 4 GiB - 1 at once */
         uInt k = n > (1u << 30) ? 1u << 30 : (uInt)n;
-        crc = (uint32_t)crc32(crc, q, k);
-        q += k;
+        crc = (uint32_t)crc32(crc, p, k);
+        p += k;
         n -= k;
     }
     return crc;
@@ -241,6 +239,9 @@ static void init_tables(void) {
     for (const char *d = ",\":}"; *d; d++)
         delim[(unsigned char)*d] = 1;
     delim['\n'] = 2;
+#if defined(__x86_64__) && defined(__GNUC__)
+    clmul_check();
+#endif
 }
 
 /* ---- bit output --------------------------------------------------------------
@@ -489,7 +490,7 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     unsigned char *o = w.o;
     for (; w.bn > 0; w.bn = w.bn > 8 ? w.bn - 8 : 0, w.bb >>= 8)
         *o++ = (unsigned char)w.bb;
-    uint32_t t[2] = {dft_crc32(0, s, n), (uint32_t)n};
+    uint32_t t[2] = {crc32_of(0, s, n), (uint32_t)n};
     for (unsigned k = 0; k < 8; k++)
         *o++ = (unsigned char)(t[k / 4] >> (8 * (k % 4)));
     for (unsigned i = 0; i < NLIT; i++)

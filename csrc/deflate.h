@@ -18,7 +18,5 @@ size_t dft_gzip_bound(size_t n);
 /* One complete gzip member (RFC 1952) holding p[0..n), independent of the
  * others; returns its size. */
 size_t dft_gzip_member(dft_deflate *d, const char *p, size_t n, unsigned char *out);
-/* CRC-32 of gzip/zlib, continuing from crc (0 to start). */
-uint32_t dft_crc32(uint32_t crc, const void *p, size_t n);
 
 #endif

@@ -5,12 +5,12 @@
  * write is cut back with dft_sink_cut: to the last whole member, or in plain
  * text to the last whole line. A file deleted meanwhile fails the next write.
  *
- * gzip (mode 1) is the writer's own encoder for trace lines (deflate.c);
- * mode 3, gzip with a general deflate, uses libdeflate level 1 when
- * libdeflate.so.0 can be loaded (about 1.8x faster than zlib at level 1 on
- * trace lines, slightly smaller output) and zlib otherwise: several times the
- * CPU for about a third smaller files. zstd comes from libzstd.so.1. Both are loaded with dlopen so the
- * build needs neither library's headers. */
+ * gzip (mode 1) is the writer's own encoder for trace lines (deflate.c).
+ * Mode 3, gzip with a general deflate (gzip-general), uses libdeflate level 1
+ * when libdeflate.so.0 can be loaded (about 1.8x faster than zlib at level 1
+ * on trace lines, slightly smaller output) and zlib otherwise. zstd comes
+ * from libzstd.so.1. Both are loaded with dlopen so the build needs neither
+ * library's headers. */
 #include "core.h"
 #include "deflate.h"
 
