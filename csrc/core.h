@@ -262,6 +262,7 @@ typedef struct {
     int cut_err;       /* errno of a failed dft_sink_cut */
     uint64_t good;     /* file size up to the end of the last whole member */
     size_t kept;       /* after a failed write: bytes of it kept (plain text: whole lines) */
+    void *dfl;         /* gzip: the own encoder's state (deflate.c) */
     void *ld;          /* libdeflate compressor, when loaded */
     z_stream z;        /* zlib fallback for gzip */
     int z_init;
@@ -274,6 +275,7 @@ int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/fr
 void dft_sink_cut(dft_sink *k);
 int dft_sink_deleted(const dft_sink *k); /* the file (or its directory) was deleted */
 void dft_sink_free(dft_sink *k);
+PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts);
 
 /* ---- writer (writer.c) ------------------------------------------------- */
 typedef struct {

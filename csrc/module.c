@@ -388,8 +388,8 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
                                                     : "a trace file is already open");
         goto out;
     }
-    if (comp < 0 || comp > 2) {
-        PyErr_Format(PyExc_ValueError, "compression must be 0, 1 or 2, not %d", comp);
+    if (comp < 0 || comp > 3) {
+        PyErr_Format(PyExc_ValueError, "compression must be 0, 1, 2 or 3, not %d", comp);
         goto out;
     }
     if (bufsize <= 0) {
@@ -571,6 +571,9 @@ static PyMethodDef methods[] = {
      "limit), self_reference, unprintable (str() raised)."},
     {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now: records the closed (start_ns, site) spans; 0 when nothing is recorded"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
+    {"gzip_members", dft_py_gzip_members, METH_O,
+     "gzip_members(parts) -> the gzip members of parts (bytes), encoded as the trace writer encodes "
+     "the members of one file (compression 1)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,15 +1,18 @@
-/* Output: plain text, gzip level 1 where every member is independent, or zstd
- * level 1 with independent frames. The writer hands over whole members; each
+/* Output: plain text, gzip where every member is independent, or zstd level 1
+ * with independent frames. The writer hands over whole members; each
  * is compressed in one call and written with one write(), so a file cut by a
  * crash holds whole members only (up to the one being written), and a failed
  * write is cut back with dft_sink_cut: to the last whole member, or in plain
  * text to the last whole line. A file deleted meanwhile fails the next write.
  *
- * gzip uses libdeflate when libdeflate.so.0 can be loaded (about 1.8x faster
- * than zlib at level 1 on trace lines, slightly smaller output) and zlib
- * otherwise. zstd comes from libzstd.so.1. Both are loaded with dlopen so the
- * build needs neither library's headers. */
+ * gzip (mode 1) is the writer's own encoder for trace lines (deflate.c).
+ * Mode 3, gzip with a general deflate (gzip-general), uses libdeflate level 1
+ * when libdeflate.so.0 can be loaded (about 1.8x faster than zlib at level 1
+ * on trace lines, slightly smaller output) and zlib otherwise. zstd comes
+ * from libzstd.so.1. Both are loaded with dlopen so the build needs neither
+ * library's headers. */
 #include "core.h"
+#include "deflate.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -88,6 +91,11 @@ int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen) {
     k->fd = -1;
     k->mode = mode;
     if (mode == 1) {
+        if (!(k->dfl = dft_deflate_new())) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    } else if (mode == 3) {
         libdeflate_load();
         if (ld.alloc && (k->ld = ld.alloc(1)))
             return 0;
@@ -148,6 +156,12 @@ void dft_sink_cut(dft_sink *k) {
 
 static int compress_member(dft_sink *k, const char *p, size_t n) {
     k->out.len = 0;
+    if (k->dfl) {
+        if (dft_buf_reserve(&k->out, dft_gzip_bound(n)) < 0)
+            return -1;
+        k->out.len = dft_gzip_member(k->dfl, p, n, (unsigned char *)k->out.p);
+        return 0;
+    }
     if (k->ld) {
         size_t bound = ld.bound(k->ld, n);
         if (dft_buf_reserve(&k->out, bound) < 0)
@@ -155,7 +169,7 @@ static int compress_member(dft_sink *k, const char *p, size_t n) {
         k->out.len = ld.compress(k->ld, p, n, k->out.p, k->out.cap);
         return k->out.len ? 0 : -1;
     }
-    if (k->mode == 1) {
+    if (k->mode == 3) {
         if (dft_buf_reserve(&k->out, deflateBound(&k->z, n)) < 0)
             return -1;
         k->z.next_in = (Bytef *)p;
@@ -206,7 +220,51 @@ void dft_sink_free(dft_sink *k) {
         deflateEnd(&k->z);
     if (k->zc)
         zs.freeCCtx(k->zc);
+    dft_deflate_free(k->dfl);
+    k->dfl = NULL;
     k->ld = k->zc = NULL;
     k->z_init = 0;
     dft_buf_free(&k->out);
+}
+
+/* gzip_members(parts) -> list of bytes: the gzip members of parts (bytes-like),
+ * in order, as the writer encodes the members of one file. */
+PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts) {
+    PyObject *seq = PySequence_Fast(parts, "gzip_members() takes a sequence of bytes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    dft_deflate *d = dft_deflate_new();
+    if (!d && out) {
+        Py_CLEAR(out);
+        PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        Py_buffer in;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &in, PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        unsigned char *o = malloc(dft_gzip_bound((size_t)in.len));
+        PyObject *b = NULL;
+        if (o) {
+            size_t len;
+            Py_BEGIN_ALLOW_THREADS
+            len = dft_gzip_member(d, in.buf, (size_t)in.len, o);
+            Py_END_ALLOW_THREADS
+            b = PyBytes_FromStringAndSize((const char *)o, (Py_ssize_t)len);
+            free(o);
+        } else {
+            PyErr_NoMemory();
+        }
+        PyBuffer_Release(&in);
+        if (!b)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, b);
+    }
+    dft_deflate_free(d);
+    Py_DECREF(seq);
+    return out;
 }

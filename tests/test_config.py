@@ -19,7 +19,8 @@ def test_defaults_match_dftracer():
 
 @pytest.mark.parametrize("raw, expected", [("1", config.COMPRESSION_GZIP), ("gzip", config.COMPRESSION_GZIP),
                                            ("GZIP", config.COMPRESSION_GZIP), ("0", config.COMPRESSION_NONE),
-                                           ("zstd", config.COMPRESSION_ZSTD), ("2", config.COMPRESSION_ZSTD)])
+                                           ("zstd", config.COMPRESSION_ZSTD), ("2", config.COMPRESSION_ZSTD),
+                                           ("gzip-general", config.COMPRESSION_GZIP_GENERAL)])
 def test_compression_values(raw, expected):
     assert config.load({"DFTRACER_TRACE_COMPRESSION": raw}).compression == expected
 

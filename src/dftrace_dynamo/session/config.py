@@ -16,8 +16,11 @@ from typing import Mapping, Optional
 
 log = logging.getLogger("dftrace_dynamo")
 
-COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_ZSTD = 0, 1, 2
-COMPRESSION_SUFFIX = {COMPRESSION_NONE: ".pfw", COMPRESSION_GZIP: ".pfw.gz", COMPRESSION_ZSTD: ".pfw.zst"}
+# GZIP: the writer's own encoder for trace lines; GZIP_GENERAL: a general deflate (libdeflate or
+# zlib level 1), which searches for repeats anywhere: several times the writer's CPU
+COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_ZSTD, COMPRESSION_GZIP_GENERAL = 0, 1, 2, 3
+COMPRESSION_SUFFIX = {COMPRESSION_NONE: ".pfw", COMPRESSION_GZIP: ".pfw.gz", COMPRESSION_ZSTD: ".pfw.zst",
+                      COMPRESSION_GZIP_GENERAL: ".pfw.gz"}
 DEFAULT_LOG_FILE = "./trace"
 DEFAULT_BUFFER_SIZE = 16 * 1024 * 1024
 MIN_BUFFER_SIZE = 64 * 1024
@@ -25,7 +28,7 @@ LOG_LEVELS = {"ERROR": logging.ERROR, "WARN": logging.WARNING, "WARNING": loggin
               "INFO": logging.INFO, "DEBUG": logging.DEBUG}
 _BOOL = {"0": False, "1": True}
 _COMPRESSION = {"0": COMPRESSION_NONE, "1": COMPRESSION_GZIP, "gzip": COMPRESSION_GZIP,
-                "2": COMPRESSION_ZSTD, "zstd": COMPRESSION_ZSTD}
+                "2": COMPRESSION_ZSTD, "zstd": COMPRESSION_ZSTD, "gzip-general": COMPRESSION_GZIP_GENERAL}
 _SIZE_UNITS = {"": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
                "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
 _SIZE = re.compile(r"([0-9]+)([A-Z]*)", re.ASCII)
@@ -173,7 +176,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
             module_slices=_flag(env, "DFTRACER_MODULE_SLICES", True),
             compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
-                                "0 for none, 1 or gzip, 2 or zstd"),
+                                "0 for none, 1 or gzip, gzip-general, 2 or zstd"),
             write_buffer_size=buffer_size,
             bind_signals=_flag(env, "DFTRACER_BIND_SIGNALS", False),
             log_level=_choice(env, "DFTRACER_LOG_LEVEL", LOG_LEVELS, logging.WARNING,

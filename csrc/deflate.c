@@ -1,0 +1,505 @@
+/* gzip members made for trace lines, at about a thousand instructions per line.
+ *
+ * A general deflate searches every position for earlier matches (libdeflate
+ * level 1: ~16 instructions per byte). Trace lines need no search: most of a
+ * line repeats the previous line of the same event site (name, category, pid,
+ * tid, args, field names), and what differs are a few digits (id, ts, dur).
+ * Each line is compared with one earlier line, 16 bytes at a time: equal runs
+ * become back-references, and at a difference both lines skip to their next
+ * JSON delimiter, the bytes skipped in the new line becoming literals. The
+ * earlier line is the last one in the member whose first 32 bytes after the
+ * id (its name and category) hash alike, or else the previous line. Every
+ * back-reference is checked against the text, so the output is exact
+ * whatever the lines hold; unusual lines only compress less.
+ *
+ * One block per member (RFC 1951) in a standard gzip member (RFC 1952): any
+ * gzip reader decodes it alone. Its Huffman codes are made from the symbols
+ * of the previous member of the file (fixed codes for the first). The CRC-32
+ * uses carry-less multiplication where the CPU has it (~0.35 instructions
+ * per byte), zlib's crc32 otherwise. */
+#include "deflate.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+/* ---- CRC-32 ---------------------------------------------------------------- */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* 128-bit folding (Intel, "Fast CRC Computation for Generic Polynomials Using
+ * PCLMULQDQ"): the accumulator times x^k mod P, constants for the reflected
+ * CRC-32 polynomial; what is left is the CRC of the accumulator's 16 bytes. */
+#define FOLD(x, k) _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11))
+__attribute__((target("pclmul,sse2"))) static uint32_t crc32_clmul(uint32_t crc, const unsigned char *p,
+                                                                   size_t n) {
+    /* n >= 64 */
+    const __m128i k512 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);
+    const __m128i k128 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
+    __m128i x0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)~crc));
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    for (p += 64, n -= 64; n >= 64; p += 64, n -= 64) {
+        x0 = _mm_xor_si128(FOLD(x0, k512), _mm_loadu_si128((const __m128i *)p));
+        x1 = _mm_xor_si128(FOLD(x1, k512), _mm_loadu_si128((const __m128i *)(p + 16)));
+        x2 = _mm_xor_si128(FOLD(x2, k512), _mm_loadu_si128((const __m128i *)(p + 32)));
+        x3 = _mm_xor_si128(FOLD(x3, k512), _mm_loadu_si128((const __m128i *)(p + 48)));
+    }
+    x0 = _mm_xor_si128(FOLD(x0, k128), x1);
+    x0 = _mm_xor_si128(FOLD(x0, k128), x2);
+    x0 = _mm_xor_si128(FOLD(x0, k128), x3);
+    for (; n >= 16; p += 16, n -= 16)
+        x0 = _mm_xor_si128(FOLD(x0, k128), _mm_loadu_si128((const __m128i *)p));
+    unsigned char a[16];
+    _mm_storeu_si128((__m128i *)a, x0);
+    return (uint32_t)crc32(crc32(0xffffffffu, a, 16), p, (uInt)n); /* from raw state 0 */
+}
+
+/* Set once (init_tables): the CPU has it, and it agrees with zlib. */
+static int clmul_ok;
+
+static void clmul_check(void) {
+    unsigned char t[200];
+    for (unsigned i = 0; i < sizeof t; i++)
+        t[i] = (unsigned char)(i * 131 + 7);
+    clmul_ok = __builtin_cpu_supports("pclmul") && crc32_clmul(0, t, sizeof t) == (uint32_t)crc32(0, t, sizeof t) &&
+               crc32_clmul(0x12345678, t + 3, 67) == (uint32_t)crc32(0x12345678, t + 3, 67);
+}
+#endif
+
+/* CRC-32 of gzip/zlib, continuing from crc (0 to start). */
+static uint32_t crc32_of(uint32_t crc, const unsigned char *p, size_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (n >= 64 && clmul_ok)
+        return crc32_clmul(crc, p, n);
+#endif
+    while (n) { /* zlib takes at most 4 GiB - 1 at once */
+        uInt k = n > (1u << 30) ? 1u << 30 : (uInt)n;
+        crc = (uint32_t)crc32(crc, p, k);
+        p += k;
+        n -= k;
+    }
+    return crc;
+}
+
+/* ---- Huffman codes ---------------------------------------------------------- */
+#define NLIT 286 /* litlen symbols used: 256 bytes, end of block, 29 lengths */
+#define NDIST 30
+
+/* One member's codes: litlen symbol and distance code -> code bits
+ * (reversed, as deflate sends them) | length << 16; match length 3..258 ->
+ * its length symbol's code with the extra bits, and their count. */
+typedef struct {
+    uint32_t lit[288], dist[NDIST];
+    uint32_t mlen_bits[259];
+    uint8_t mlen_n[259];
+    uint8_t lit_len[288], dist_len[NDIST]; /* 286, 287: fixed codes only, never sent */
+} codes_t;
+
+struct dft_deflate {
+    size_t last[DFT_DEFLATE_KEYS]; /* per line key: start + 1 of its last line in the member */
+    uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
+    codes_t next;                      /* built from the last member's symbols */
+    int have_next;
+};
+
+static codes_t fixed;
+/* match length -> its symbol - 257 and extra bits; distance - 1 -> its code:
+ * [v] below 256, [256 + (v >> 7)] above (zlib's trick); per code, the first
+ * distance - 1 and the count of extra bits */
+static uint8_t mlen_sym[259], mlen_extra[259];
+static uint16_t mlen_base[29];
+static uint8_t dist_of[512];
+static uint16_t dist_base[NDIST];
+static uint8_t dist_extra[NDIST];
+/* where the two lines go on after a difference; '\n' (2) ends a line */
+static uint8_t delim[256];
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static unsigned reverse(unsigned c, unsigned n) { /* the low n bits of c, reversed */
+    c = (c & 0x5555) << 1 | (c >> 1 & 0x5555);
+    c = (c & 0x3333) << 2 | (c >> 2 & 0x3333);
+    c = (c & 0x0f0f) << 4 | (c >> 4 & 0x0f0f);
+    c = (c & 0x00ff) << 8 | (c >> 8 & 0x00ff);
+    return c >> (16 - n);
+}
+
+/* Canonical codes from code lengths (RFC 1951 3.2.2). */
+static void make_codes(const uint8_t *len, unsigned n, uint32_t *out) {
+    unsigned count[16] = {0}, next[16];
+    for (unsigned i = 0; i < n; i++)
+        count[len[i]]++;
+    count[0] = 0;
+    unsigned c = 0;
+    for (unsigned b = 1; b < 16; b++) {
+        c = (c + count[b - 1]) << 1;
+        next[b] = c;
+    }
+    for (unsigned i = 0; i < n; i++)
+        out[i] = len[i] ? reverse(next[len[i]]++, len[i]) | (unsigned)len[i] << 16 : 0;
+}
+
+static void make_all_codes(codes_t *c) {
+    make_codes(c->lit_len, 288, c->lit);
+    make_codes(c->dist_len, NDIST, c->dist);
+    for (unsigned l = 3; l <= 258; l++) {
+        uint32_t k = c->lit[257 + mlen_sym[l]];
+        c->mlen_bits[l] = (k & 0xffff) | (l - mlen_base[mlen_sym[l]]) << (k >> 16);
+        c->mlen_n[l] = (uint8_t)((k >> 16) + mlen_extra[l]);
+    }
+}
+
+/* Sorts keys by their low 32 bits (radix, 8 bits a pass), n <= 288. */
+static void sort_keys(uint64_t *k, unsigned n) {
+    uint64_t tmp[288], *a = k, *b = tmp;
+    for (unsigned sh = 0; sh < 32; sh += 8) {
+        unsigned at[257] = {0};
+        for (unsigned i = 0; i < n; i++)
+            at[(a[i] >> sh & 0xff) + 1]++;
+        for (unsigned i = 1; i < 257; i++)
+            at[i] += at[i - 1];
+        for (unsigned i = 0; i < n; i++)
+            b[at[a[i] >> sh & 0xff]++] = a[i];
+        uint64_t *t = a;
+        a = b;
+        b = t;
+    }
+}
+
+/* Huffman code lengths of at most limit bits for the symbols of nonzero
+ * frequency (at least two): the Huffman tree of the leaves sorted by
+ * frequency, its depths clamped to limit and the code made complete again by
+ * splitting shorter codes (as miniz does); the longest codes go to the
+ * rarest symbols. */
+static void huff_lengths(const uint32_t *freq, unsigned n, unsigned limit, uint8_t *len) {
+    uint64_t key[NLIT], wt[2 * NLIT]; /* key: symbol << 32 | frequency (below 2^32) */
+    unsigned par[2 * NLIT], dep[2 * NLIT], count[16] = {0}, m = 0;
+    memset(len, 0, n);
+    for (unsigned i = 0; i < n; i++)
+        if (freq[i])
+            key[m++] = (uint64_t)i << 32 | freq[i];
+    sort_keys(key, m);
+    for (unsigned k = 0; k < m; k++)
+        wt[k] = (uint32_t)key[k];
+    /* two queues: the sorted leaves, the inner nodes in the order made (never decreasing) */
+    unsigned leaf = 0, inner = m, top = m;
+    for (unsigned t = 0; t + 1 < m; t++) {
+        unsigned a = leaf < m && (inner == top || wt[leaf] <= wt[inner]) ? leaf++ : inner++;
+        unsigned b = leaf < m && (inner == top || wt[leaf] <= wt[inner]) ? leaf++ : inner++;
+        wt[top] = wt[a] + wt[b];
+        par[a] = par[b] = top++;
+    }
+    dep[top - 1] = 0;
+    for (unsigned k = top - 1; k-- > 0;)
+        dep[k] = dep[par[k]] + 1;
+    for (unsigned k = 0; k < m; k++)
+        count[dep[k] < limit ? dep[k] : limit]++;
+    uint32_t total = 0;
+    for (unsigned i = 1; i <= limit; i++)
+        total += count[i] << (limit - i);
+    for (; total > 1u << limit; total--) {
+        count[limit]--;
+        for (unsigned i = limit - 1; i > 0; i--)
+            if (count[i]) {
+                count[i]--;
+                count[i + 1] += 2;
+                break;
+            }
+    }
+    unsigned k = 0;
+    for (unsigned l = limit; l > 0; l--)
+        for (unsigned c = count[l]; c; c--)
+            len[key[k++] >> 32] = (uint8_t)l;
+}
+
+static void init_tables(void) {
+    static const uint16_t base[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
+                                      31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
+    static const uint8_t extra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                                      2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+    for (unsigned s = 0; s < 29; s++) {
+        mlen_base[s] = base[s];
+        for (unsigned l = base[s]; l <= (s == 28 ? 258 : base[s] + (1u << extra[s]) - 1); l++) {
+            mlen_sym[l] = (uint8_t)s;
+            mlen_extra[l] = extra[s];
+        }
+    }
+    for (unsigned c = 0, v = 0; c < NDIST; c++) {
+        dist_extra[c] = (uint8_t)(c < 4 ? 0 : c / 2 - 1);
+        dist_base[c] = (uint16_t)v;
+        for (unsigned k = 0; k < 1u << dist_extra[c]; k++, v++)
+            dist_of[v < 256 ? v : 256 + (v >> 7)] = (uint8_t)c;
+    }
+    for (unsigned i = 0; i < 288; i++)
+        fixed.lit_len[i] = i < 144 ? 8 : i < 256 ? 9 : i < 280 ? 7 : 8;
+    memset(fixed.dist_len, 5, NDIST);
+    make_all_codes(&fixed);
+    for (const char *d = ",\":}"; *d; d++)
+        delim[(unsigned char)*d] = 1;
+    delim['\n'] = 2;
+#if defined(__x86_64__) && defined(__GNUC__)
+    clmul_check();
+#endif
+}
+
+/* ---- bit output --------------------------------------------------------------
+ * At most 32 bits at once; 4 bytes go out once 32 are held. */
+typedef struct {
+    uint64_t bb, bn; /* not 32-bit: the counts' stores cannot change them */
+    unsigned char *o;
+    const codes_t *c;
+    uint32_t *nlit, *ndist; /* symbols counted for the next member's codes */
+} enc_t;
+
+static inline void put_bits(enc_t *w, uint64_t v, unsigned n) {
+    w->bb |= v << w->bn;
+    w->bn += n;
+    if (w->bn >= 32) {
+        uint32_t lo = (uint32_t)w->bb;
+        memcpy(w->o, &lo, 4);
+        w->o += 4;
+        w->bb >>= 32;
+        w->bn -= 32;
+    }
+}
+
+static inline void put_lit(enc_t *w, unsigned char c) {
+    w->nlit[c]++;
+    put_bits(w, w->c->lit[c] & 0xffff, w->c->lit[c] >> 16);
+}
+
+static inline void put_lits(enc_t *w, const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        put_lit(w, s[i]);
+}
+
+/* A distance's code and extra bits; the matches of one line mostly share one. */
+typedef struct {
+    unsigned dist, n, code;
+    uint64_t bits;
+} dist_t;
+
+#define ALWAYS_INLINE __attribute__((always_inline)) inline
+static ALWAYS_INLINE void put_match(enc_t *w, size_t m, unsigned dist, dist_t *d) {
+    if (dist != d->dist) {
+        unsigned v = dist - 1, code = dist_of[v < 256 ? v : 256 + (v >> 7)];
+        uint32_t dc = w->c->dist[code];
+        d->dist = dist;
+        d->code = code;
+        d->bits = (dc & 0xffff) | (uint64_t)(v - dist_base[code]) << (dc >> 16);
+        d->n = (dc >> 16) + dist_extra[code];
+    }
+    for (;;) {
+        size_t l = m <= 258 ? m : m < 261 ? m - 3 : 258; /* leave no remainder below 3 */
+        w->nlit[257 + mlen_sym[l]]++;
+        w->ndist[d->code]++;
+        put_bits(w, w->c->mlen_bits[l], w->c->mlen_n[l]);
+        put_bits(w, d->bits, d->n);
+        if (!(m -= l))
+            return;
+    }
+}
+
+/* Equal leading bytes of a and b, at most max, up to and with a newline
+ * (*nl set then). */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* bit k: a[k] != b[k]; *eol bit k: a[k] is a newline */
+static inline unsigned differ16(const unsigned char *a, const unsigned char *b, unsigned *eol) {
+    __m128i x = _mm_loadu_si128((const __m128i *)a), y = _mm_loadu_si128((const __m128i *)b);
+    *eol = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('\n')));
+    return ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, y)) & 0xffff;
+}
+
+static inline size_t stop_at(size_t k, unsigned ne, unsigned eol, int *nl) {
+    unsigned at = (unsigned)__builtin_ctz(ne | eol);
+    *nl = !(ne >> at & 1);
+    return k + at + (size_t)*nl;
+}
+
+static inline size_t common(const unsigned char *a, const unsigned char *b, size_t max, int *nl) {
+    size_t k = 0;
+    unsigned ne, eol;
+    *nl = 0;
+    for (; k + 16 <= max; k += 16)
+        if ((ne = differ16(a + k, b + k, &eol)) | eol)
+            return stop_at(k, ne, eol, nl);
+    if (max >= 16) { /* the last 16 bytes again, from k on */
+        unsigned sh = 16 - (unsigned)(max - k);
+        ne = differ16(a + max - 16, b + max - 16, &eol) >> sh;
+        eol >>= sh;
+        return ne | eol ? stop_at(k, ne, eol, nl) : max;
+    }
+#else
+static inline size_t common(const unsigned char *a, const unsigned char *b, size_t max, int *nl) {
+    size_t k = 0;
+    *nl = 0;
+#endif
+    for (; k < max && a[k] == b[k]; k++)
+        if (a[k] == '\n') {
+            *nl = 1;
+            return k + 1;
+        }
+    return k;
+}
+
+#define WINDOW 32768u
+
+/* Start of the line to compare the line at s[pos..n) with, or pos: none. */
+static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_t n, size_t prev) {
+    size_t ref = prev;
+    if (n - pos >= 72 && s[pos] == '{') { /* {"id":digits, then name and category */
+        const unsigned char *q = s + pos + 6;
+        uint64_t a, b, c, x;
+        memcpy(&a, q, 8);
+        a = ~a & 0x1010101010101010ull; /* bit 4 is set in digits, clear in ',' */
+        q += a ? (unsigned)__builtin_ctzll(a) >> 3 : 8;
+        while (*q >= '0' && *q <= '9' && q < s + pos + 28)
+            q++;
+        memcpy(&a, q + 8, 8);
+        memcpy(&b, q + 16, 8);
+        memcpy(&c, q + 24, 8);
+        memcpy(&x, q + 32, 8);
+        uint64_t h = a * 0x9E3779B97F4A7C15ull ^ b * 0xC2B2AE3D27D4EB4Full ^ c * 0x165667B19E3779F9ull ^
+                     x * 0xD6E8FEB86659FD93ull;
+        size_t *slot = &d->last[(h ^ h >> 29) & (DFT_DEFLATE_KEYS - 1)];
+        if (*slot && pos - (*slot - 1) <= WINDOW)
+            ref = *slot - 1;
+        *slot = pos + 1;
+    }
+    return pos - ref <= WINDOW ? ref : pos;
+}
+
+/* One line from s[i], back-references into the earlier text at j where
+ * they agree; returns the start of the next line. */
+static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i, size_t n, size_t j) {
+    int nl;
+    dist_t d = {0, 0, 0, 0};
+    while (j < i) {
+        size_t m = common(s + i, s + j, n - i, &nl);
+        if (m >= 3 && i - j <= WINDOW)
+            put_match(w, m, (unsigned)(i - j), &d);
+        else
+            put_lits(w, s + i, m);
+        i += m;
+        j += m;
+        if (nl || i == n)
+            return i;
+        /* a difference: both go on from their next delimiter (stepping over
+         * two different ones), the new line's bytes up to it as literals */
+        if (delim[s[i]] && delim[s[j]]) {
+            if (s[i] == '\n')
+                break;
+            put_lit(w, s[i++]);
+            j++;
+        }
+        size_t i0 = i;
+        for (; i < n && !delim[s[i]]; i++)
+            put_lit(w, s[i]);
+        if (i == n || s[i] == '\n')
+            break;
+        if (j + (i - i0) < i && s[j + (i - i0)] == s[i]) /* a field of the same length */
+            j += i - i0;
+        else
+            while (j < i && !delim[s[j]])
+                j++;
+    }
+    const unsigned char *e = memchr(s + i, '\n', n - i);
+    size_t end = e ? (size_t)(e - s) + 1 : n;
+    put_lits(w, s + i, end - i);
+    return end;
+}
+
+/* One block of every line of s[0..n) with the codes w->c; its symbols are counted in d. */
+static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n) {
+    memset(d->last, 0, sizeof d->last);
+    memset(d->nlit, 0, sizeof d->nlit);
+    memset(d->ndist, 0, sizeof d->ndist);
+    w->nlit = d->nlit;
+    w->ndist = d->ndist;
+    if (w->c == &fixed) {
+        put_bits(w, 1 | 1 << 1, 3); /* BFINAL, fixed Huffman codes */
+    } else { /* BFINAL, dynamic codes: all 286 + 30 lengths, each in the code-length code */
+        static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+        uint32_t nl[19] = {0}, cl[19];
+        uint8_t cl_len[19];
+        for (unsigned i = 0; i < 16; i++)
+            nl[i] = 1;
+        for (unsigned i = 0; i < NLIT; i++)
+            nl[w->c->lit_len[i]]++;
+        for (unsigned i = 0; i < NDIST; i++)
+            nl[w->c->dist_len[i]]++;
+        huff_lengths(nl, 19, 7, cl_len);
+        make_codes(cl_len, 19, cl);
+        put_bits(w, 1 | 2 << 1 | (NLIT - 257) << 3 | (NDIST - 1) << 8 | (19 - 4) << 13, 17);
+        for (unsigned i = 0; i < 19; i++)
+            put_bits(w, cl_len[order[i]], 3);
+        for (unsigned i = 0; i < NLIT + NDIST; i++) {
+            uint32_t k = cl[i < NLIT ? w->c->lit_len[i] : w->c->dist_len[i - NLIT]];
+            put_bits(w, k & 0xffff, k >> 16);
+        }
+    }
+    enc_t e = *w; /* a local: the output's bytes cannot alias it, it stays in registers */
+    for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next)
+        next = put_line(&e, s, pos, n, pick_ref(d, s, pos, n, prev));
+    *w = e;
+    w->nlit[256]++; /* end of block */
+    put_bits(w, w->c->lit[256] & 0xffff, w->c->lit[256] >> 16);
+}
+
+/* Bits of the symbols counted in d with codes c (extra bits left out). */
+static uint64_t cost(const dft_deflate *d, const codes_t *c) {
+    uint64_t b = 0;
+    for (unsigned i = 0; i < NLIT; i++)
+        b += (uint64_t)d->nlit[i] * c->lit_len[i];
+    for (unsigned i = 0; i < NDIST; i++)
+        b += (uint64_t)d->ndist[i] * c->dist_len[i];
+    return b;
+}
+
+dft_deflate *dft_deflate_new(void) {
+    pthread_once(&tables_once, init_tables);
+    return calloc(1, sizeof(dft_deflate));
+}
+
+void dft_deflate_free(dft_deflate *d) {
+    free(d);
+}
+
+size_t dft_gzip_bound(size_t n) {
+    return 2 * n + 512; /* codes of at most 15 bits per byte, the dynamic block's header */
+}
+
+/* A member is encoded with codes made for the previous member's symbols
+ * (every symbol possible: each counted once more), or fixed codes: for the
+ * first member, or where fixed codes come out clearly shorter (the member
+ * differs from the one before: it is encoded again). */
+size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char *out) {
+    const unsigned char *s = (const unsigned char *)text;
+    static const unsigned char head[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff};
+    memcpy(out, head, sizeof head);
+    enc_t w = {0, 0, out + sizeof head, d->have_next ? &d->next : &fixed, NULL, NULL};
+    put_block(d, &w, s, n);
+    uint64_t fixed_cost = w.c == &fixed ? 0 : cost(d, &fixed);
+    if (w.c != &fixed && fixed_cost + fixed_cost / 16 < cost(d, w.c)) {
+        w = (enc_t){0, 0, out + sizeof head, &fixed, NULL, NULL};
+        put_block(d, &w, s, n);
+    }
+    unsigned char *o = w.o;
+    for (; w.bn > 0; w.bn = w.bn > 8 ? w.bn - 8 : 0, w.bb >>= 8)
+        *o++ = (unsigned char)w.bb;
+    uint32_t t[2] = {crc32_of(0, s, n), (uint32_t)n};
+    for (unsigned k = 0; k < 8; k++)
+        *o++ = (unsigned char)(t[k / 4] >> (8 * (k % 4)));
+    for (unsigned i = 0; i < NLIT; i++)
+        d->nlit[i]++;
+    for (unsigned i = 0; i < NDIST; i++)
+        d->ndist[i]++;
+    huff_lengths(d->nlit, NLIT, 15, d->next.lit_len);
+    huff_lengths(d->ndist, NDIST, 15, d->next.dist_len);
+    make_all_codes(&d->next);
+    d->have_next = 1;
+    return (size_t)(o - out);
+}
