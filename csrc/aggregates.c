@@ -1,0 +1,604 @@
+/* Aggregates written with the trace (docs/format.rst "Aggregate records"), all
+ * in the writer thread, from the lines it has just formatted: per group of op
+ * and graph events (kind, kernel or not, name, module, phase, graph, kernel
+ * type and fused ops) and step, the count, exact sum in ns, min, max, sum of
+ * squares and the bucket counts of traces/sketch.py's quantile sketch; per
+ * step the op time (backward phase apart) and, bounded, per group; and a
+ * verbatim copy of the few events the step, compile, evaluation and rank views
+ * read (never the ops). A step is kept apart until settled (its slice was
+ * written one drain pass ago, so every event pushed before it is in); then a
+ * step in which nothing compiled (the warm-up rule of traces/steps.py) is
+ * folded into the steady totals. The record is a metadata line written at a
+ * checkpoint (a step ended and CKPT_NS passed) and at close. The category
+ * names are those of schema.py. */
+#include "core.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#define CKPT_NS 3000000000ull
+#define COPY_MAX (6u << 20) /* bytes of copied events; past it the record cannot answer */
+#define SAMPLES_MAX 100000u /* per-step group sums kept (diff's samples) */
+#define PENDING_MAX 64u     /* unsettled steps (a trace without step slices) */
+#define RECORD_MAX (15u << 20) /* below the readers' longest line (traces/reader.py MAX_LINE) */
+#define NONE INT64_MIN      /* no step, or the steady totals */
+#define LN_GAMMA 0x1.47b0e059d057dp-6 /* sketch.LN_GAMMA, to the last bit */
+
+typedef struct { const char *p; uint32_t n; } val_t; /* raw JSON text in a line */
+typedef struct { uint64_t h; uint32_t off, len; } group_t; /* descriptor text in keys */
+typedef struct {
+    uint32_t gid, dead;
+    int64_t step;
+    uint64_t count, ns, min, max, zero, *b;
+    double sq;
+    int32_t lo;
+    uint32_t nb;
+} stat_t;
+typedef struct { uint32_t gid; int64_t step; uint64_t ns; } sample_t;
+typedef struct { int64_t step; uint64_t count[2], ns[2]; int state, compiled; } step_t;
+enum { PENDING, FOLDED, APART };
+typedef struct { uint32_t *slot; uint32_t cap, n; } imap; /* index + 1 per slot */
+
+static struct {
+    int on, broken;
+    dft_buf keys, copy, scratch;
+    group_t *g; uint32_t ng, capg; imap gm;
+    stat_t *s; uint32_t ns, caps, dead; imap sm;
+    sample_t *x; uint32_t nx, capx; imap xm; int x_over;
+    step_t *st; uint32_t nst, capst, pending;
+    int64_t settle_upto, slice_max;
+    int any_slice, slice_since, dirty;
+    uint64_t last_ns;
+} A;
+
+static uint64_t mix(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 33);
+}
+
+static int grow(void **p, uint32_t *cap, uint32_t n, size_t size) {
+    if (n < *cap)
+        return 0;
+    uint32_t c = *cap ? *cap * 2 : 64;
+    void *q = realloc(*p, c * size);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* Slot of hash h whose index satisfies eq (or the empty one to fill); NULL: out of memory. */
+static uint32_t *map_find(imap *m, uint64_t h, int (*eq)(uint32_t, const void *), const void *k,
+                          uint64_t (*hash_of)(uint32_t)) {
+    if (m->n * 2 >= m->cap) {
+        uint32_t cap = m->cap ? m->cap * 2 : 256, *slot = calloc(cap, sizeof *slot);
+        if (!slot)
+            return NULL;
+        for (uint32_t i = 0; i < m->cap; i++)
+            if (m->slot[i]) {
+                uint32_t j = (uint32_t)hash_of(m->slot[i] - 1) & (cap - 1);
+                while (slot[j])
+                    j = (j + 1) & (cap - 1);
+                slot[j] = m->slot[i];
+            }
+        free(m->slot);
+        m->slot = slot;
+        m->cap = cap;
+    }
+    uint32_t j = (uint32_t)h & (m->cap - 1);
+    while (m->slot[j] && !eq(m->slot[j] - 1, k))
+        j = (j + 1) & (m->cap - 1);
+    return &m->slot[j];
+}
+
+static uint64_t g_hash(uint32_t i) { return A.g[i].h; }
+static int g_eq(uint32_t i, const void *k) {
+    const dft_buf *d = k;
+    return A.g[i].len == d->len && !memcmp(A.keys.p + A.g[i].off, d->p, d->len);
+}
+static uint64_t gs_hash(uint32_t gid, int64_t step) { return mix(gid * 0x9e3779b97f4a7c15ull ^ (uint64_t)step); }
+static uint64_t s_hash(uint32_t i) { return gs_hash(A.s[i].gid, A.s[i].step); }
+static uint64_t x_hash(uint32_t i) { return gs_hash(A.x[i].gid, A.x[i].step); }
+typedef struct { uint32_t gid; int64_t step; } gs_t;
+static int s_eq(uint32_t i, const void *k) {
+    const gs_t *q = k;
+    return A.s[i].gid == q->gid && A.s[i].step == q->step;
+}
+static int x_eq(uint32_t i, const void *k) {
+    const gs_t *q = k;
+    return A.x[i].gid == q->gid && A.x[i].step == q->step;
+}
+
+/* ---- a JSON scanner over the lines we wrote ---- */
+static const char *ws(const char *p, const char *e) {
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+        p++;
+    return p;
+}
+
+static const char *skip(const char *p, const char *e) { /* end of the value at p, or NULL */
+    int depth = 0;
+    do {
+        if (p >= e)
+            return NULL;
+        if (*p == '"') {
+            for (p++; p < e && *p != '"'; p++)
+                p += *p == '\\';
+            p++;
+        } else if (*p == '{' || *p == '[') {
+            depth++, p++;
+        } else if (*p == '}' || *p == ']') {
+            depth--, p++;
+        } else if (depth) {
+            p++;
+        } else {
+            while (p < e && *p != ',' && *p != '}' && *p != ']')
+                p++;
+        }
+        if (depth)
+            p = ws(p, e);
+    } while (depth > 0);
+    return p > e ? NULL : p;
+}
+
+/* Each key of the object at p whose raw text is one of names[i] (quoted) gets its value in out[i]
+ * (first one wins, as in DuckDB). Returns 0, -1 if not an object. */
+static int fields(const char *p, const char *e, const char *const *names, val_t *out, int n) {
+    p = ws(p, e);
+    if (p >= e || *p++ != '{')
+        return -1;
+    for (;;) {
+        p = ws(p, e);
+        if (p < e && *p == '}')
+            return 0;
+        const char *k = p, *ke = skip(p, e);
+        if (!ke || *k != '"')
+            return -1;
+        p = ws(ke, e);
+        if (p >= e || *p++ != ':')
+            return -1;
+        p = ws(p, e);
+        const char *ve = skip(p, e);
+        if (!ve)
+            return -1;
+        for (int i = 0; i < n; i++)
+            if (!out[i].p && (size_t)(ke - k) == strlen(names[i]) && !memcmp(k, names[i], (size_t)(ke - k))) {
+                out[i].p = p;
+                out[i].n = (uint32_t)(ve - p);
+            }
+        p = ws(ve, e);
+        if (p < e && *p == ',')
+            p++;
+    }
+}
+
+#define IS(v, lit) ((v).n == sizeof(lit) - 1 && !memcmp((v).p, lit, sizeof(lit) - 1))
+static int present(val_t v) { return v.p && !IS(v, "null"); }
+
+static int64_t step_of(val_t v) { /* TRY_CAST(args.step AS BIGINT) */
+    const char *p = v.p, *e = v.p + v.n;
+    if (!present(v))
+        return NONE;
+    if (*p == '"')
+        p++, e--;
+    int neg = p < e && *p == '-';
+    p += neg;
+    if (p >= e)
+        return NONE;
+    int64_t n = 0;
+    for (; p < e; p++) {
+        if (*p < '0' || *p > '9' || n > (INT64_MAX - 9) / 10)
+            return NONE;
+        n = n * 10 + (*p - '0');
+    }
+    return neg ? -n : n;
+}
+
+static int put(dft_buf *b, const char *s, size_t n) {
+    if (dft_buf_reserve(b, n) < 0)
+        return -1;
+    dft_buf_put(b, s, n);
+    return 0;
+}
+#define PUTL(b, lit) put(b, lit, sizeof(lit) - 1)
+static int put_val(dft_buf *b, val_t v) { return present(v) ? put(b, v.p, v.n) : PUTL(b, "null"); }
+static int put_i64(dft_buf *b, int64_t v) {
+    char t[24];
+    return put(b, t, (size_t)(dft_fmt_i64(t, v) - t));
+}
+
+static step_t *step_get(int64_t n) {
+    uint32_t lo = 0, hi = A.nst;
+    if (A.nst && A.st[A.nst - 1].step < n)
+        lo = A.nst;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (A.st[mid].step < n)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < A.nst && A.st[lo].step == n)
+        return &A.st[lo];
+    if (grow((void **)&A.st, &A.capst, A.nst, sizeof *A.st) < 0)
+        return NULL;
+    memmove(&A.st[lo + 1], &A.st[lo], (A.nst - lo) * sizeof *A.st);
+    memset(&A.st[lo], 0, sizeof *A.st);
+    A.st[lo].step = n;
+    A.nst++;
+    A.pending++;
+    return &A.st[lo];
+}
+
+static int64_t bucket(uint64_t ns) { /* sketch.key of the written dur (µs); ns 0: the zero bucket */
+    return (int64_t)ceil(log((double)ns / 1000.0) / LN_GAMMA);
+}
+
+static int sketch_add(stat_t *s, int64_t k, uint64_t n) {
+    if (!s->nb) {
+        if (!(s->b = calloc(16, sizeof *s->b)))
+            return -1;
+        s->lo = (int32_t)k;
+        s->nb = 16;
+    }
+    if (k < s->lo || k >= s->lo + (int64_t)s->nb) {
+        int64_t lo = k < s->lo ? k - 8 : s->lo, hi = k >= s->lo + (int64_t)s->nb ? k + 8 : s->lo + s->nb;
+        uint64_t *b = calloc((size_t)(hi - lo), sizeof *b);
+        if (!b)
+            return -1;
+        memcpy(b + (s->lo - lo), s->b, s->nb * sizeof *b);
+        free(s->b);
+        s->b = b;
+        s->lo = (int32_t)lo;
+        s->nb = (uint32_t)(hi - lo);
+    }
+    s->b[k - s->lo] += n;
+    return 0;
+}
+
+static stat_t *stat_get(uint32_t gid, int64_t step) {
+    gs_t k = {gid, step};
+    uint32_t *slot = map_find(&A.sm, gs_hash(gid, step), s_eq, &k, s_hash);
+    if (!slot)
+        return NULL;
+    if (!*slot) {
+        if (grow((void **)&A.s, &A.caps, A.ns, sizeof *A.s) < 0)
+            return NULL;
+        memset(&A.s[A.ns], 0, sizeof *A.s);
+        A.s[A.ns].gid = gid;
+        A.s[A.ns].step = step;
+        A.s[A.ns].min = UINT64_MAX;
+        *slot = ++A.ns;
+        A.sm.n++;
+    }
+    return &A.s[*slot - 1];
+}
+
+static int stat_merge(stat_t *to, const stat_t *s) {
+    to->count += s->count;
+    to->ns += s->ns;
+    to->sq += s->sq;
+    to->zero += s->zero;
+    to->min = s->min < to->min ? s->min : to->min;
+    to->max = s->max > to->max ? s->max : to->max;
+    for (uint32_t i = 0; i < s->nb; i++)
+        if (s->b[i] && sketch_add(to, s->lo + (int64_t)i, s->b[i]) < 0)
+            return -1;
+    return 0;
+}
+
+static int sample_add(uint32_t gid, int64_t step, uint64_t ns) {
+    gs_t k = {gid, step};
+    if (A.x_over)
+        return 0;
+    uint32_t *slot = map_find(&A.xm, gs_hash(gid, step), x_eq, &k, x_hash);
+    if (!slot)
+        return -1;
+    if (!*slot) {
+        if (A.nx >= SAMPLES_MAX) {
+            A.x_over = 1;
+            return 0;
+        }
+        if (grow((void **)&A.x, &A.capx, A.nx, sizeof *A.x) < 0)
+            return -1;
+        A.x[A.nx] = (sample_t){gid, step, 0};
+        *slot = ++A.nx;
+        A.xm.n++;
+    }
+    A.x[*slot - 1].ns += ns;
+    return 0;
+}
+
+static const char *const TOP[] = {"\"name\"", "\"cat\"", "\"ph\"", "\"args\""};
+static const char *const ARGS[] = {"\"module\"", "\"phase\"", "\"graph\"", "\"node\"", "\"step\"",
+                                   "\"kernel_type\"", "\"aten_ops\""};
+enum { T_NAME, T_CAT, T_PH, T_ARGS };
+enum { A_MODULE, A_PHASE, A_GRAPH, A_NODE, A_STEP, A_KTYPE, A_ATEN, A_N };
+
+/* One op or graph event: its group descriptor (the JSON text of its key) and statistics. */
+static int add_event(int kind, int kernel, const val_t *t, const val_t *a, int64_t step, uint64_t ns) {
+    dft_buf *d = &A.scratch;
+    d->len = 0;
+    if (put(d, kind == 1 ? "[1," : "[2,", 3) < 0 || put(d, kernel ? "1," : "0,", 2) < 0 ||
+        put_val(d, t[T_NAME]) < 0)
+        return -1;
+    static const int cols[] = {A_MODULE, A_PHASE, A_GRAPH, A_KTYPE, A_ATEN};
+    for (int i = 0; i < 5; i++)
+        if (PUTL(d, ",") < 0 || put_val(d, (i < 3 || kernel) ? a[cols[i]] : (val_t){0, 0}) < 0)
+            return -1;
+    if (PUTL(d, "]") < 0)
+        return -1;
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < d->len; i++)
+        h = (h ^ (unsigned char)d->p[i]) * 1099511628211ull;
+    uint32_t *slot = map_find(&A.gm, h, g_eq, d, g_hash);
+    if (!slot)
+        return -1;
+    if (!*slot) {
+        if (grow((void **)&A.g, &A.capg, A.ng, sizeof *A.g) < 0)
+            return -1;
+        A.g[A.ng] = (group_t){h, (uint32_t)A.keys.len, (uint32_t)d->len};
+        if ((A.ng && PUTL(&A.keys, ",") < 0) || put(&A.keys, d->p, d->len) < 0)
+            return -1;
+        A.g[A.ng].off += A.ng > 0;
+        *slot = ++A.ng;
+        A.gm.n++;
+    }
+    uint32_t gid = *slot - 1;
+    int64_t key = step;
+    if (step != NONE) {
+        step_t *st = step_get(step);
+        if (!st)
+            return -1;
+        if (kind == 1) {
+            int bwd = IS(a[A_PHASE], "\"backward\"");
+            st->count[bwd]++;
+            st->ns[bwd] += ns;
+            if (sample_add(gid, step, ns) < 0)
+                return -1;
+        }
+        key = st->state == FOLDED ? NONE : step;
+    }
+    stat_t *s = stat_get(gid, key);
+    if (!s)
+        return -1;
+    double us = (double)ns / 1000.0;
+    s->count++;
+    s->ns += ns;
+    s->sq += us * us;
+    s->min = ns < s->min ? ns : s->min;
+    s->max = ns > s->max ? ns : s->max;
+    if (kind == 1) {
+        if (!ns)
+            s->zero++;
+        else if (sketch_add(s, bucket(ns), 1) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int copy_line(const char *line, size_t len) {
+    while (len && (line[len - 1] == '\n' || line[len - 1] == ',' || line[len - 1] == ' '))
+        len--;
+    if (A.copy.len + len >= COPY_MAX) {
+        A.broken = 1;
+        return 0;
+    }
+    return ((A.copy.len && PUTL(&A.copy, ",") < 0) || put(&A.copy, line, len) < 0) ? -1 : 0;
+}
+
+void dft_agg_event(const char *line, size_t len, uint64_t ns) {
+    if (!A.on || A.broken)
+        return;
+    const char *e = line + len;
+    val_t t[4] = {{0}}, a[A_N] = {{0}};
+    if (fields(line, e, TOP, t, 4) < 0 || !IS(t[T_PH], "\"X\"") ||
+        (t[T_ARGS].p && fields(t[T_ARGS].p, t[T_ARGS].p + t[T_ARGS].n, ARGS, a, A_N) < 0))
+        return;
+    val_t c = t[T_CAT];
+    int64_t step = step_of(a[A_STEP]);
+    int rc = 0, op = (IS(c, "\"dynamo\"") && (present(a[A_NODE]) || !present(a[A_GRAPH]))) ||
+                     IS(c, "\"kernel\"");
+    A.dirty = 1;
+    if (op || IS(c, "\"dynamo_graph\""))
+        rc = add_event(op ? 1 : 2, IS(c, "\"kernel\""), t, a, step, ns);
+    /* the events summary's other views read (traces/summary.py load, ranks.FUNCTIONAL) */
+    if (rc == 0 && ((!op && (IS(c, "\"dynamo_graph\"") || IS(c, "\"dynamo_compile\"") || IS(c, "\"step\"") ||
+                             IS(c, "\"data\"") || IS(c, "\"backward\"") || IS(c, "\"optimizer\"") ||
+                             IS(c, "\"eval\"") || IS(c, "\"comm\"") ||
+                             (IS(c, "\"dftracer\"") && IS(t[T_NAME], "\"start\"")))) ||
+                    (op && t[T_NAME].n > 28 && !memcmp(t[T_NAME].p, "\"function._c10d_functional.", 28)))) {
+        rc = copy_line(line, len);
+        step_t *st = step != NONE && rc == 0 ? step_get(step) : NULL;
+        if (step != NONE && !st)
+            rc = -1;
+        else if (st && IS(c, "\"step\"")) {
+            A.any_slice = A.slice_since = 1;
+            A.slice_max = step > A.slice_max ? step : A.slice_max;
+        } else if (st && IS(c, "\"dynamo_compile\"")) {
+            st->compiled = 1;
+        }
+    }
+    if (rc < 0)
+        A.broken = 1; /* out of memory: the record says it cannot answer */
+}
+
+static void free_all(void) {
+    for (uint32_t i = 0; i < A.ns; i++)
+        free(A.s[i].b);
+    free(A.keys.p), free(A.copy.p), free(A.scratch.p), free(A.g), free(A.gm.slot), free(A.s), free(A.sm.slot);
+    free(A.x), free(A.xm.slot), free(A.st);
+    memset(&A, 0, sizeof A);
+}
+
+void dft_agg_open(const char *header, size_t len) {
+    free_all();
+    A.on = 1;
+    A.settle_upto = A.slice_max = NONE;
+    A.last_ns = dft_mono();
+    for (const char *p = header, *e = header + len, *nl; p < e; p = nl + 1) {
+        nl = memchr(p, '\n', (size_t)(e - p));
+        nl = nl ? nl : e;
+        if (*ws(p, nl) == '{' && copy_line(p, (size_t)(nl - p)) < 0)
+            A.broken = 1;
+    }
+}
+
+/* Folds step n's statistics into the steady totals. */
+static int fold(step_t *st) {
+    st->state = FOLDED;
+    for (uint32_t i = 0; i < A.ns; i++) {
+        if (A.s[i].dead || A.s[i].step != st->step)
+            continue;
+        stat_t s = A.s[i];
+        stat_t *to = stat_get(s.gid, NONE); /* may move A.s */
+        if (!to || stat_merge(to, &s) < 0)
+            return -1;
+        free(A.s[i].b);
+        A.s[i].b = NULL;
+        A.s[i].nb = 0;
+        A.s[i].dead = 1;
+        A.dead++;
+    }
+    if (A.dead > 1024 && A.dead * 2 > A.ns) { /* drop the folded entries */
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < A.ns; i++)
+            if (!A.s[i].dead)
+                A.s[k++] = A.s[i];
+        A.ns = k;
+        A.dead = 0;
+        memset(A.sm.slot, 0, A.sm.cap * sizeof *A.sm.slot);
+        A.sm.n = 0;
+        for (uint32_t i = 0; i < A.ns; i++) {
+            gs_t q = {A.s[i].gid, A.s[i].step};
+            *map_find(&A.sm, s_hash(i), s_eq, &q, s_hash) = i + 1; /* no growth: n stays below */
+            A.sm.n++;
+        }
+    }
+    return 0;
+}
+
+/* After each drain pass: settles the steps whose slice (or a later one) was written in an
+ * earlier pass; says whether a checkpoint is due. */
+int dft_agg_tick(void) {
+    if (!A.on)
+        return 0;
+    for (uint32_t i = 0; i < A.nst && !A.broken; i++) {
+        step_t *st = &A.st[i];
+        if (st->state != PENDING || (st->step > A.settle_upto && A.pending <= PENDING_MAX))
+            continue;
+        A.pending--;
+        if (st->compiled)
+            st->state = APART;
+        else if (fold(st) < 0)
+            A.broken = 1;
+    }
+    A.settle_upto = A.slice_max;
+    uint64_t now = dft_mono();
+    return A.dirty && now - A.last_ns >= CKPT_NS && (A.slice_since || !A.any_slice);
+}
+
+static int record(dft_buf *b) {
+    char num[64];
+    if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":") < 0 ||
+        (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0 ||
+        put(b, A.keys.p, A.keys.len) < 0 || PUTL(b, "],\"apart\":[") < 0)
+        return -1;
+    int first = 1;
+    for (uint32_t i = 0; i < A.nst; i++)
+        if (A.st[i].state != FOLDED) {
+            if ((!first && PUTL(b, ",") < 0) || put_i64(b, A.st[i].step) < 0)
+                return -1;
+            first = 0;
+        }
+    if (PUTL(b, "],\"groups\":[") < 0)
+        return -1;
+    first = 1;
+    for (uint32_t i = 0; i < A.ns; i++) {
+        const stat_t *s = &A.s[i];
+        if (s->dead)
+            continue;
+        if (!first && PUTL(b, ",") < 0)
+            return -1;
+        first = 0;
+        if (PUTL(b, "[") < 0 || put_i64(b, s->gid) < 0 || PUTL(b, ",") < 0 ||
+            (s->step == NONE ? PUTL(b, "null") : put_i64(b, s->step)) < 0)
+            return -1;
+        const uint64_t v[] = {s->count, s->ns, s->min, s->max, s->zero};
+        for (int j = 0; j < 5; j++)
+            if (PUTL(b, ",") < 0 || put_i64(b, (int64_t)v[j]) < 0)
+                return -1;
+        if (put(b, num, (size_t)snprintf(num, sizeof num, ",%.17g,[", s->sq)) < 0)
+            return -1;
+        int bf = 1;
+        for (uint32_t j = 0; j < s->nb; j++)
+            if (s->b[j]) {
+                if ((!bf && PUTL(b, ",") < 0) || put_i64(b, s->lo + (int64_t)j) < 0 || PUTL(b, ",") < 0 ||
+                    put_i64(b, (int64_t)s->b[j]) < 0)
+                    return -1;
+                bf = 0;
+            }
+        if (PUTL(b, "]]") < 0)
+            return -1;
+    }
+    if (PUTL(b, "],\"op_steps\":[") < 0)
+        return -1;
+    first = 1;
+    for (uint32_t i = 0; i < A.nst; i++)
+        for (int k = 0; k < 2; k++)
+            if (A.st[i].count[k]) {
+                if ((!first && PUTL(b, ",") < 0) || PUTL(b, "[") < 0 || put_i64(b, A.st[i].step) < 0 ||
+                    put(b, k ? ",1," : ",0,", 3) < 0 || put_i64(b, (int64_t)A.st[i].ns[k]) < 0 || PUTL(b, "]") < 0)
+                    return -1;
+                first = 0;
+            }
+    if (PUTL(b, "],\"samples\":") < 0)
+        return -1;
+    if (A.x_over) {
+        if (PUTL(b, "null") < 0)
+            return -1;
+    } else {
+        if (PUTL(b, "[") < 0)
+            return -1;
+        for (uint32_t i = 0; i < A.nx; i++)
+            if ((i && PUTL(b, ",") < 0) || PUTL(b, "[") < 0 || put_i64(b, A.x[i].gid) < 0 || PUTL(b, ",") < 0 ||
+                put_i64(b, A.x[i].step) < 0 || PUTL(b, ",") < 0 || put_i64(b, (int64_t)A.x[i].ns) < 0 ||
+                PUTL(b, "]") < 0)
+                return -1;
+        if (PUTL(b, "]") < 0)
+            return -1;
+    }
+    return (PUTL(b, ",\"events\":[") < 0 || put(b, A.copy.p, A.copy.len) < 0 || PUTL(b, "]") < 0) ? -1 : 0;
+}
+
+/* Appends the record line to b (a checkpoint; at close, the last one, then frees everything). */
+void dft_agg_write(dft_buf *b, int last) {
+    if (!A.on)
+        return;
+    size_t at = b->len;
+    char head[96];
+    int n = snprintf(head, sizeof head, "{\"id\":%llu,\"name\":\"dftrace_aggregates\",\"cat\":\"dftracer\",\"pid\":",
+                     (unsigned long long)dft_w.next_id);
+    if (put(b, head, (size_t)n) < 0 || put(b, dft_w.pid_s, dft_w.pid_len) < 0 ||
+        PUTL(b, ",\"tid\":0,\"ph\":\"M\",\"args\":{") < 0)
+        goto out;
+    size_t body = b->len;
+    if (A.broken || record(b) < 0 || b->len - at > RECORD_MAX) { /* a record that cannot answer */
+        A.broken = 1;
+        b->len = body;
+        if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":false") < 0)
+            goto out;
+    }
+    if (PUTL(b, "}}\n") == 0) {
+        dft_w.next_id++;
+        A.dirty = A.slice_since = 0;
+        A.last_ns = dft_mono();
+        at = b->len;
+    }
+out:
+    b->len = at;
+    if (last)
+        free_all();
+}
