@@ -7,7 +7,7 @@ optimizer's ``Adam.step``/``Adam.zero_grad``; every event carries
 compile); options add a recompile, graph breaks, an injected cost and jitter.
 
     python tests/scripts/stepgen.py PREFIX --steps 20 [--layers 4] [--slow 3-5:20]
-        [--recompile-at N] [--graph-break] [--jitter PCT] [--seed S] [--rank R]
+        [--recompile-at N] [--graph-break] [--jitter PCT] [--seed S] [--rank R] [--sleep-ms MS]
 
 Prints the path of the trace written (``PREFIX-<host hash>-<pid>.pfw.gz``).
 """
@@ -16,6 +16,7 @@ import argparse
 import os
 import random
 import sys
+import time
 
 MS = 1_000_000
 # (op name, duration ns) per layer, forward and backward; module "layers.<i>"
@@ -125,6 +126,7 @@ def main():
     ap.add_argument("--optimizer-us", type=int, default=800)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rank", type=int)
+    ap.add_argument("--sleep-ms", type=int, default=0, help="real time between steps (the writer's checkpoints)")
     a = ap.parse_args()
     steps, _, ms = a.slow.partition(":")
     a.slow_from, a.slow_to = parse_range(steps) if steps else (1, 0)
@@ -141,6 +143,7 @@ def main():
     loop = Loop(_core, a)
     for n in range(a.steps):
         loop.step(n)
+        time.sleep(a.sleep_ms / 1000)
     logger.finalize()
     print(path)
 
