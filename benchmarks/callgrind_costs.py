@@ -186,7 +186,7 @@ def parts(d: Dump):
             out["libc malloc"] += cost
             continue
         elif base in ("callwrap.c", "span.c", "ring.c", "clock.c", "module.c", "steps.c", "writer.c", "json.c",
-                      "sink.c"):
+                      "sink.c", "aggregates.c"):
             out["csrc/" + base] += cost
     for obj, cost in d.by_obj.items():
         if obj.startswith("_core"):

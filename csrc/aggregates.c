@@ -317,8 +317,8 @@ static const char *const ARGS[] = {"\"module\"", "\"phase\"", "\"graph\"", "\"no
 enum { T_NAME, T_CAT, T_PH, T_ARGS };
 enum { A_MODULE, A_PHASE, A_GRAPH, A_NODE, A_STEP, A_KTYPE, A_ATEN, A_N };
 
-/* One op or graph event: its group descriptor (the JSON text of its key) and statistics. */
-static int add_event(int kind, int kernel, const val_t *t, const val_t *a, int64_t step, uint64_t ns) {
+/* The group of an op or graph event: its descriptor (the JSON text of its key) interned. */
+static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
     dft_buf *d = &A.scratch;
     d->len = 0;
     if (put(d, kind == 1 ? "[1," : "[2,", 3) < 0 || put(d, kernel ? "1," : "0,", 2) < 0 ||
@@ -339,21 +339,23 @@ static int add_event(int kind, int kernel, const val_t *t, const val_t *a, int64
     if (!*slot) {
         if (grow((void **)&A.g, &A.capg, A.ng, sizeof *A.g) < 0)
             return -1;
-        A.g[A.ng] = (group_t){h, (uint32_t)A.keys.len, (uint32_t)d->len};
+        A.g[A.ng] = (group_t){h, (uint32_t)A.keys.len + (A.ng > 0), (uint32_t)d->len};
         if ((A.ng && PUTL(&A.keys, ",") < 0) || put(&A.keys, d->p, d->len) < 0)
             return -1;
-        A.g[A.ng].off += A.ng > 0;
         *slot = ++A.ng;
         A.gm.n++;
     }
-    uint32_t gid = *slot - 1;
+    return *slot - 1;
+}
+
+/* One op or graph event of group gid: its statistics. */
+static int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
     int64_t key = step;
     if (step != NONE) {
         step_t *st = step_get(step);
         if (!st)
             return -1;
         if (kind == 1) {
-            int bwd = IS(a[A_PHASE], "\"backward\"");
             st->count[bwd]++;
             st->ns[bwd] += ns;
             if (sample_add(gid, step, ns) < 0)
@@ -389,43 +391,120 @@ static int copy_line(const char *line, size_t len) {
     return ((A.copy.len && PUTL(&A.copy, ",") < 0) || put(&A.copy, line, len) < 0) ? -1 : 0;
 }
 
-void dft_agg_event(const char *line, size_t len, uint64_t ns) {
-    if (!A.on || A.broken)
-        return;
+/* What an event of one (site, tags, flags) contributes, from its line (cached). */
+typedef struct {
+    uint32_t site, tags, flags, tlen;
+    char tcopy[64]; /* the tags' text: an owned tags id may be reused with other text */
+    int used, kind, kernel, bwd, copy, slice, compile, step_from_line;
+    uint32_t gid;
+    int64_t step; /* the step the site or tags text gives (step_from_line) */
+} cls_t;
+#define CACHE 4096
+static cls_t cache[CACHE];
+
+static int classify(const char *line, size_t len, cls_t *k) {
     const char *e = line + len;
     val_t t[4] = {{0}}, a[A_N] = {{0}};
+    k->kind = k->copy = 0;
+    k->step = NONE;
     if (fields(line, e, TOP, t, 4) < 0 || !IS(t[T_PH], "\"X\"") ||
         (t[T_ARGS].p && fields(t[T_ARGS].p, t[T_ARGS].p + t[T_ARGS].n, ARGS, a, A_N) < 0))
-        return;
+        return 0;
     val_t c = t[T_CAT];
-    int64_t step = step_of(a[A_STEP]);
-    int rc = 0, op = (IS(c, "\"dynamo\"") && (present(a[A_NODE]) || !present(a[A_GRAPH]))) ||
-                     IS(c, "\"kernel\"");
-    A.dirty = 1;
-    if (op || IS(c, "\"dynamo_graph\""))
-        rc = add_event(op ? 1 : 2, IS(c, "\"kernel\""), t, a, step, ns);
+    int op = (IS(c, "\"dynamo\"") && (present(a[A_NODE]) || !present(a[A_GRAPH]))) || IS(c, "\"kernel\"");
+    k->step = step_of(a[A_STEP]);
+    k->kernel = IS(c, "\"kernel\"");
+    k->bwd = IS(a[A_PHASE], "\"backward\"");
+    k->slice = IS(c, "\"step\"");
+    k->compile = IS(c, "\"dynamo_compile\"");
     /* the events summary's other views read (traces/summary.py load, ranks.FUNCTIONAL) */
-    if (rc == 0 && ((!op && (IS(c, "\"dynamo_graph\"") || IS(c, "\"dynamo_compile\"") || IS(c, "\"step\"") ||
-                             IS(c, "\"data\"") || IS(c, "\"backward\"") || IS(c, "\"optimizer\"") ||
-                             IS(c, "\"eval\"") || IS(c, "\"comm\"") ||
-                             (IS(c, "\"dftracer\"") && IS(t[T_NAME], "\"start\"")))) ||
-                    (op && t[T_NAME].n > 28 && !memcmp(t[T_NAME].p, "\"function._c10d_functional.", 28)))) {
-        rc = copy_line(line, len);
-        step_t *st = step != NONE && rc == 0 ? step_get(step) : NULL;
-        if (step != NONE && !st)
-            rc = -1;
-        else if (st && IS(c, "\"step\"")) {
-            A.any_slice = A.slice_since = 1;
-            A.slice_max = step > A.slice_max ? step : A.slice_max;
-        } else if (st && IS(c, "\"dynamo_compile\"")) {
-            st->compiled = 1;
-        }
+    k->copy = (!op && (IS(c, "\"dynamo_graph\"") || k->compile || k->slice || IS(c, "\"data\"") ||
+                       IS(c, "\"backward\"") || IS(c, "\"optimizer\"") || IS(c, "\"eval\"") ||
+                       IS(c, "\"comm\"") || (IS(c, "\"dftracer\"") && IS(t[T_NAME], "\"start\"")))) ||
+              (op && t[T_NAME].n > 28 && !memcmp(t[T_NAME].p, "\"function._c10d_functional.", 28));
+    if (op || IS(c, "\"dynamo_graph\"")) {
+        k->kind = op ? 1 : 2;
+        int64_t gid = group_of(k->kind, k->kernel, t, a);
+        if (gid < 0)
+            return -1;
+        k->gid = (uint32_t)gid;
     }
+    return 0;
+}
+
+static int apply(const cls_t *k, const char *line, size_t len, int64_t step, uint64_t ns) {
+    A.dirty = 1;
+    if (k->kind && add_event(k->kind, k->gid, k->bwd, step, ns) < 0)
+        return -1;
+    if (!k->copy)
+        return 0;
+    if (copy_line(line, len) < 0)
+        return -1;
+    step_t *st = step != NONE ? step_get(step) : NULL;
+    if (step != NONE && !st)
+        return -1;
+    if (st && k->slice) {
+        A.any_slice = A.slice_since = 1;
+        A.slice_max = step > A.slice_max ? step : A.slice_max;
+    } else if (st && k->compile) {
+        st->compiled = 1;
+    }
+    return 0;
+}
+
+/* The step a site's or tags' args text (,"k":v...) gives, else NONE. */
+static int64_t step_in(const char *frag, uint32_t n) {
+    static const char *const key[] = {"\"step\""};
+    dft_buf *d = &A.scratch;
+    val_t v = {0};
+    d->len = 0;
+    if (!n || PUTL(d, "{") < 0 || put(d, frag + 1, n - 1) < 0 || PUTL(d, "}") < 0 || fields(d->p, d->p + d->len, key, &v, 1) < 0)
+        return NONE;
+    return step_of(v);
+}
+
+#define CACHED_FLAGS (DFT_PHASE_MASK | DFT_FLAG_NOCTX | DFT_FLAG_STEP | DFT_FLAG_NOSTEP | DFT_FLAG_TIMED)
+
+void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) {
+    if (!A.on || A.broken || (x->flags & DFT_FLAG_COUNTER))
+        return;
+    int rc;
+    if (x->site && !x->extra) { /* an interned site's event: what it adds is known after its first */
+        const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
+        uint32_t tlen = tags ? tags->len : 0, flags = x->flags & CACHED_FLAGS;
+        cls_t *k = &cache[mix(((uint64_t)x->site << 32 | x->tags) ^ (uint64_t)flags << 20) & (CACHE - 1)];
+        if (!k->used || k->site != x->site || k->tags != x->tags || k->flags != flags || k->tlen != tlen ||
+            (tlen && memcmp(k->tcopy, tags->p, tlen))) {
+            k->used = 0;
+            if (tlen > sizeof k->tcopy || classify(line, len, k) < 0) {
+                rc = tlen > sizeof k->tcopy ? 0 : -1;
+                goto slow;
+            }
+            const dft_site *site = dft_tab_get(&dft_sites, x->site);
+            int64_t fixed = step_in(site->args.p, site->args.len);
+            fixed = fixed != NONE ? fixed : tags ? step_in(tags->p, tlen) : NONE;
+            k->step_from_line = fixed != NONE;
+            k->step = fixed;
+            k->site = x->site, k->tags = x->tags, k->flags = flags, k->tlen = tlen;
+            if (tlen)
+                memcpy(k->tcopy, tags->p, tlen);
+            k->used = 1;
+        }
+        rc = apply(k, line, len, k->step_from_line ? k->step : x->step ? (int64_t)x->step - 1 : NONE, ns);
+        goto out;
+    }
+slow:;
+    cls_t k;
+    rc = classify(line, len, &k);
+    if (rc == 0)
+        rc = apply(&k, line, len, k.step, ns);
+out:
     if (rc < 0)
         A.broken = 1; /* out of memory: the record says it cannot answer */
 }
 
 static void free_all(void) {
+    memset(cache, 0, sizeof cache);
     for (uint32_t i = 0; i < A.ns; i++)
         free(A.s[i].b);
     free(A.keys.p), free(A.copy.p), free(A.scratch.p), free(A.g), free(A.gm.slot), free(A.s), free(A.sm.slot);

@@ -354,7 +354,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
 end:
     PUT("}}\n");
     b->len = (size_t)(p - b->p);
-    dft_agg_event(line, (size_t)(p - line), E - S);
+    dft_agg_event(x, line, (size_t)(p - line), E - S);
     dft_w.written++;
     dft_w.member_events++;
     return 0;
