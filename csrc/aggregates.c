@@ -561,9 +561,7 @@ static int fold(step_t *st) {
 
 /* After each drain pass: settles the steps whose slice (or a later one) was written in an
  * earlier pass; says whether a checkpoint is due. */
-int dft_agg_tick(void) {
-    if (!A.on)
-        return 0;
+static void settle(void) {
     for (uint32_t i = 0; i < A.nst && !A.broken; i++) {
         step_t *st = &A.st[i];
         if (st->state != PENDING || (st->step > A.settle_upto && A.pending <= PENDING_MAX))
@@ -574,6 +572,12 @@ int dft_agg_tick(void) {
         else if (fold(st) < 0)
             A.broken = 1;
     }
+}
+
+int dft_agg_tick(void) {
+    if (!A.on)
+        return 0;
+    settle();
     A.settle_upto = A.slice_max;
     uint64_t now = dft_mono();
     return A.dirty && now - A.last_ns >= CKPT_NS && (A.slice_since || !A.any_slice);
@@ -658,6 +662,10 @@ void dft_agg_write(dft_buf *b, int last) {
         return;
     size_t at = b->len;
     char head[96];
+    if (last) { /* every event is in: each step is settled */
+        A.settle_upto = INT64_MAX;
+        settle();
+    }
     int n = snprintf(head, sizeof head, "{\"id\":%llu,\"name\":\"dftrace_aggregates\",\"cat\":\"dftracer\",\"pid\":",
                      (unsigned long long)dft_w.next_id);
     if (put(b, head, (size_t)n) < 0 || put(b, dft_w.pid_s, dft_w.pid_len) < 0 ||
