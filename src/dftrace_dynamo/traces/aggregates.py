@@ -16,9 +16,10 @@ of the file (:func:`.summary.scan`), or None when the record cannot answer
 exactly: the warm-up steps the reader finds differ from those the record kept
 apart, per-step samples are asked for and missing, or the record's version is
 unknown, or it is not as documented. It is looked for in the last
-few members of the file (:data:`SEARCH_MEMBERS`), each decoded once. :func:`compute` and :func:`write`
-make the record from a full scan of the file and store it in it (the trace writer does not
-write it yet).
+few members of the file (:data:`SEARCH_MEMBERS`), each decoded once; in a file that was not
+closed, further back (:data:`KILLED_BYTES`). :func:`compute` and :func:`write` make a version 1
+record from a full scan of the file and store it in it. The trace writer writes version 2
+records itself (csrc/aggregates.c): :func:`_from_writer` reads them.
 """
 
 import os
