@@ -25,7 +25,10 @@
 #define LN_GAMMA 0x1.47b0e059d057dp-6 /* sketch.LN_GAMMA, to the last bit */
 
 typedef struct { const char *p; uint32_t n; } val_t; /* raw JSON text in a line */
-typedef struct { uint64_t h; uint32_t off, len; } group_t; /* descriptor text in keys */
+typedef struct { /* descriptor text in keys; s, x: index + 1 of its last statistics and sample */
+    uint64_t h;
+    uint32_t off, len, s, x;
+} group_t;
 typedef struct {
     uint32_t gid, dead;
     int64_t step;
@@ -45,7 +48,7 @@ static struct {
     group_t *g; uint32_t ng, capg; imap gm;
     stat_t *s; uint32_t ns, caps, dead; imap sm;
     sample_t *x; uint32_t nx, capx; imap xm; int x_over;
-    step_t *st; uint32_t nst, capst, pending;
+    step_t *st; uint32_t nst, capst, pending, st_last;
     int64_t settle_upto, slice_max;
     int any_slice, slice_since, dirty;
     uint64_t last_ns;
@@ -209,7 +212,9 @@ static int put_i64(dft_buf *b, int64_t v) {
     return put(b, t, (size_t)(dft_fmt_i64(t, v) - t));
 }
 
-static step_t *step_get(int64_t n) {
+/* The per-event lookups below: an inline check of the entry the event before used (mostly the
+ * one), then the search out of line. */
+static __attribute__((noinline)) step_t *step_find(int64_t n) {
     uint32_t lo = 0, hi = A.nst;
     if (A.nst && A.st[A.nst - 1].step < n)
         lo = A.nst;
@@ -220,6 +225,7 @@ static step_t *step_get(int64_t n) {
         else
             hi = mid;
     }
+    A.st_last = lo;
     if (lo < A.nst && A.st[lo].step == n)
         return &A.st[lo];
     if (grow((void **)&A.st, &A.capst, A.nst, sizeof *A.st) < 0)
@@ -232,11 +238,54 @@ static step_t *step_get(int64_t n) {
     return &A.st[lo];
 }
 
+static inline step_t *step_get(int64_t n) {
+    if (DFT_LIKELY(A.st_last < A.nst && A.st[A.st_last].step == n))
+        return &A.st[A.st_last];
+    return step_find(n);
+}
+
 static int64_t bucket(uint64_t ns) { /* sketch.key of the written dur (µs); ns 0: the zero bucket */
     return (int64_t)ceil(log((double)ns / 1000.0) / LN_GAMMA);
 }
 
-static int sketch_add(stat_t *s, int64_t k, uint64_t n) {
+/* bucket() without log() below 2^EDGE_BITS ns: edge[k - KEY_MIN] is the least ns whose bucket is
+ * k or more, and start[] the bucket of the first ns of each sixteenth of an octave (a few edges
+ * wide); both come from bucket() itself, so they agree with it to the last ns. */
+#define EDGE_BITS 52
+#define KEY_MIN (-345) /* bucket(1) */
+#define NKEYS 1804     /* bucket(2^EDGE_BITS - 1) + 2 - KEY_MIN */
+static uint64_t edge[NKEYS];
+static int32_t start[EDGE_BITS][16];
+static int edges; /* 1: set up; -1: this libm's log disagrees with the constants (bucket() then) */
+
+static void edges_init(void) {
+    edges = bucket(1) == KEY_MIN && bucket(((uint64_t)1 << EDGE_BITS) - 1) + 2 - KEY_MIN == NKEYS ? 1 : -1;
+    if (edges < 0)
+        return;
+    for (int64_t k = KEY_MIN + 1; k < KEY_MIN + NKEYS; k++) {
+        uint64_t e = (uint64_t)ceil(1000.0 * exp((double)(k - 1) * LN_GAMMA)); /* within a few ns */
+        while (bucket(e) < k)
+            e++;
+        while (e > 1 && bucket(e - 1) >= k)
+            e--;
+        edge[k - KEY_MIN] = e;
+    }
+    for (int b = 0; b < EDGE_BITS; b++)
+        for (int i = 0; i < 16; i++)
+            start[b][i] = (int32_t)bucket(((uint64_t)(16 + i) << b) >> 4);
+}
+
+static inline int64_t bucket_fast(uint64_t ns) { /* ns > 0 */
+    if (DFT_UNLIKELY(ns >> EDGE_BITS || edges < 0))
+        return bucket(ns);
+    int b = 63 - __builtin_clzll(ns);
+    int64_t k = start[b][(ns << 4 >> b) & 15];
+    while (ns >= edge[k + 1 - KEY_MIN])
+        k++;
+    return k;
+}
+
+static __attribute__((noinline)) int sketch_grow(stat_t *s, int64_t k, uint64_t n) {
     if (!s->nb) {
         if (!(s->b = calloc(16, sizeof *s->b)))
             return -1;
@@ -258,7 +307,16 @@ static int sketch_add(stat_t *s, int64_t k, uint64_t n) {
     return 0;
 }
 
-static stat_t *stat_get(uint32_t gid, int64_t step) {
+static inline int sketch_add(stat_t *s, int64_t k, uint64_t n) {
+    uint64_t i = (uint64_t)(k - s->lo);
+    if (DFT_LIKELY(i < s->nb)) {
+        s->b[i] += n;
+        return 0;
+    }
+    return sketch_grow(s, k, n);
+}
+
+static __attribute__((noinline)) stat_t *stat_find(uint32_t gid, int64_t step) {
     gs_t k = {gid, step};
     uint32_t *slot = map_find(&A.sm, gs_hash(gid, step), s_eq, &k, s_hash);
     if (!slot)
@@ -273,7 +331,15 @@ static stat_t *stat_get(uint32_t gid, int64_t step) {
         *slot = ++A.ns;
         A.sm.n++;
     }
+    A.g[gid].s = *slot;
     return &A.s[*slot - 1];
+}
+
+static inline stat_t *stat_get(uint32_t gid, int64_t step) {
+    uint32_t i = A.g[gid].s - 1;
+    if (DFT_LIKELY(i < A.ns && A.s[i].step == step && A.s[i].gid == gid && !A.s[i].dead))
+        return &A.s[i];
+    return stat_find(gid, step);
 }
 
 static int stat_merge(stat_t *to, const stat_t *s) {
@@ -289,10 +355,8 @@ static int stat_merge(stat_t *to, const stat_t *s) {
     return 0;
 }
 
-static int sample_add(uint32_t gid, int64_t step, uint64_t ns) {
+static __attribute__((noinline)) int sample_find(uint32_t gid, int64_t step, uint64_t ns) {
     gs_t k = {gid, step};
-    if (A.x_over)
-        return 0;
     uint32_t *slot = map_find(&A.xm, gs_hash(gid, step), x_eq, &k, x_hash);
     if (!slot)
         return -1;
@@ -307,8 +371,20 @@ static int sample_add(uint32_t gid, int64_t step, uint64_t ns) {
         *slot = ++A.nx;
         A.xm.n++;
     }
+    A.g[gid].x = *slot;
     A.x[*slot - 1].ns += ns;
     return 0;
+}
+
+static inline int sample_add(uint32_t gid, int64_t step, uint64_t ns) {
+    uint32_t i = A.g[gid].x - 1;
+    if (A.x_over)
+        return 0;
+    if (DFT_LIKELY(i < A.nx && A.x[i].step == step && A.x[i].gid == gid)) {
+        A.x[i].ns += ns;
+        return 0;
+    }
+    return sample_find(gid, step, ns);
 }
 
 static const char *const TOP[] = {"\"name\"", "\"cat\"", "\"ph\"", "\"args\""};
@@ -339,7 +415,7 @@ static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
     if (!*slot) {
         if (grow((void **)&A.g, &A.capg, A.ng, sizeof *A.g) < 0)
             return -1;
-        A.g[A.ng] = (group_t){h, (uint32_t)A.keys.len + (A.ng > 0), (uint32_t)d->len};
+        A.g[A.ng] = (group_t){h, (uint32_t)A.keys.len + (A.ng > 0), (uint32_t)d->len, 0, 0};
         if ((A.ng && PUTL(&A.keys, ",") < 0) || put(&A.keys, d->p, d->len) < 0)
             return -1;
         *slot = ++A.ng;
@@ -349,7 +425,7 @@ static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
 }
 
 /* One op or graph event of group gid: its statistics. */
-static int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
+static inline int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
     int64_t key = step;
     if (step != NONE) {
         step_t *st = step_get(step);
@@ -375,7 +451,7 @@ static int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns)
     if (kind == 1) {
         if (!ns)
             s->zero++;
-        else if (sketch_add(s, bucket(ns), 1) < 0)
+        else if (sketch_add(s, bucket_fast(ns), 1) < 0)
             return -1;
     }
     return 0;
@@ -432,7 +508,7 @@ static int classify(const char *line, size_t len, cls_t *k) {
     return 0;
 }
 
-static int apply(const cls_t *k, const char *line, size_t len, int64_t step, uint64_t ns) {
+static inline __attribute__((always_inline)) int apply(const cls_t *k, const char *line, size_t len, int64_t step, uint64_t ns) {
     A.dirty = 1;
     if (k->kind && add_event(k->kind, k->gid, k->bwd, step, ns) < 0)
         return -1;
@@ -463,6 +539,19 @@ static int64_t step_in(const char *frag, uint32_t n) {
     return step_of(v);
 }
 
+static inline int same(const char *a, const char *b, uint32_t n) { /* memcmp of short text, inline */
+    uint64_t x, y;
+    for (; n >= 8; n -= 8, a += 8, b += 8) {
+        memcpy(&x, a, 8), memcpy(&y, b, 8);
+        if (x != y)
+            return 0;
+    }
+    while (n--)
+        if (*a++ != *b++)
+            return 0;
+    return 1;
+}
+
 #define CACHED_FLAGS (DFT_PHASE_MASK | DFT_FLAG_NOCTX | DFT_FLAG_STEP | DFT_FLAG_NOSTEP | DFT_FLAG_TIMED)
 
 void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) {
@@ -474,7 +563,7 @@ void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) 
         uint32_t tlen = tags ? tags->len : 0, flags = x->flags & CACHED_FLAGS;
         cls_t *k = &cache[mix(((uint64_t)x->site << 32 | x->tags) ^ (uint64_t)flags << 20) & (CACHE - 1)];
         if (!k->used || k->site != x->site || k->tags != x->tags || k->flags != flags || k->tlen != tlen ||
-            (tlen && memcmp(k->tcopy, tags->p, tlen))) {
+            (tlen && !same(k->tcopy, tags->p, tlen))) {
             k->used = 0;
             if (tlen > sizeof k->tcopy || classify(line, len, k) < 0) {
                 rc = tlen > sizeof k->tcopy ? 0 : -1;
@@ -515,6 +604,8 @@ static void free_all(void) {
 void dft_agg_open(const char *header, size_t len) {
     free_all();
     A.on = 1;
+    if (!edges)
+        edges_init();
     A.settle_upto = A.slice_max = NONE;
     A.last_ns = dft_mono();
     for (const char *p = header, *e = header + len, *nl; p < e; p = nl + 1) {
