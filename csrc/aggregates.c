@@ -496,7 +496,8 @@ static int classify(const char *line, size_t len, cls_t *k) {
     /* the events summary's other views read (traces/summary.py load, ranks.FUNCTIONAL) */
     k->copy = (!op && (IS(c, "\"dynamo_graph\"") || k->compile || k->slice || IS(c, "\"data\"") ||
                        IS(c, "\"backward\"") || IS(c, "\"optimizer\"") || IS(c, "\"eval\"") ||
-                       IS(c, "\"comm\"") || (IS(c, "\"dftracer\"") && IS(t[T_NAME], "\"start\"")))) ||
+                       IS(c, "\"comm\"") ||
+                       (IS(c, "\"dftracer\"") && (IS(t[T_NAME], "\"start\"") || IS(t[T_NAME], "\"clock\""))))) ||
               (op && t[T_NAME].n > 28 && !memcmp(t[T_NAME].p, "\"function._c10d_functional.", 28));
     if (op || IS(c, "\"dynamo_graph\"")) {
         k->kind = op ? 1 : 2;

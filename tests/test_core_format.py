@@ -270,6 +270,7 @@ def _expected(s):
 @given(name=ANY_TEXT, cat=ANY_TEXT, key=ANY_TEXT, value=ANY_TEXT, tag=ANY_TEXT)
 def test_escaping_any_text(tmp_path_factory, name, cat, key, value, tag):
     assume(_expected(key) not in {"nested", "tag", "hhash", "grad_enabled"})
+    assume(_expected(cat) != "dftracer")  # the tracer's own category: events() leaves those out
     tmp = tmp_path_factory.mktemp("esc")
     site = _core.intern_site(name, cat, {key: value, "nested": [value, {key: [1.5, None, True]}]})
     tags = _core.intern_tags({"tag": tag})

@@ -17,13 +17,13 @@ import time
 import pytest
 
 import perfetto_tp
-from dftrace_dynamo.traces import aggregates, sketch
+from dftrace_dynamo.traces import aggregates, clock, sketch
 from dftrace_dynamo.traces.diff import diff
 from dftrace_dynamo.traces.reader import compression_of
 from dftrace_dynamo.traces.summary import summarize
 from subproc import clean_env, run_py, run_python
 from test_aggregates import OPTIONS
-from test_engines import SCRIPTS, assert_same, rank_files, training  # noqa: F401 (fixtures)
+from test_engines import SCRIPTS, assert_same, rank_files, training, write_ranks  # noqa: F401 (fixtures)
 from tracefile import dftracer_validate, read_bytes, read_events
 
 STEPGEN = os.path.join(SCRIPTS, "stepgen.py")
@@ -52,6 +52,19 @@ def test_writer_aggregates_equal_the_full_scan(trace, options, request):
     for view, rows in events["views"].items():  # counts and totals to the last bit
         assert [(r["key"], r["count"], r["total_us"]) for r in rows] == \
             [(r["key"], r["count"], r["total_us"]) for r in from_aggregates["views"][view]], view
+
+
+def test_rank_clocks_come_from_the_writer_aggregates(tmp_path, monkeypatch):
+    """Each rank's clock record is copied into its aggregate record: the rank view takes the
+    measured offsets from there, without reading the files, and equals the full scan's."""
+    paths = write_ranks(tmp_path, 2, "--clock-offset-ns", "3000000")
+    events = summarize(paths, top=None, source="events")
+    assert events["ranks"]["clock"].startswith("measured")
+    assert {r["rank"]: r["clock_offset_us"] for r in events["ranks"]["ranks"]} == {"rank0": 0, "rank1": 3000}
+    monkeypatch.setattr(clock, "record", lambda path: pytest.fail(f"{path} read for its clock record"))
+    from_aggregates = summarize(paths, top=None)
+    assert from_aggregates["scan"]["source"] == "aggregates"
+    assert_same(events, from_aggregates)
 
 
 def test_diff_reads_the_writer_aggregates(rank_files):

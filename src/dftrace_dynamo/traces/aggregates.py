@@ -199,7 +199,9 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                         for gid, step, ns in records[i]["samples"]
                         if include_warmup or (i, pids[i], step) not in warm for view in SAMPLE_VIEWS if view in views]
     groups += [(PROCESS_NAME, "process", key, None, 1, 0, 0, None, None, None, name) for key, name in names.items()]
-    return dict(base, whole=False, steps=None, parts=parts, groups=groups,
+    clocks = {i: next((e.get("args") for e in records[i]["events"]
+                       if e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None) for i in indices}
+    return dict(base, whole=False, steps=None, parts=parts, groups=groups, clocks=clocks,
                 rank_rows=base.get("rank_rows") or [[] for _ in RANK_COLUMNS],
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},
                          "rows": kernel_stats} if "kernel" in views else None,
