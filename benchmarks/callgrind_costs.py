@@ -186,7 +186,7 @@ def parts(d: Dump):
             out["libc malloc"] += cost
             continue
         elif base in ("callwrap.c", "span.c", "ring.c", "clock.c", "module.c", "steps.c", "writer.c", "json.c",
-                      "sink.c", "deflate.c"):
+                      "sink.c", "deflate.c", "aggregates.c"):
             out["csrc/" + base] += cost
         elif base in ("emmintrin.h", "wmmintrin.h"):  # SSE2 / carry-less multiply, inlined in deflate.c
             out["csrc/deflate.c"] += cost

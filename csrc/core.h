@@ -318,6 +318,12 @@ void dft_writer_kick(void);
 /* pthread_cond_timedwait on cv with mu held, for at most ns (< 1 s). */
 void dft_cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, long ns);
 
+/* ---- aggregates written with the trace (aggregates.c; writer thread) ---- */
+void dft_agg_open(const char *header, size_t len); /* a new file: reset, copy the header's events */
+void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t dur_ns); /* its line */
+int dft_agg_tick(void);                   /* after a drain pass: 1 when a checkpoint is due */
+void dft_agg_write(dft_buf *b, int last); /* the record line; last: at close */
+
 /* ---- types (callwrap.c) ------------------------------------------------ */
 typedef struct {
     PyObject_HEAD

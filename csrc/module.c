@@ -451,6 +451,7 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
      * unknown format): without a header, '[' waits for the first events. */
     dft_buf_put(&dft_w.fmt, "[\n", 2);
     dft_buf_put(&dft_w.fmt, header.buf, (size_t)header.len);
+    dft_agg_open(header.buf, (size_t)header.len);
     dft_w.hold = 2;
     if (header.len) {
         if (dft_sink_write(sink, dft_w.fmt.p, dft_w.fmt.len) < 0) {

@@ -316,7 +316,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     else if (DFT_LIKELY(!(x->flags & DFT_FLAG_TIMED)))
         place(r, s, e, &S, &E);
 
-    char *p = b->p + b->len;
+    char *p = b->p + b->len, *line = p;
     if (DFT_UNLIKELY(x->flags & DFT_FLAG_STEP))
         p = put_step_head(p, x->step - 1, tid);
     else
@@ -354,6 +354,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
 end:
     PUT("}}\n");
     b->len = (size_t)(p - b->p);
+    dft_agg_event(x, line, (size_t)(p - line), E - S);
     dft_w.written++;
     dft_w.member_events++;
     return 0;
@@ -534,6 +535,7 @@ static void *writer_main(void *arg) {
         drain_all();
         if (stop) {
             if (!dft_w.failed) {
+                dft_agg_write(&dft_w.fmt, 1);
                 emit_end(atomic_load(&dft_w.dropped));
                 end_member();
             }
@@ -542,6 +544,10 @@ static void *writer_main(void *arg) {
             pthread_cond_broadcast(&dft_w.cv_done);
             pthread_mutex_unlock(&dft_w.mu);
             break;
+        }
+        if (!dft_w.failed && dft_agg_tick()) { /* a checkpoint ends its member */
+            dft_agg_write(&dft_w.fmt, 0);
+            end_member();
         }
         if (req != dft_w.flush_done ||
             (dft_mono() - dft_w.last_member_ns >= MEMBER_NS &&

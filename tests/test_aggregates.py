@@ -1,10 +1,12 @@
 """Aggregate records stored in trace files (traces.aggregates): summary and diff read them
 instead of every event when every file has one, say so, and give what the full scan gives
 (counts and totals exactly, p50/p99 within the sketch's bound); they fall back to the events
-otherwise. Records are made here from a full scan of each file (traces.aggregates.write);
+otherwise. Records are made here from a full scan of each file (traces.aggregates.write; a
+later record than the writer's own, see test_writer_aggregates);
 the files keep loading in Perfetto and passing both validators."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -12,11 +14,12 @@ import pytest
 import perfetto_tp
 from dftrace_dynamo.traces import aggregates
 from dftrace_dynamo.traces.diff import diff
-from dftrace_dynamo.traces.reader import TraceError
+from dftrace_dynamo.traces.reader import TraceError, compression_of
+from dftrace_dynamo.traces.writer import compress
 from dftrace_dynamo.traces.summary import summarize
 from scripts.clitools import assert_bad_input, cli
 from test_engines import assert_same, rank_files, training  # noqa: F401 (fixtures)
-from tracefile import dftracer_validate
+from tracefile import dftracer_validate, read_bytes
 
 
 def with_aggregates(paths, directory):
@@ -74,12 +77,23 @@ def test_diff_reads_the_aggregates(ranks_agg):
     assert_same(events, from_aggregates)
 
 
-def test_a_file_without_aggregates_means_the_full_scan(rank_files, ranks_agg):
-    mixed = [ranks_agg[0], rank_files[1], ranks_agg[2]]
+def without_aggregates(path, directory):
+    """A copy of ``path`` without its aggregate records (as written before the writer kept them)."""
+    directory.mkdir(exist_ok=True)
+    out = directory / os.path.basename(path)
+    lines = read_bytes(path).splitlines(keepends=True)
+    out.write_bytes(compress(b"".join(line for line in lines if aggregates.MARKER not in line), compression_of(path)))
+    return str(out)
+
+
+def test_a_file_without_aggregates_means_the_full_scan(rank_files, ranks_agg, tmp_path):
+    plain = [without_aggregates(p, tmp_path) for p in rank_files]
+    assert all(aggregates.read(p) is None for p in plain)
+    mixed = [ranks_agg[0], plain[1], ranks_agg[2]]
     result = summarize(mixed, top=None)
     assert result["scan"] == {"source": "events", "engine": "local", "quantiles": "exact"}
     # the record is no event: the events of a file with one are those of the file without
-    local = summarize(rank_files, top=None)
+    local = summarize(plain, top=None)
     assert local["views"] == result["views"] and local["steps"] == result["steps"]
     assert summarize(ranks_agg, top=None, source="events")["views"] == local["views"]
     with pytest.raises(TraceError, match="not every file holds aggregates"):

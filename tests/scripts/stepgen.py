@@ -7,7 +7,8 @@ optimizer's ``Adam.step``/``Adam.zero_grad``; every event carries
 compile); options add a recompile, graph breaks, an injected cost and jitter.
 
     python tests/scripts/stepgen.py PREFIX --steps 20 [--layers 4] [--slow 3-5:20]
-        [--recompile-at N] [--graph-break] [--jitter PCT] [--seed S] [--rank R]
+        [--recompile-at N] [--graph-break] [--jitter PCT] [--seed S] [--rank R] [--sleep-ms MS]
+        [--clock-offset-ns NS]
 
 Prints the path of the trace written (``PREFIX-<host hash>-<pid>.pfw.gz``).
 """
@@ -16,6 +17,7 @@ import argparse
 import os
 import random
 import sys
+import time
 
 MS = 1_000_000
 # (op name, duration ns) per layer, forward and backward; module "layers.<i>"
@@ -125,6 +127,9 @@ def main():
     ap.add_argument("--optimizer-us", type=int, default=800)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rank", type=int)
+    ap.add_argument("--sleep-ms", type=int, default=0, help="real time between steps (the writer's checkpoints)")
+    ap.add_argument("--clock-offset-ns", type=int, metavar="NS",
+                    help="a clock record (events/clock.py): rank R's clock R*NS ns from rank 0's, error 1 µs")
     a = ap.parse_args()
     steps, _, ms = a.slow.partition(":")
     a.slow_from, a.slow_to = parse_range(steps) if steps else (1, 0)
@@ -138,9 +143,14 @@ def main():
     path = _core.path()
     if path is None:
         sys.exit("stepgen: tracing is off (DFTRACER_ENABLE=0?)")
+    if a.clock_offset_ns is not None:
+        now = _core.now_ns()
+        _core.log("clock", "dftracer", now, now, {"rank": a.rank or 0, "clock_offset_ns": (a.rank or 0) * a.clock_offset_ns,
+                                                  "clock_error_ns": 1000}, timed=True)
     loop = Loop(_core, a)
     for n in range(a.steps):
         loop.step(n)
+        time.sleep(a.sleep_ms / 1000)
     logger.finalize()
     print(path)
 

@@ -16,29 +16,34 @@ of the file (:func:`.summary.scan`), or None when the record cannot answer
 exactly: the warm-up steps the reader finds differ from those the record kept
 apart, per-step samples are asked for and missing, or the record's version is
 unknown, or it is not as documented. It is looked for in the last
-few members of the file (:data:`SEARCH_MEMBERS`), each decoded once. :func:`compute` and :func:`write`
-make the record from a full scan of the file and store it in it (the trace writer does not
-write it yet).
+few members of the file (:data:`SEARCH_MEMBERS`), each decoded once; in a file that was not
+closed, further back (:data:`KILLED_BYTES`). :func:`compute` and :func:`write` make a version 1
+record from a full scan of the file and store it in it. The trace writer writes version 2
+records itself (csrc/aggregates.c): :func:`_from_writer` reads them.
 """
 
 import os
+import tempfile
 
 import orjson
 
 from ..schema import CAT_DFTRACER
-from . import kernels, steps
+from . import kernels, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
-from .summary import BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, load, warm_condition
+from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, RANK_COLUMNS, SAMPLE_VIEWS, load,
+                      warm_condition)
 from .writer import compress
 
 NAME = "dftrace_aggregates"
-VERSION = 1
+VERSION = 1  # the records compute() makes
+WRITER_VERSION = 2  # the records the trace writer writes (csrc/aggregates.c)
 MARKER = b'"name":"' + NAME.encode() + b'"'
 MAX_SAMPLES = 100_000  # per-step samples kept at most (else diff reads the events)
 # the record is looked for in the last SEARCH_MEMBERS members (plain text: SEARCH_BYTES) of a
 # file: a file without one (the common case) costs a summary only that much more decoding
 SEARCH_BYTES, SEARCH_MEMBERS = 8 << 20, 4
+KILLED_BYTES = 64 << 20  # searched for the last checkpoint of a file that was not closed
 _GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of a group
 
 
@@ -122,17 +127,85 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
 def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False):
     """The partials of every file from its aggregate record, or None when some file has none
     or one cannot answer (the caller then scans the events)."""
-    out = []
-    for i, path in enumerate(paths):
-        record = read(path)
-        try:
-            got = record and partial(paths, i, record, views, module_depth, include_warmup, step_samples)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a record not as documented
-            got = None
-        if not got:
-            return None
-        out.append(got)
-    return out
+    options = (views, module_depth, include_warmup, step_samples)
+    records = [read(path) for path in paths]
+    if not all(records):
+        return None
+    written = [i for i, r in enumerate(records) if r.get("version") == WRITER_VERSION]
+    try:
+        out = [partial(paths, i, r, *options) for i, r in enumerate(records) if i not in written]
+        if written:
+            out.append(_from_writer(paths, written, records, *options))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a record not as documented
+        return None
+    return out if all(out) else None
+
+
+def _text(value):
+    """A JSON value as DuckDB reads it into a VARCHAR column."""
+    return value if isinstance(value, str) or value is None else orjson.dumps(value).decode()
+
+
+def _from_writer(paths, indices, records, views, module_depth, include_warmup, step_samples):
+    """One :func:`.summary.scan` partial of the files ``paths[i]``, i in ``indices``, from the
+    records the trace writer wrote (version 2), or None when one cannot answer. Their copied
+    events are read as the events of the files are; op and graph groups, per-step op time
+    and samples come from the record."""
+    if any(not records[i]["complete"] or (step_samples and records[i]["samples"] is None) for i in indices):
+        return None
+    with tempfile.TemporaryDirectory(prefix="dftrace-aggregates-") as tmp:
+        copies = list(paths)
+        for i in indices:
+            copies[i] = os.path.join(tmp, f"{i}.pfw")
+            with open(copies[i], "wb") as f:
+                f.write(b"[\n" + b"\n".join(map(orjson.dumps, records[i]["events"])) + b"\n]\n")
+        con, base, _ = load(copies, indices, rank_rows=True)
+    names = dict(((f, p), n) for f, p, n in con.execute(
+        f"SELECT file, pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY ALL").fetchall())
+    con.close()
+    pids = {i: int(next(iter(records[i]["events"]), {}).get("pid", 0)) for i in indices}  # one process per file
+    parts = [r for r in base["parts"] if r[3] != OP] + [
+        (i, pids[i], step, OP, bool(bwd), ns / 1000) for i in indices for step, bwd, ns in records[i]["op_steps"]]
+    info = steps.analyse(base["slices"], parts, base["records"], KIND_NAMES, include_warmup)
+    warm = set(info["warmup_keys"])
+    if any((i, pids[i], s) in warm and s not in set(records[i]["apart"]) for i, _, s in warm):
+        return None  # a warm-up step folded into the steady totals
+    groups, kernel_stats, kernel_info, samples = [], [], {}, []
+    names_of_views = list(dict.fromkeys(["phase", "process", *(v for v in views if v in OP_VIEWS)]))
+    for i in indices:
+        keys = [(kind, kernel, name if name is not None else "(no name)", _text(module) or "(top level)",
+                 _text(phase) or "(none)", _text(graph) or "?", ktype, aten)
+                for kind, kernel, name, module, phase, graph, ktype, aten in records[i]["keys"]]
+        for gid, step, count, ns, lo, hi, zero, _sq, buckets in records[i]["groups"]:
+            if step is not None and (i, pids[i], step) in warm and not include_warmup:
+                continue
+            kind, kernel, name, module, phase, graph, ktype, aten = keys[gid]
+            lo, hi = lo / 1000, hi / 1000
+            # the sums on one row, the sketch's bucket counts (op events) on the others
+            rows = [(None, count, 0 if kind == OP else count, ns, lo, hi)]
+            if kind == OP:
+                rows += [(b, 0, n, 0, lo, hi) for b, n in zip(buckets[::2], buckets[1::2])]
+                rows += [(sketch.ZERO, 0, zero, 0, lo, hi)] if zero else []
+            view_keys = {"op": (name,), "module": (_depth(module, module_depth),), "phase": (phase,),
+                         "graph": (graph, phase), "process": (i, pids[i])}
+            groups += [(kind, view, view_keys[view], *row, None, None) for view in names_of_views for row in rows]
+            if kernel:
+                kernel_stats += [(name, *row) for row in rows]
+                old = kernel_info.get(name, (None, set()))
+                kernel_info[name] = (old[0] or _text(ktype), old[1] | set(aten if isinstance(aten, list) else []))
+        if step_samples:
+            samples += [(view, {"op": keys[gid][2], "module": _depth(keys[gid][3], module_depth),
+                                "phase": keys[gid][4]}[view], step, ns)
+                        for gid, step, ns in records[i]["samples"]
+                        if include_warmup or (i, pids[i], step) not in warm for view in SAMPLE_VIEWS if view in views]
+    groups += [(PROCESS_NAME, "process", key, None, 1, 0, 0, None, None, None, name) for key, name in names.items()]
+    clocks = {i: next((e.get("args") for e in records[i]["events"]
+                       if e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None) for i in indices}
+    return dict(base, whole=False, steps=None, parts=parts, groups=groups, clocks=clocks,
+                rank_rows=base.get("rank_rows") or [[] for _ in RANK_COLUMNS],
+                kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},
+                         "rows": kernel_stats} if "kernel" in views else None,
+                samples=samples if step_samples else None)
 
 
 def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
@@ -156,15 +229,28 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
             if text is not None:  # else a false start inside compressed data
                 yield start + pos, start + end, text
                 end = pos
-                members -= 1
-                if not members:
+                members = members and members - 1
+                if members == 0:
                     return
 
 
 def read(path):
-    """The last aggregate record (its ``args``) of the trace file ``path``, or None."""
+    """The last aggregate record (its ``args``) of the trace file ``path``, or None. A file that
+    is not closed (its process was killed) is searched further back for its last checkpoint:
+    up to :data:`KILLED_BYTES` from its end."""
+    def last(budget, members):  # (text of the last member holding a record or None, closed)
+        closed = None
+        for _, _, piece in _members_from_end(path, kind, budget, members):
+            closed = piece.rstrip().endswith(b"]") if closed is None else closed
+            if MARKER in piece:
+                return piece, closed
+        return None, closed
+
     try:
-        text = next((t for _, _, t in _members_from_end(path, compression_of(path)) if MARKER in t), None)
+        kind = compression_of(path)
+        text, closed = last(SEARCH_BYTES, SEARCH_MEMBERS)
+        if text is None and closed is False:
+            text, _ = last(KILLED_BYTES, None)
     except OSError:
         return None
     if text is None:

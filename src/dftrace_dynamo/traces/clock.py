@@ -45,14 +45,16 @@ def record(path):
     return None
 
 
-def offsets_us(paths):
+def offsets_us(paths, known=None):
     """``{input index: (offset µs to subtract from its times, error bound µs)}`` for every rank file
-    with a ``clock`` record; the offset is 0 where it is within its error bound."""
-    out = {}
+    with a ``clock`` record; the offset is 0 where it is within its error bound. ``known``:
+    ``{input index: args of its clock record or None}`` for the files not to read (their aggregate
+    records hold a copy of every clock record)."""
+    out, known = {}, known or {}
     for index, path in enumerate(paths):
         if rank_of(path) is None:
             continue
-        args = record(path) or {}
+        args = (known[index] if index in known else record(path)) or {}
         off, err = args.get(ARG_CLOCK_OFFSET), args.get(ARG_CLOCK_ERROR)
         if is_number(off) and is_number(err):
             out[index] = (round(off / 1000, 3) if abs(off) > err else 0.0, err / 1000)

@@ -77,9 +77,10 @@ def _split(lo, hi, layers):
     return out
 
 
-def analyse(con, paths, kinds, records, step_info):
+def analyse(con, paths, kinds, records, step_info, clocks=None):
     """The rank document (JSON-ready), or None with fewer than two processes with steps.
-    ``kinds``: the summary's kind numbers by name (step, comm, op, data, graph, backward, optimizer)."""
+    ``kinds``: the summary's kind numbers by name (step, comm, op, data, graph, backward, optimizer);
+    ``clocks``: the clock records known without reading the files (see :func:`.clock.offsets_us`)."""
     k = kinds
     slices = con.execute(f"SELECT file, pid, step, ts, dur, extra FROM ev WHERE kind = {k['step']} "
                          "AND step IS NOT NULL ORDER BY file, pid, ts").fetchall()
@@ -119,7 +120,7 @@ def analyse(con, paths, kinds, records, step_info):
         group = (json.loads(extra) if extra else {}).get(ARG_GROUP) or "graph"
         n = seen[(f, p, s, group, name)] = seen.get((f, p, s, group, name), -1) + 1
         matched.setdefault((group, name, s, n), {})[(f, p)] = (ts, ts + (dur or 0))
-    measured = clock.offsets_us(paths)
+    measured = clock.offsets_us(paths, clocks)
     if all(f in measured for f, _ in procs):
         offsets, how = {q: measured[q[0]][0] for q in procs}, "measured offsets to rank 0 (process-group setup)"
     else:
@@ -223,10 +224,10 @@ def _straggler(per_rank, rows):
 
 def _skew(rows, steady):
     """Step-end skew across ranks (max - min of the aligned step ends), per steady step."""
-    per_step = []
-    for s in steady:
-        ends = [r["end_us"] for r in rows if r["step"] == s]
-        per_step.append({"step": s, "skew_us": max(ends) - min(ends)})
+    ends = {}
+    for r in rows:
+        ends.setdefault(r["step"], []).append(r["end_us"])
+    per_step = [{"step": s, "skew_us": max(ends[s]) - min(ends[s])} for s in steady]
     values = [x["skew_us"] for x in per_step]
     return {"median_us": quantile(values, 0.5), "max_us": max(values) if values else None, "steps": per_step}
 

@@ -524,7 +524,8 @@ def _rank_analysis(paths, partials, records, step_info):
     con.execute(f"CREATE TABLE ev AS SELECT {', '.join(f'unnest(${i + 1}) AS {c}' for i, c in enumerate(RANK_COLUMNS))}",
                 columns)
     try:
-        return ranks.analyse(con, paths, RANK_KINDS, records, step_info)
+        clocks = {i: args for p in partials for i, args in (p.get("clocks") or {}).items()}
+        return ranks.analyse(con, paths, RANK_KINDS, records, step_info, clocks)
     finally:
         con.close()
 

@@ -1,0 +1,783 @@
+/* Aggregates written with the trace (docs/format.rst "Aggregate records"), all
+ * in the writer thread, from the lines it has just formatted: per group of op
+ * and graph events (kind, kernel or not, name, module, phase, graph, kernel
+ * type and fused ops) and step, the count, exact sum in ns, min, max, sum of
+ * squares and the bucket counts of traces/sketch.py's quantile sketch; per
+ * step the op time (backward phase apart) and, bounded, per group; and a
+ * verbatim copy of the few events the step, compile, evaluation and rank views
+ * read (never the ops). A step is kept apart until settled (its slice was
+ * written one drain pass ago, so every event pushed before it is in); then a
+ * step in which nothing compiled (the warm-up rule of traces/steps.py) is
+ * folded into the steady totals. The record is a metadata line written at a
+ * checkpoint (a step ended and CKPT_NS passed) and at close. The category
+ * names are those of schema.py. */
+#include "core.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#define CKPT_NS 3000000000ull
+#define COPY_MAX (6u << 20) /* bytes of copied events; past it the record cannot answer */
+#define SAMPLES_MAX 100000u /* per-step group sums kept (diff's samples) */
+#define PENDING_MAX 64u     /* unsettled steps (a trace without step slices) */
+#define RECORD_MAX (15u << 20) /* below the readers' longest line (traces/reader.py MAX_LINE) */
+#define NONE INT64_MIN      /* no step, or the steady totals */
+#define LN_GAMMA 0x1.47b0e059d057dp-6 /* sketch.LN_GAMMA, to the last bit */
+
+typedef struct { const char *p; uint32_t n; } val_t; /* raw JSON text in a line */
+typedef struct { /* descriptor text in keys; s, x: index + 1 of its last statistics and sample */
+    uint64_t h;
+    uint32_t off, len, s, x;
+} group_t;
+typedef struct {
+    uint32_t gid, dead;
+    int64_t step;
+    uint64_t count, ns, min, max, zero, *b;
+    double sq;
+    int32_t lo;
+    uint32_t nb;
+} stat_t;
+typedef struct { uint32_t gid; int64_t step; uint64_t ns; } sample_t;
+typedef struct { int64_t step; uint64_t count[2], ns[2]; int state, compiled; } step_t;
+enum { PENDING, FOLDED, APART };
+typedef struct { uint32_t *slot; uint32_t cap, n; } imap; /* index + 1 per slot */
+
+static struct {
+    int on, broken;
+    dft_buf keys, copy, scratch;
+    group_t *g; uint32_t ng, capg; imap gm;
+    stat_t *s; uint32_t ns, caps, dead; imap sm;
+    sample_t *x; uint32_t nx, capx; imap xm; int x_over;
+    step_t *st; uint32_t nst, capst, pending, st_last;
+    int64_t settle_upto, slice_max;
+    int any_slice, slice_since, dirty;
+    uint64_t last_ns;
+} A;
+
+static uint64_t mix(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 33);
+}
+
+static int grow(void **p, uint32_t *cap, uint32_t n, size_t size) {
+    if (n < *cap)
+        return 0;
+    uint32_t c = *cap ? *cap * 2 : 64;
+    void *q = realloc(*p, c * size);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* Slot of hash h whose index satisfies eq (or the empty one to fill); NULL: out of memory. */
+static uint32_t *map_find(imap *m, uint64_t h, int (*eq)(uint32_t, const void *), const void *k,
+                          uint64_t (*hash_of)(uint32_t)) {
+    if (m->n * 2 >= m->cap) {
+        uint32_t cap = m->cap ? m->cap * 2 : 256, *slot = calloc(cap, sizeof *slot);
+        if (!slot)
+            return NULL;
+        for (uint32_t i = 0; i < m->cap; i++)
+            if (m->slot[i]) {
+                uint32_t j = (uint32_t)hash_of(m->slot[i] - 1) & (cap - 1);
+                while (slot[j])
+                    j = (j + 1) & (cap - 1);
+                slot[j] = m->slot[i];
+            }
+        free(m->slot);
+        m->slot = slot;
+        m->cap = cap;
+    }
+    uint32_t j = (uint32_t)h & (m->cap - 1);
+    while (m->slot[j] && !eq(m->slot[j] - 1, k))
+        j = (j + 1) & (m->cap - 1);
+    return &m->slot[j];
+}
+
+static uint64_t g_hash(uint32_t i) { return A.g[i].h; }
+static int g_eq(uint32_t i, const void *k) {
+    const dft_buf *d = k;
+    return A.g[i].len == d->len && !memcmp(A.keys.p + A.g[i].off, d->p, d->len);
+}
+static uint64_t gs_hash(uint32_t gid, int64_t step) { return mix(gid * 0x9e3779b97f4a7c15ull ^ (uint64_t)step); }
+static uint64_t s_hash(uint32_t i) { return gs_hash(A.s[i].gid, A.s[i].step); }
+static uint64_t x_hash(uint32_t i) { return gs_hash(A.x[i].gid, A.x[i].step); }
+typedef struct { uint32_t gid; int64_t step; } gs_t;
+static int s_eq(uint32_t i, const void *k) {
+    const gs_t *q = k;
+    return A.s[i].gid == q->gid && A.s[i].step == q->step;
+}
+static int x_eq(uint32_t i, const void *k) {
+    const gs_t *q = k;
+    return A.x[i].gid == q->gid && A.x[i].step == q->step;
+}
+
+/* ---- a JSON scanner over the lines we wrote ---- */
+static const char *ws(const char *p, const char *e) {
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+        p++;
+    return p;
+}
+
+static const char *skip(const char *p, const char *e) { /* end of the value at p, or NULL */
+    int depth = 0;
+    do {
+        if (p >= e)
+            return NULL;
+        if (*p == '"') {
+            for (p++; p < e && *p != '"'; p++)
+                p += *p == '\\';
+            p++;
+        } else if (*p == '{' || *p == '[') {
+            depth++, p++;
+        } else if (*p == '}' || *p == ']') {
+            depth--, p++;
+        } else if (depth) {
+            p++;
+        } else {
+            while (p < e && *p != ',' && *p != '}' && *p != ']')
+                p++;
+        }
+        if (depth)
+            p = ws(p, e);
+    } while (depth > 0);
+    return p > e ? NULL : p;
+}
+
+/* Each key of the object at p whose raw text is one of names[i] (quoted) gets its value in out[i]
+ * (first one wins, as in DuckDB). Returns 0, -1 if not an object. */
+static int fields(const char *p, const char *e, const char *const *names, val_t *out, int n) {
+    p = ws(p, e);
+    if (p >= e || *p++ != '{')
+        return -1;
+    for (;;) {
+        p = ws(p, e);
+        if (p < e && *p == '}')
+            return 0;
+        const char *k = p, *ke = skip(p, e);
+        if (!ke || *k != '"')
+            return -1;
+        p = ws(ke, e);
+        if (p >= e || *p++ != ':')
+            return -1;
+        p = ws(p, e);
+        const char *ve = skip(p, e);
+        if (!ve)
+            return -1;
+        for (int i = 0; i < n; i++)
+            if (!out[i].p && (size_t)(ke - k) == strlen(names[i]) && !memcmp(k, names[i], (size_t)(ke - k))) {
+                out[i].p = p;
+                out[i].n = (uint32_t)(ve - p);
+            }
+        p = ws(ve, e);
+        if (p < e && *p == ',')
+            p++;
+    }
+}
+
+#define IS(v, lit) ((v).n == sizeof(lit) - 1 && !memcmp((v).p, lit, sizeof(lit) - 1))
+static int present(val_t v) { return v.p && !IS(v, "null"); }
+
+static int64_t step_of(val_t v) { /* TRY_CAST(args.step AS BIGINT) */
+    const char *p = v.p, *e = v.p + v.n;
+    if (!present(v))
+        return NONE;
+    if (*p == '"')
+        p++, e--;
+    int neg = p < e && *p == '-';
+    p += neg;
+    if (p >= e)
+        return NONE;
+    int64_t n = 0;
+    for (; p < e; p++) {
+        if (*p < '0' || *p > '9' || n > (INT64_MAX - 9) / 10)
+            return NONE;
+        n = n * 10 + (*p - '0');
+    }
+    return neg ? -n : n;
+}
+
+static int put(dft_buf *b, const char *s, size_t n) {
+    if (dft_buf_reserve(b, n) < 0)
+        return -1;
+    dft_buf_put(b, s, n);
+    return 0;
+}
+#define PUTL(b, lit) put(b, lit, sizeof(lit) - 1)
+static int put_val(dft_buf *b, val_t v) { return present(v) ? put(b, v.p, v.n) : PUTL(b, "null"); }
+static int put_i64(dft_buf *b, int64_t v) {
+    char t[24];
+    return put(b, t, (size_t)(dft_fmt_i64(t, v) - t));
+}
+
+/* The per-event lookups below: an inline check of the entry the event before used (mostly the
+ * one), then the search out of line. */
+static __attribute__((noinline)) step_t *step_find(int64_t n) {
+    uint32_t lo = 0, hi = A.nst;
+    if (A.nst && A.st[A.nst - 1].step < n)
+        lo = A.nst;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (A.st[mid].step < n)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    A.st_last = lo;
+    if (lo < A.nst && A.st[lo].step == n)
+        return &A.st[lo];
+    if (grow((void **)&A.st, &A.capst, A.nst, sizeof *A.st) < 0)
+        return NULL;
+    memmove(&A.st[lo + 1], &A.st[lo], (A.nst - lo) * sizeof *A.st);
+    memset(&A.st[lo], 0, sizeof *A.st);
+    A.st[lo].step = n;
+    A.nst++;
+    A.pending++;
+    return &A.st[lo];
+}
+
+static inline step_t *step_get(int64_t n) {
+    if (DFT_LIKELY(A.st_last < A.nst && A.st[A.st_last].step == n))
+        return &A.st[A.st_last];
+    return step_find(n);
+}
+
+static int64_t bucket(uint64_t ns) { /* sketch.key of the written dur (µs); ns 0: the zero bucket */
+    return (int64_t)ceil(log((double)ns / 1000.0) / LN_GAMMA);
+}
+
+/* bucket() without log() below 2^EDGE_BITS ns: edge[k - KEY_MIN] is the least ns whose bucket is
+ * k or more, and start[] the bucket of the first ns of each sixteenth of an octave (a few edges
+ * wide); both come from bucket() itself, so they agree with it to the last ns. */
+#define EDGE_BITS 52
+#define KEY_MIN (-345) /* bucket(1) */
+#define NKEYS 1804     /* bucket(2^EDGE_BITS - 1) + 2 - KEY_MIN */
+static uint64_t edge[NKEYS];
+static int32_t start[EDGE_BITS][16];
+static int edges; /* 1: set up; -1: this libm's log disagrees with the constants (bucket() then) */
+
+static void edges_init(void) {
+    edges = bucket(1) == KEY_MIN && bucket(((uint64_t)1 << EDGE_BITS) - 1) + 2 - KEY_MIN == NKEYS ? 1 : -1;
+    if (edges < 0)
+        return;
+    for (int64_t k = KEY_MIN + 1; k < KEY_MIN + NKEYS; k++) {
+        uint64_t e = (uint64_t)ceil(1000.0 * exp((double)(k - 1) * LN_GAMMA)); /* within a few ns */
+        while (bucket(e) < k)
+            e++;
+        while (e > 1 && bucket(e - 1) >= k)
+            e--;
+        edge[k - KEY_MIN] = e;
+    }
+    for (int b = 0; b < EDGE_BITS; b++)
+        for (int i = 0; i < 16; i++)
+            start[b][i] = (int32_t)bucket(((uint64_t)(16 + i) << b) >> 4);
+}
+
+static inline int64_t bucket_fast(uint64_t ns) { /* ns > 0 */
+    if (DFT_UNLIKELY(ns >> EDGE_BITS || edges < 0))
+        return bucket(ns);
+    int b = 63 - __builtin_clzll(ns);
+    int64_t k = start[b][(ns << 4 >> b) & 15];
+    while (ns >= edge[k + 1 - KEY_MIN])
+        k++;
+    return k;
+}
+
+static __attribute__((noinline)) int sketch_grow(stat_t *s, int64_t k, uint64_t n) {
+    if (!s->nb) {
+        if (!(s->b = calloc(16, sizeof *s->b)))
+            return -1;
+        s->lo = (int32_t)k;
+        s->nb = 16;
+    }
+    if (k < s->lo || k >= s->lo + (int64_t)s->nb) {
+        int64_t lo = k < s->lo ? k - 8 : s->lo, hi = k >= s->lo + (int64_t)s->nb ? k + 8 : s->lo + s->nb;
+        uint64_t *b = calloc((size_t)(hi - lo), sizeof *b);
+        if (!b)
+            return -1;
+        memcpy(b + (s->lo - lo), s->b, s->nb * sizeof *b);
+        free(s->b);
+        s->b = b;
+        s->lo = (int32_t)lo;
+        s->nb = (uint32_t)(hi - lo);
+    }
+    s->b[k - s->lo] += n;
+    return 0;
+}
+
+static inline int sketch_add(stat_t *s, int64_t k, uint64_t n) {
+    uint64_t i = (uint64_t)(k - s->lo);
+    if (DFT_LIKELY(i < s->nb)) {
+        s->b[i] += n;
+        return 0;
+    }
+    return sketch_grow(s, k, n);
+}
+
+static __attribute__((noinline)) stat_t *stat_find(uint32_t gid, int64_t step) {
+    gs_t k = {gid, step};
+    uint32_t *slot = map_find(&A.sm, gs_hash(gid, step), s_eq, &k, s_hash);
+    if (!slot)
+        return NULL;
+    if (!*slot) {
+        if (grow((void **)&A.s, &A.caps, A.ns, sizeof *A.s) < 0)
+            return NULL;
+        memset(&A.s[A.ns], 0, sizeof *A.s);
+        A.s[A.ns].gid = gid;
+        A.s[A.ns].step = step;
+        A.s[A.ns].min = UINT64_MAX;
+        *slot = ++A.ns;
+        A.sm.n++;
+    }
+    A.g[gid].s = *slot;
+    return &A.s[*slot - 1];
+}
+
+static inline stat_t *stat_get(uint32_t gid, int64_t step) {
+    uint32_t i = A.g[gid].s - 1;
+    if (DFT_LIKELY(i < A.ns && A.s[i].step == step && A.s[i].gid == gid && !A.s[i].dead))
+        return &A.s[i];
+    return stat_find(gid, step);
+}
+
+static int stat_merge(stat_t *to, const stat_t *s) {
+    to->count += s->count;
+    to->ns += s->ns;
+    to->sq += s->sq;
+    to->zero += s->zero;
+    to->min = s->min < to->min ? s->min : to->min;
+    to->max = s->max > to->max ? s->max : to->max;
+    for (uint32_t i = 0; i < s->nb; i++)
+        if (s->b[i] && sketch_add(to, s->lo + (int64_t)i, s->b[i]) < 0)
+            return -1;
+    return 0;
+}
+
+static __attribute__((noinline)) int sample_find(uint32_t gid, int64_t step, uint64_t ns) {
+    gs_t k = {gid, step};
+    uint32_t *slot = map_find(&A.xm, gs_hash(gid, step), x_eq, &k, x_hash);
+    if (!slot)
+        return -1;
+    if (!*slot) {
+        if (A.nx >= SAMPLES_MAX) {
+            A.x_over = 1;
+            return 0;
+        }
+        if (grow((void **)&A.x, &A.capx, A.nx, sizeof *A.x) < 0)
+            return -1;
+        A.x[A.nx] = (sample_t){gid, step, 0};
+        *slot = ++A.nx;
+        A.xm.n++;
+    }
+    A.g[gid].x = *slot;
+    A.x[*slot - 1].ns += ns;
+    return 0;
+}
+
+static inline int sample_add(uint32_t gid, int64_t step, uint64_t ns) {
+    uint32_t i = A.g[gid].x - 1;
+    if (A.x_over)
+        return 0;
+    if (DFT_LIKELY(i < A.nx && A.x[i].step == step && A.x[i].gid == gid)) {
+        A.x[i].ns += ns;
+        return 0;
+    }
+    return sample_find(gid, step, ns);
+}
+
+static const char *const TOP[] = {"\"name\"", "\"cat\"", "\"ph\"", "\"args\""};
+static const char *const ARGS[] = {"\"module\"", "\"phase\"", "\"graph\"", "\"node\"", "\"step\"",
+                                   "\"kernel_type\"", "\"aten_ops\""};
+enum { T_NAME, T_CAT, T_PH, T_ARGS };
+enum { A_MODULE, A_PHASE, A_GRAPH, A_NODE, A_STEP, A_KTYPE, A_ATEN, A_N };
+
+/* The group of an op or graph event: its descriptor (the JSON text of its key) interned. */
+static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
+    dft_buf *d = &A.scratch;
+    d->len = 0;
+    if (put(d, kind == 1 ? "[1," : "[2,", 3) < 0 || put(d, kernel ? "1," : "0,", 2) < 0 ||
+        put_val(d, t[T_NAME]) < 0)
+        return -1;
+    static const int cols[] = {A_MODULE, A_PHASE, A_GRAPH, A_KTYPE, A_ATEN};
+    for (int i = 0; i < 5; i++)
+        if (PUTL(d, ",") < 0 || put_val(d, (i < 3 || kernel) ? a[cols[i]] : (val_t){0, 0}) < 0)
+            return -1;
+    if (PUTL(d, "]") < 0)
+        return -1;
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < d->len; i++)
+        h = (h ^ (unsigned char)d->p[i]) * 1099511628211ull;
+    uint32_t *slot = map_find(&A.gm, h, g_eq, d, g_hash);
+    if (!slot)
+        return -1;
+    if (!*slot) {
+        if (grow((void **)&A.g, &A.capg, A.ng, sizeof *A.g) < 0)
+            return -1;
+        A.g[A.ng] = (group_t){h, (uint32_t)A.keys.len + (A.ng > 0), (uint32_t)d->len, 0, 0};
+        if ((A.ng && PUTL(&A.keys, ",") < 0) || put(&A.keys, d->p, d->len) < 0)
+            return -1;
+        *slot = ++A.ng;
+        A.gm.n++;
+    }
+    return *slot - 1;
+}
+
+/* One op or graph event of group gid: its statistics. */
+static inline int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
+    int64_t key = step;
+    if (step != NONE) {
+        step_t *st = step_get(step);
+        if (!st)
+            return -1;
+        if (kind == 1) {
+            st->count[bwd]++;
+            st->ns[bwd] += ns;
+            if (sample_add(gid, step, ns) < 0)
+                return -1;
+        }
+        key = st->state == FOLDED ? NONE : step;
+    }
+    stat_t *s = stat_get(gid, key);
+    if (!s)
+        return -1;
+    double us = (double)ns / 1000.0;
+    s->count++;
+    s->ns += ns;
+    s->sq += us * us;
+    s->min = ns < s->min ? ns : s->min;
+    s->max = ns > s->max ? ns : s->max;
+    if (kind == 1) {
+        if (!ns)
+            s->zero++;
+        else if (sketch_add(s, bucket_fast(ns), 1) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int copy_line(const char *line, size_t len) {
+    while (len && (line[len - 1] == '\n' || line[len - 1] == ',' || line[len - 1] == ' '))
+        len--;
+    if (A.copy.len + len >= COPY_MAX) {
+        A.broken = 1;
+        return 0;
+    }
+    return ((A.copy.len && PUTL(&A.copy, ",") < 0) || put(&A.copy, line, len) < 0) ? -1 : 0;
+}
+
+/* What an event of one (site, tags, flags) contributes, from its line (cached). */
+typedef struct {
+    uint32_t site, tags, flags, tlen;
+    char tcopy[64]; /* the tags' text: an owned tags id may be reused with other text */
+    int used, kind, kernel, bwd, copy, slice, compile, step_from_line;
+    uint32_t gid;
+    int64_t step; /* the step the site or tags text gives (step_from_line) */
+} cls_t;
+#define CACHE 4096
+static cls_t cache[CACHE];
+
+static int classify(const char *line, size_t len, cls_t *k) {
+    const char *e = line + len;
+    val_t t[4] = {{0}}, a[A_N] = {{0}};
+    k->kind = k->copy = 0;
+    k->step = NONE;
+    if (fields(line, e, TOP, t, 4) < 0 || !IS(t[T_PH], "\"X\"") ||
+        (t[T_ARGS].p && fields(t[T_ARGS].p, t[T_ARGS].p + t[T_ARGS].n, ARGS, a, A_N) < 0))
+        return 0;
+    val_t c = t[T_CAT];
+    int op = (IS(c, "\"dynamo\"") && (present(a[A_NODE]) || !present(a[A_GRAPH]))) || IS(c, "\"kernel\"");
+    k->step = step_of(a[A_STEP]);
+    k->kernel = IS(c, "\"kernel\"");
+    k->bwd = IS(a[A_PHASE], "\"backward\"");
+    k->slice = IS(c, "\"step\"");
+    k->compile = IS(c, "\"dynamo_compile\"");
+    /* the events summary's other views read (traces/summary.py load, ranks.FUNCTIONAL) */
+    k->copy = (!op && (IS(c, "\"dynamo_graph\"") || k->compile || k->slice || IS(c, "\"data\"") ||
+                       IS(c, "\"backward\"") || IS(c, "\"optimizer\"") || IS(c, "\"eval\"") ||
+                       IS(c, "\"comm\"") ||
+                       (IS(c, "\"dftracer\"") && (IS(t[T_NAME], "\"start\"") || IS(t[T_NAME], "\"clock\""))))) ||
+              (op && t[T_NAME].n > 28 && !memcmp(t[T_NAME].p, "\"function._c10d_functional.", 28));
+    if (op || IS(c, "\"dynamo_graph\"")) {
+        k->kind = op ? 1 : 2;
+        int64_t gid = group_of(k->kind, k->kernel, t, a);
+        if (gid < 0)
+            return -1;
+        k->gid = (uint32_t)gid;
+    }
+    return 0;
+}
+
+static inline __attribute__((always_inline)) int apply(const cls_t *k, const char *line, size_t len, int64_t step, uint64_t ns) {
+    A.dirty = 1;
+    if (k->kind && add_event(k->kind, k->gid, k->bwd, step, ns) < 0)
+        return -1;
+    if (!k->copy)
+        return 0;
+    if (copy_line(line, len) < 0)
+        return -1;
+    step_t *st = step != NONE ? step_get(step) : NULL;
+    if (step != NONE && !st)
+        return -1;
+    if (st && k->slice) {
+        A.any_slice = A.slice_since = 1;
+        A.slice_max = step > A.slice_max ? step : A.slice_max;
+    } else if (st && k->compile) {
+        st->compiled = 1;
+    }
+    return 0;
+}
+
+/* The step a site's or tags' args text (,"k":v...) gives, else NONE. */
+static int64_t step_in(const char *frag, uint32_t n) {
+    static const char *const key[] = {"\"step\""};
+    dft_buf *d = &A.scratch;
+    val_t v = {0};
+    d->len = 0;
+    if (!n || PUTL(d, "{") < 0 || put(d, frag + 1, n - 1) < 0 || PUTL(d, "}") < 0 || fields(d->p, d->p + d->len, key, &v, 1) < 0)
+        return NONE;
+    return step_of(v);
+}
+
+static inline int same(const char *a, const char *b, uint32_t n) { /* memcmp of short text, inline */
+    uint64_t x, y;
+    for (; n >= 8; n -= 8, a += 8, b += 8) {
+        memcpy(&x, a, 8), memcpy(&y, b, 8);
+        if (x != y)
+            return 0;
+    }
+    while (n--)
+        if (*a++ != *b++)
+            return 0;
+    return 1;
+}
+
+#define CACHED_FLAGS (DFT_PHASE_MASK | DFT_FLAG_NOCTX | DFT_FLAG_STEP | DFT_FLAG_NOSTEP | DFT_FLAG_TIMED)
+
+void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) {
+    if (!A.on || A.broken || (x->flags & DFT_FLAG_COUNTER))
+        return;
+    int rc;
+    if (x->site && !x->extra) { /* an interned site's event: what it adds is known after its first */
+        const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
+        uint32_t tlen = tags ? tags->len : 0, flags = x->flags & CACHED_FLAGS;
+        cls_t *k = &cache[mix(((uint64_t)x->site << 32 | x->tags) ^ (uint64_t)flags << 20) & (CACHE - 1)];
+        if (!k->used || k->site != x->site || k->tags != x->tags || k->flags != flags || k->tlen != tlen ||
+            (tlen && !same(k->tcopy, tags->p, tlen))) {
+            k->used = 0;
+            if (tlen > sizeof k->tcopy || classify(line, len, k) < 0) {
+                rc = tlen > sizeof k->tcopy ? 0 : -1;
+                goto slow;
+            }
+            const dft_site *site = dft_tab_get(&dft_sites, x->site);
+            int64_t fixed = step_in(site->args.p, site->args.len);
+            fixed = fixed != NONE ? fixed : tags ? step_in(tags->p, tlen) : NONE;
+            k->step_from_line = fixed != NONE;
+            k->step = fixed;
+            k->site = x->site, k->tags = x->tags, k->flags = flags, k->tlen = tlen;
+            if (tlen)
+                memcpy(k->tcopy, tags->p, tlen);
+            k->used = 1;
+        }
+        rc = apply(k, line, len, k->step_from_line ? k->step : x->step ? (int64_t)x->step - 1 : NONE, ns);
+        goto out;
+    }
+slow:;
+    cls_t k;
+    rc = classify(line, len, &k);
+    if (rc == 0)
+        rc = apply(&k, line, len, k.step, ns);
+out:
+    if (rc < 0)
+        A.broken = 1; /* out of memory: the record says it cannot answer */
+}
+
+static void free_all(void) {
+    memset(cache, 0, sizeof cache);
+    for (uint32_t i = 0; i < A.ns; i++)
+        free(A.s[i].b);
+    free(A.keys.p), free(A.copy.p), free(A.scratch.p), free(A.g), free(A.gm.slot), free(A.s), free(A.sm.slot);
+    free(A.x), free(A.xm.slot), free(A.st);
+    memset(&A, 0, sizeof A);
+}
+
+void dft_agg_open(const char *header, size_t len) {
+    free_all();
+    A.on = 1;
+    if (!edges)
+        edges_init();
+    A.settle_upto = A.slice_max = NONE;
+    A.last_ns = dft_mono();
+    for (const char *p = header, *e = header + len, *nl; p < e; p = nl + 1) {
+        nl = memchr(p, '\n', (size_t)(e - p));
+        nl = nl ? nl : e;
+        if (*ws(p, nl) == '{' && copy_line(p, (size_t)(nl - p)) < 0)
+            A.broken = 1;
+    }
+}
+
+/* Folds step n's statistics into the steady totals. */
+static int fold(step_t *st) {
+    st->state = FOLDED;
+    for (uint32_t i = 0; i < A.ns; i++) {
+        if (A.s[i].dead || A.s[i].step != st->step)
+            continue;
+        stat_t s = A.s[i];
+        stat_t *to = stat_get(s.gid, NONE); /* may move A.s */
+        if (!to || stat_merge(to, &s) < 0)
+            return -1;
+        free(A.s[i].b);
+        A.s[i].b = NULL;
+        A.s[i].nb = 0;
+        A.s[i].dead = 1;
+        A.dead++;
+    }
+    if (A.dead > 1024 && A.dead * 2 > A.ns) { /* drop the folded entries */
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < A.ns; i++)
+            if (!A.s[i].dead)
+                A.s[k++] = A.s[i];
+        A.ns = k;
+        A.dead = 0;
+        memset(A.sm.slot, 0, A.sm.cap * sizeof *A.sm.slot);
+        A.sm.n = 0;
+        for (uint32_t i = 0; i < A.ns; i++) {
+            gs_t q = {A.s[i].gid, A.s[i].step};
+            *map_find(&A.sm, s_hash(i), s_eq, &q, s_hash) = i + 1; /* no growth: n stays below */
+            A.sm.n++;
+        }
+    }
+    return 0;
+}
+
+/* After each drain pass: settles the steps whose slice (or a later one) was written in an
+ * earlier pass; says whether a checkpoint is due. */
+static void settle(void) {
+    for (uint32_t i = 0; i < A.nst && !A.broken; i++) {
+        step_t *st = &A.st[i];
+        if (st->state != PENDING || (st->step > A.settle_upto && A.pending <= PENDING_MAX))
+            continue;
+        A.pending--;
+        if (st->compiled)
+            st->state = APART;
+        else if (fold(st) < 0)
+            A.broken = 1;
+    }
+}
+
+int dft_agg_tick(void) {
+    if (!A.on)
+        return 0;
+    settle();
+    A.settle_upto = A.slice_max;
+    uint64_t now = dft_mono();
+    return A.dirty && now - A.last_ns >= CKPT_NS && (A.slice_since || !A.any_slice);
+}
+
+static int record(dft_buf *b) {
+    char num[64];
+    if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":") < 0 ||
+        (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0 ||
+        put(b, A.keys.p, A.keys.len) < 0 || PUTL(b, "],\"apart\":[") < 0)
+        return -1;
+    int first = 1;
+    for (uint32_t i = 0; i < A.nst; i++)
+        if (A.st[i].state != FOLDED) {
+            if ((!first && PUTL(b, ",") < 0) || put_i64(b, A.st[i].step) < 0)
+                return -1;
+            first = 0;
+        }
+    if (PUTL(b, "],\"groups\":[") < 0)
+        return -1;
+    first = 1;
+    for (uint32_t i = 0; i < A.ns; i++) {
+        const stat_t *s = &A.s[i];
+        if (s->dead)
+            continue;
+        if (!first && PUTL(b, ",") < 0)
+            return -1;
+        first = 0;
+        if (PUTL(b, "[") < 0 || put_i64(b, s->gid) < 0 || PUTL(b, ",") < 0 ||
+            (s->step == NONE ? PUTL(b, "null") : put_i64(b, s->step)) < 0)
+            return -1;
+        const uint64_t v[] = {s->count, s->ns, s->min, s->max, s->zero};
+        for (int j = 0; j < 5; j++)
+            if (PUTL(b, ",") < 0 || put_i64(b, (int64_t)v[j]) < 0)
+                return -1;
+        if (put(b, num, (size_t)snprintf(num, sizeof num, ",%.17g,[", s->sq)) < 0)
+            return -1;
+        int bf = 1;
+        for (uint32_t j = 0; j < s->nb; j++)
+            if (s->b[j]) {
+                if ((!bf && PUTL(b, ",") < 0) || put_i64(b, s->lo + (int64_t)j) < 0 || PUTL(b, ",") < 0 ||
+                    put_i64(b, (int64_t)s->b[j]) < 0)
+                    return -1;
+                bf = 0;
+            }
+        if (PUTL(b, "]]") < 0)
+            return -1;
+    }
+    if (PUTL(b, "],\"op_steps\":[") < 0)
+        return -1;
+    first = 1;
+    for (uint32_t i = 0; i < A.nst; i++)
+        for (int k = 0; k < 2; k++)
+            if (A.st[i].count[k]) {
+                if ((!first && PUTL(b, ",") < 0) || PUTL(b, "[") < 0 || put_i64(b, A.st[i].step) < 0 ||
+                    put(b, k ? ",1," : ",0,", 3) < 0 || put_i64(b, (int64_t)A.st[i].ns[k]) < 0 || PUTL(b, "]") < 0)
+                    return -1;
+                first = 0;
+            }
+    if (PUTL(b, "],\"samples\":") < 0)
+        return -1;
+    if (A.x_over) {
+        if (PUTL(b, "null") < 0)
+            return -1;
+    } else {
+        if (PUTL(b, "[") < 0)
+            return -1;
+        for (uint32_t i = 0; i < A.nx; i++)
+            if ((i && PUTL(b, ",") < 0) || PUTL(b, "[") < 0 || put_i64(b, A.x[i].gid) < 0 || PUTL(b, ",") < 0 ||
+                put_i64(b, A.x[i].step) < 0 || PUTL(b, ",") < 0 || put_i64(b, (int64_t)A.x[i].ns) < 0 ||
+                PUTL(b, "]") < 0)
+                return -1;
+        if (PUTL(b, "]") < 0)
+            return -1;
+    }
+    return (PUTL(b, ",\"events\":[") < 0 || put(b, A.copy.p, A.copy.len) < 0 || PUTL(b, "]") < 0) ? -1 : 0;
+}
+
+/* Appends the record line to b (a checkpoint; at close, the last one, then frees everything). */
+void dft_agg_write(dft_buf *b, int last) {
+    if (!A.on)
+        return;
+    size_t at = b->len;
+    char head[96];
+    if (last) { /* every event is in: each step is settled */
+        A.settle_upto = INT64_MAX;
+        settle();
+    }
+    int n = snprintf(head, sizeof head, "{\"id\":%llu,\"name\":\"dftrace_aggregates\",\"cat\":\"dftracer\",\"pid\":",
+                     (unsigned long long)dft_w.next_id);
+    if (put(b, head, (size_t)n) < 0 || put(b, dft_w.pid_s, dft_w.pid_len) < 0 ||
+        PUTL(b, ",\"tid\":0,\"ph\":\"M\",\"args\":{") < 0)
+        goto out;
+    size_t body = b->len;
+    if (A.broken || record(b) < 0 || b->len - at > RECORD_MAX) { /* a record that cannot answer */
+        A.broken = 1;
+        b->len = body;
+        if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":false") < 0)
+            goto out;
+    }
+    if (PUTL(b, "}}\n") == 0) {
+        dft_w.next_id++;
+        A.dirty = A.slice_since = 0;
+        A.last_ns = dft_mono();
+        at = b->len;
+    }
+out:
+    b->len = at;
+    if (last)
+        free_all();
+}

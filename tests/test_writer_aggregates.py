@@ -1,0 +1,170 @@
+"""Aggregate records written by the C trace writer (csrc/aggregates.c): summary and diff read
+them instead of every event and give what the full scan gives (counts and totals exactly,
+quantiles within the sketch's bound), on real traced training (steps, modules, Inductor kernels)
+and on stepgen's rank files; the sketch buckets are those of traces.sketch.key; checkpoints
+written as the run goes leave a killed process's file answerable up to its last one; the files
+keep loading in Perfetto and passing dftracer_validate."""
+
+import collections
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import perfetto_tp
+from dftrace_dynamo.traces import aggregates, clock, sketch
+from dftrace_dynamo.traces.diff import diff
+from dftrace_dynamo.traces.reader import compression_of
+from dftrace_dynamo.traces.summary import summarize
+from subproc import clean_env, run_py, run_python
+from test_aggregates import OPTIONS
+from test_engines import SCRIPTS, assert_same, rank_files, training, write_ranks  # noqa: F401 (fixtures)
+from tracefile import dftracer_validate, read_bytes, read_events
+
+STEPGEN = os.path.join(SCRIPTS, "stepgen.py")
+
+
+def writer_record(path):
+    record = aggregates.read(path)
+    assert record and record["version"] == aggregates.WRITER_VERSION and record["complete"], path
+    return record
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=("default", "warmup-depth", "views"))
+@pytest.mark.parametrize("trace", ["training", "rank_files"])
+def test_writer_aggregates_equal_the_full_scan(trace, options, request):
+    paths = request.getfixturevalue(trace)
+    for p in paths:
+        writer_record(p)
+    options = dict({"top": None}, **options)
+    events = summarize(paths, step_samples=True, source="events", **options)
+    from_aggregates = summarize(paths, step_samples=True, **options)  # auto: every file has one
+    assert from_aggregates["scan"] == {"source": "aggregates", "engine": "local", "quantiles": "sketch"}
+    assert events["op_events"] > 20 and events["steps"]["rows"] and events["compile_events"]
+    if trace == "training" and "kernel" in options.get("views", ["kernel"]):
+        assert events["views"]["kernel"]
+    assert assert_same(events, from_aggregates) > 0
+    for view, rows in events["views"].items():  # counts and totals to the last bit
+        assert [(r["key"], r["count"], r["total_us"]) for r in rows] == \
+            [(r["key"], r["count"], r["total_us"]) for r in from_aggregates["views"][view]], view
+
+
+def test_rank_clocks_come_from_the_writer_aggregates(tmp_path, monkeypatch):
+    """Each rank's clock record is copied into its aggregate record: the rank view takes the
+    measured offsets from there, without reading the files, and equals the full scan's."""
+    paths = write_ranks(tmp_path, 2, "--clock-offset-ns", "3000000")
+    events = summarize(paths, top=None, source="events")
+    assert events["ranks"]["clock"].startswith("measured")
+    assert {r["rank"]: r["clock_offset_us"] for r in events["ranks"]["ranks"]} == {"rank0": 0, "rank1": 3000}
+    monkeypatch.setattr(clock, "record", lambda path: pytest.fail(f"{path} read for its clock record"))
+    from_aggregates = summarize(paths, top=None)
+    assert from_aggregates["scan"]["source"] == "aggregates"
+    assert_same(events, from_aggregates)
+
+
+def test_diff_reads_the_writer_aggregates(rank_files):
+    events = diff(rank_files[:1], rank_files[1:], source="events")
+    from_aggregates = diff(rank_files[:1], rank_files[1:])
+    assert {s["source"] for s in from_aggregates["scan"].values()} == {"aggregates"}
+    assert_same(events, from_aggregates)
+
+
+def test_sketch_buckets_equal_sketch_key_at_bucket_edges(tmp_path):
+    """Durations 1 ns around each bucket edge gamma^k µs (and 0): the writer's bucket of each
+    equals traces.sketch.key of the duration the file holds."""
+    durations = [0, 1, 2] + [max(0, round(1000 * sketch.GAMMA ** k) + d) for k in range(-60, 900) for d in (-1, 0, 1)]
+    p = run_py(f"""
+        from dftrace_dynamo import _core
+        from dftrace_dynamo.session import logger
+        logger.initialize_log({str(tmp_path / "edges")!r})
+        t = _core.now_ns()
+        for ns in {durations!r}:
+            _core.log("function.edge.default", "dynamo", t, t + ns, {{"node": "edge"}})
+            t += ns + 2000
+        print(_core.path())
+        logger.finalize()
+        """, tmp_path, env={"DFTRACER_ENABLE": "1"})
+    assert p.returncode == 0, p.stderr
+    path = p.stdout.strip()
+    expected = collections.Counter(sketch.key(e["dur"]) for e in read_events(path) if e.get("cat") == "dynamo")
+    assert sum(expected.values()) == len(durations) and len(expected) > 800
+    record = writer_record(path)
+    got = collections.Counter()
+    for _, _, _, _, _, _, zero, _, buckets in record["groups"]:
+        got.update(dict(zip(buckets[::2], buckets[1::2])))
+        got[sketch.ZERO] += zero
+    assert +got == expected
+
+
+def _member_with_record(path):
+    """(offset, end) of the last member of ``path`` holding an aggregate record."""
+    kind = compression_of(path)
+    return next((start, end) for start, end, text in aggregates._members_from_end(path, kind, 1 << 30, None)
+                if aggregates.MARKER in text)
+
+
+def test_a_killed_process_keeps_its_last_checkpoint(tmp_path):
+    """SIGKILL after several step ends: the file is not closed, yet its last checkpoint answers,
+    and equals the full scan of the file up to that checkpoint."""
+    proc = subprocess.Popen([sys.executable, STEPGEN, str(tmp_path / "k"), "--steps", "1000000", "--layers", "2",
+                             "--sleep-ms", "100"], env=clean_env({"DFTRACER_ENABLE": "1"}),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, seen = time.monotonic() + 240, set()
+        while len(seen) < 2:  # two checkpoints with steps in them
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.5)
+            files = glob.glob(str(tmp_path / "k-*.pfw*"))
+            record = aggregates.read(files[0]) if files else None
+            if record and record["op_steps"]:
+                seen.add(len(record["op_steps"]))
+        time.sleep(0.5)  # events after the checkpoint
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    path = files[0]
+    assert not read_bytes(path).rstrip().endswith(b"]")  # killed: never closed
+    start, end = _member_with_record(path)
+    assert end < os.path.getsize(path)  # events written after the last checkpoint
+    prefix = tmp_path / "prefix" / os.path.basename(path)
+    prefix.parent.mkdir()
+    with open(path, "rb") as f:
+        prefix.write_bytes(f.read(end))
+    record = writer_record(path)
+    assert len(record["op_steps"]) >= 2 * 3  # several steps, forward and backward
+    from_checkpoint = summarize([path], top=None, step_samples=True)
+    assert from_checkpoint["scan"]["source"] == "aggregates"
+    events = summarize([str(prefix)], top=None, step_samples=True, source="events")
+    assert events["steps"]["rows"] and events["op_events"] > 100
+    for doc in (events, from_checkpoint):
+        doc.pop("files"), doc.pop("runs")
+    assert assert_same(events, from_checkpoint) > 0
+
+
+def test_files_with_checkpoints_load_in_perfetto_and_validate(tmp_path, training):
+    """A run long enough for checkpoints besides the last record: several records, the last
+    one counts, and the file stays a trace that Perfetto and dftracer_validate accept."""
+    path = run_python([STEPGEN, str(tmp_path / "c"), "--steps", "14", "--layers", "2", "--sleep-ms", "300"],
+                      env={"DFTRACER_ENABLE": "1"}).stdout.strip()
+    records = [e for e in read_events(path) if e.get("name") == aggregates.NAME]
+    assert len(records) >= 2 and records[-1]["args"] == writer_record(path)
+    assert records[-1]["ph"] == "M" and records[-1]["cat"] == "dftracer"
+    events = summarize([path], top=None, source="events")
+    assert_same(events, summarize([path], top=None, source="aggregates"))
+    for p in (path, training[0]):
+        assert perfetto_tp.error_stats(p) == []
+        dftracer_validate(p)
+
+
+def test_a_file_the_writer_could_not_aggregate_is_scanned(rank_files, tmp_path):
+    """A record that says it cannot answer (bounds passed) means the full scan."""
+    copy = shutil.copy(rank_files[0], tmp_path)
+    aggregates.write(copy, {"version": aggregates.WRITER_VERSION, "writer": "c", "complete": False})
+    result = summarize([copy], top=None)
+    assert result["scan"]["source"] == "events"
+    assert result["views"] == summarize(rank_files[:1], top=None, source="events")["views"]
