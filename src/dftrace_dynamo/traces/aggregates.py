@@ -162,15 +162,23 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
 
 
 def read(path):
-    """The last aggregate record (its ``args``) of the trace file ``path``, or None."""
+    """The last aggregate record (its ``args``) of the trace file ``path``, or None; None too when
+    an event follows it (one the record does not hold: the events are read, and checked, instead)."""
+    after = b""  # the members after the record's
     try:
-        text = next((t for _, _, t in _members_from_end(path, compression_of(path)) if MARKER in t), None)
+        for _, _, text in _members_from_end(path, compression_of(path)):
+            if MARKER in text:
+                break
+            after = text + after
+        else:
+            return None
     except OSError:
         return None
-    if text is None:
-        return None
     at = text.rfind(MARKER)
-    line = text[text.rfind(b"\n", 0, at) + 1:text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)]
+    end = text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)
+    if (text[end:] + after).strip() not in (b"", b"]"):
+        return None
+    line = text[text.rfind(b"\n", 0, at) + 1:end]
     try:
         return orjson.loads(line.rstrip(b",\r"))["args"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
