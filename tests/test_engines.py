@@ -100,8 +100,9 @@ def test_sketch_keys_are_the_same_in_sql():
 
 
 def test_dask_engine_equals_local_on_rank_files(rank_files, engine):
-    local = summarize(rank_files, top=None, step_samples=True)
-    on_dask = summarize(rank_files, top=None, step_samples=True, engine=engine)
+    # the events, not the files' aggregate records: the engines' scans are compared
+    local = summarize(rank_files, top=None, step_samples=True, source="events")
+    on_dask = summarize(rank_files, top=None, step_samples=True, engine=engine, source="events")
     assert local["processes"] == 3 and local["op_events"] == 3 * 6 * 12  # 2 warm-up steps each (0, the recompile)
     assert local["ranks"] is not None and local["steps"]["warmup_steps"]
     assert local["scan"] == {"source": "events", "engine": "local", "quantiles": "exact"}
@@ -114,7 +115,7 @@ def test_dask_engine_equals_local_on_rank_files(rank_files, engine):
 
 
 def test_dask_engine_equals_local_on_real_training(training, engine):
-    for kwargs in ({}, {"include_warmup": True, "module_depth": 1}):
+    for kwargs in ({"source": "events"}, {"source": "events", "include_warmup": True, "module_depth": 1}):
         local = summarize(training, top=None, **kwargs)
         assert {"kernel", "module", "op"} <= set(local["views"]) and local["steps"]["rows"]
         assert any(r["key"] == "l2" for r in local["views"]["module"])
@@ -122,17 +123,17 @@ def test_dask_engine_equals_local_on_real_training(training, engine):
 
 
 def test_diff_on_the_dask_engine(rank_files, engine):
-    local = diff(rank_files[:1], rank_files[1:2])
-    assert_same(local, diff(rank_files[:1], rank_files[1:2], engine=engine))
+    local = diff(rank_files[:1], rank_files[1:2], source="events")
+    assert_same(local, diff(rank_files[:1], rank_files[1:2], engine=engine, source="events"))
 
 
 def test_cli_on_an_existing_cluster(rank_files, engine, capsys):
     """--scheduler ADDRESS: the command connects to a running cluster and leaves it running."""
     address = engine.client.scheduler.address
-    assert main(["summary", "--format", "json", "--top", "100", *rank_files]) == 0
+    assert main(["summary", "--format", "json", "--top", "100", "--source", "events", *rank_files]) == 0
     local = json.loads(capsys.readouterr().out)
-    assert main(["summary", "--format", "json", "--top", "100", "--engine", "dask", "--scheduler", address,
-                 *rank_files]) == 0
+    assert main(["summary", "--format", "json", "--top", "100", "--source", "events", "--engine", "dask",
+                 "--scheduler", address, *rank_files]) == 0
     out = capsys.readouterr()
     assert_same(local, json.loads(out.out))
     assert "p50/p99 from quantile sketches" in out.err

@@ -201,7 +201,11 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     groups += [(PROCESS_NAME, "process", key, None, 1, 0, 0, None, None, None, name) for key, name in names.items()]
     clocks = {i: next((e.get("args") for e in records[i]["events"]
                        if e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None) for i in indices}
-    return dict(base, whole=False, steps=None, parts=parts, groups=groups, clocks=clocks,
+    warnings = base["warnings"] + [
+        f"{paths[i]}: not closed (its process ended without closing the trace): counted up to its last "
+        "aggregate checkpoint; --source events counts every event that reached the file"
+        for i in indices if not records[i]["closed"]]
+    return dict(base, whole=False, steps=None, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
                 rank_rows=base.get("rank_rows") or [[] for _ in RANK_COLUMNS],
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},
                          "rows": kernel_stats} if "kernel" in views else None,
@@ -235,32 +239,50 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
 
 
 def read(path):
-    """The last aggregate record (its ``args``) of the trace file ``path``, or None. A file that
-    is not closed (its process was killed) is searched further back for its last checkpoint:
-    up to :data:`KILLED_BYTES` from its end."""
-    def last(budget, members):  # (text of the last member holding a record or None, closed)
-        closed = None
+    """The last aggregate record (its ``args``) of the trace file ``path``, or None. In a closed
+    file only the ``end`` record may follow it, else None: an event the record does not hold
+    follows (the events are read, and checked, instead). A file that was not closed (its process
+    was killed) is searched further back, up to :data:`KILLED_BYTES` from its end, for its last
+    checkpoint; the events after it are not counted, and the record says so (``"closed": False``)."""
+    def last(budget, members):  # (text of the last member holding a record or None, text after it, closed)
+        closed, after = None, b""
         for _, _, piece in _members_from_end(path, kind, budget, members):
             closed = piece.rstrip().endswith(b"]") if closed is None else closed
             if MARKER in piece:
-                return piece, closed
-        return None, closed
+                return piece, after, closed
+            after = piece + after
+        return None, after, closed
 
     try:
         kind = compression_of(path)
-        text, closed = last(SEARCH_BYTES, SEARCH_MEMBERS)
+        text, after, closed = last(SEARCH_BYTES, SEARCH_MEMBERS)
         if text is None and closed is False:
-            text, _ = last(KILLED_BYTES, None)
+            text, after, _ = last(KILLED_BYTES, None)
     except OSError:
         return None
     if text is None:
         return None
     at = text.rfind(MARKER)
-    line = text[text.rfind(b"\n", 0, at) + 1:text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)]
-    try:
-        return orjson.loads(line.rstrip(b",\r"))["args"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+    end = text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)
+    if closed is not False and not all(_is_end(line) for line in (text[end:] + after).splitlines()):
         return None
+    line = text[text.rfind(b"\n", 0, at) + 1:end]
+    try:
+        return dict(orjson.loads(line.rstrip(b",\r"))["args"], closed=closed is not False)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _is_end(line):
+    """Whether ``line`` may follow the last record of a closed file: blank, ``]`` or the ``end`` record."""
+    line = line.strip().rstrip(b",")
+    if line in (b"", b"]"):
+        return True
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(event, dict) and event.get("name") == "end" and event.get("cat") == CAT_DFTRACER
 
 
 def write(path, record=None):

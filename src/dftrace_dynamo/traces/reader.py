@@ -374,14 +374,12 @@ def oversized_error(paths):
     return None
 
 
-def wrong_type_error(path, events):
+def wrong_type_error(path):
     """The :class:`TraceError` of the first event of ``path`` with a field of the wrong JSON
-    type (:data:`FIELD_TYPES`) among its first ``events``, in ``validate``'s words; None when
-    there is none."""
+    type (:data:`FIELD_TYPES`), in ``validate``'s words; None when there is none."""
     try:
-        for n, _ in enumerate(EventLines(path), 1):
-            if n == events:
-                break
+        for _ in EventLines(path):
+            pass
     except TraceError as e:
         return e
     return None

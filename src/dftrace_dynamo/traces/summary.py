@@ -8,8 +8,8 @@ member/frame boundaries into pieces that DuckDB reads in parallel. The
 DuckDB cannot decompress (cut inside a gzip member or zstd frame) is decoded by
 :mod:`.reader` into a temporary plain file first, keeping what is readable. A
 line longer than :data:`.reader.MAX_LINE`, or an event field of the wrong JSON
-type in the first :data:`TYPE_CHECKED` events of a file, is refused with
-``validate``'s message (:class:`.reader.TraceError`).
+type (any event: see :data:`_SUSPECT`), is refused with ``validate``'s message
+(:class:`.reader.TraceError`).
 DFTracer 2.1+ traces, whose ``ph`` is a number (:data:`.reader.PH_LETTERS`),
 are read as if it were the letter.
 
@@ -38,7 +38,7 @@ import threading
 import duckdb
 
 from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
-from ..schema import ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, CAT_COMM, CAT_STEP
+from ..schema import ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH, ARG_PEAK_RSS, ARG_RSS, CAT_COMM, CAT_STEP
 from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
 from . import compiles, ranks, reader, runs, sketch, steps
 from .reader import (MAX_LINE, MEMBER_START, PH_LETTERS, Damage, TraceError, check_trace,
@@ -60,18 +60,46 @@ NS = "CAST(round(dur * 1000) AS BIGINT)"
 # table ev with column b: the sketch bucket of each op event's duration (NULL on other rows)
 BUCKETED = f"(SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)"
 PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
-# events per file whose field types are checked here, in Python (DuckDB reads a field of the wrong
-# JSON type as null, or converts it, without a word; validate checks every event)
-TYPE_CHECKED = 1000
 
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
 # each one costs parsing time on every event: only those a view uses
 _INFO = ("kind", "reason", "location", "frame", "run_id")  # of compile events and the start record
 _RANK_INFO = (ARG_BYTES, ARG_GROUP, ARG_PEAK_RSS, ARG_CUDA_PEAK)  # of comm events and step slices (ranks)
 _ARGS = ("graph", "node", "module", "phase", ARG_RECOMPUTE, "name", "step", "kernel_type", *_INFO, *_RANK_INFO)
-_COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'BIGINT','tid':'BIGINT',"
-            "'ts':'DOUBLE','dur':'DOUBLE','args':'STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in _ARGS)
+# args read only to tell an object from another JSON value (see _SUSPECT): keys that events without
+# any of _ARGS have (every DFTracer event has hhash; memory counters, rss)
+_PRESENT = (ARG_HHASH, ARG_RSS)
+# numbers are read as their JSON text (DuckDB would turn a string, a boolean or a fraction into a
+# number without a word), then made numbers (column <field>_json: the text)
+_COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'JSON','tid':'JSON','ts':'JSON',"
+            "'dur':'JSON','args':'STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in (*_PRESENT, *_ARGS))
             + ", aten_ops VARCHAR[])'}")
+_NUMBERS = {"pid": "BIGINT", "tid": "BIGINT", "ts": "DOUBLE", "dur": "DOUBLE"}
+# Column suspect: true on every event with a field of the wrong JSON type (reader.FIELD_TYPES), and
+# on a few right ones. Numbers, exactly: text that is no number (a string is quoted, true, [1]...),
+# or for an integer, holds a fraction ('.' or 'e') or is too large for BIGINT. Strings and args are
+# read as what DuckDB makes of any JSON value: the text of a number starts with '-' or a digit, of an
+# array with '[', of an object with '{', of a boolean is true or false; args that are not an object
+# read as an object without any of the keys read. So a name that starts with a digit is a suspect
+# too, and args without those keys. cat and ph are tested only on events that their values did not
+# classify (_load_sql). The files with a suspect are checked line by line (reader.wrong_type_error).
+_OTHER = "({c} >= '[' AND {c} < '\\') OR ({c} >= '{{' AND {c} < '|') OR {c} IN ('true', 'false')"
+_SUSPECT = {
+    "a number": "{c} IS NULL",
+    "an integer": "({c} IS NULL OR contains({c}_json, '.') OR contains({c}_json, 'e'))",
+    "a string": "({c} < 'A' OR " + _OTHER + ")",
+    "ph": "(({c} < 'A' AND (contains({c}, '.') OR contains({c}, 'e'))) OR " + _OTHER + ")",  # or an integer
+    "an object": "(coalesce(" + ", ".join(f'{{c}}."{a}"' for a in (*_PRESENT, *_ARGS)) + ") IS NULL "
+                 "AND {c}.aten_ops IS NULL)",
+}
+
+
+def _suspect_sql(fields):
+    """SQL true when one of ``fields`` may have the wrong JSON type (see _SUSPECT)."""
+    return " OR ".join(f"({f}{'_json' if f in _NUMBERS else ''} IS NOT NULL AND "
+                       + _SUSPECT[f if f == "ph" else reader.FIELD_TYPES[f]].format(c=f) + ")" for f in fields)
+
+
 # DFTracer 2.1+ ph numbers (read as text) as the letters they replace
 _PH = "CASE ph " + " ".join(f"WHEN '{n}' THEN '{c}'" for n, c in PH_LETTERS.items()) + " ELSE ph END"
 _KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns, in result order
@@ -140,9 +168,14 @@ def _load_sql(module_depth, source_sql):
     step_kinds = " ".join(f"WHEN e.ph = 'X' AND e.cat = '{cat}' THEN {kind}" for cat, kind in STEP_KINDS.items())
     info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in ("graph", *_INFO)) + ")"
     rank_info = "struct_pack(" + ", ".join(f'"{a}" := e.args."{a}"' for a in _RANK_INFO) + ")"
+    numbers = ", ".join(f"TRY_CAST({f}::VARCHAR AS {t}) AS {f}" for f, t in _NUMBERS.items())
+    texts = ", ".join(f"{f} AS {f}_json" for f in _NUMBERS)
+    # cat and ph are strings (or ph a number) on the events whose kind compares them with one
+    unsure, cat_ph = f"kind IN ({PROCESS_NAME}, {UNPARSED})", _suspect_sql(("cat", "ph"))
     return f"""
 CREATE TEMP TABLE ev AS
-SELECT * FROM (
+SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsure} THEN suspect OR {cat_ph}
+                                         ELSE suspect END AS suspect) FROM (
     SELECT CASE WHEN e.ph = 'X' AND e.cat = '{CAT_OP}' AND (e.args.node IS NOT NULL OR e.args.graph IS NULL) THEN {OP}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_KERNEL}' THEN {OP}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
@@ -161,9 +194,11 @@ SELECT * FROM (
            coalesce(e.args.graph, '?') AS graph,
            CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = '{CAT_DFTRACER}') THEN to_json({info})::VARCHAR
                 WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR
-                WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR END AS extra
-    FROM (SELECT * REPLACE ({_PH} AS ph) FROM ({source_sql})) e
-) WHERE kind IS NOT NULL
+                WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR END AS extra,
+           e.suspect, e.cat, e.ph
+    FROM (SELECT *, {_suspect_sql(("name", *_NUMBERS, "args"))} AS suspect
+          FROM (SELECT * REPLACE ({_PH} AS ph, {numbers}), {texts} FROM ({source_sql}))) e
+) WHERE kind IS NOT NULL OR suspect OR {cat_ph}
 """
 
 
@@ -247,8 +282,6 @@ def _load(con, paths, indices, module_depth, progress, tmpdir):
     for index in indices:
         path = paths[index]
         layout, kind = check_trace(path), compression_of(path)
-        if err := reader.wrong_type_error(path, TYPE_CHECKED):
-            raise err
         directory = os.path.join(tmpdir, f"file={index}")
         os.mkdir(directory)
         pieces = _pieces(path, kind, directory)
@@ -266,6 +299,7 @@ def _load(con, paths, indices, module_depth, progress, tmpdir):
         source_sql, params = _source_sql(sources)
         try:
             _run(con, _load_sql(module_depth, source_sql), params, progress)
+            _check_types(con, paths)
             return warnings
         except (duckdb.IOException, duckdb.InvalidInputException) as e:
             if "maximum_object_size" in str(e) and (err := reader.oversized_error([paths[i] for i in indices])):
@@ -275,6 +309,18 @@ def _load(con, paths, indices, module_depth, progress, tmpdir):
             con.execute("DROP TABLE IF EXISTS ev")
             sources, notes = _repair(con, sources)
             warnings += notes
+
+
+def _check_types(con, paths):
+    """Raises ``validate``'s :class:`.reader.TraceError` for the first file ``paths[i]`` with an event
+    field of the wrong JSON type, checking line by line the files the scan found suspects in; then
+    drops the suspects' rows that no view reads."""
+    files = [f for (f,) in con.execute("SELECT DISTINCT file FROM ev WHERE suspect ORDER BY file").fetchall()]
+    for index in files:
+        if err := reader.wrong_type_error(paths[index]):
+            raise err
+    if files:
+        con.execute("DELETE FROM ev WHERE kind IS NULL")
 
 
 def _out_of_memory_in_one_line(function):
