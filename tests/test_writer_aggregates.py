@@ -171,3 +171,16 @@ def test_a_file_the_writer_could_not_aggregate_is_scanned(rank_files, tmp_path):
     result = summarize([copy], top=None)
     assert result["scan"]["source"] == "events"
     assert result["views"] == summarize(rank_files[:1], top=None, source="events")["views"]
+
+
+def test_merged_files_answer_from_their_events(rank_files, tmp_path):
+    """A merged file holds every rank's events: no rank's record may answer for it."""
+    from dftrace_dynamo.traces.merge import merge
+
+    merge(rank_files, str(tmp_path / "merged.pfw.gz"))
+    assert not [e for e in read_events(str(tmp_path / "merged.pfw.gz")) if e["name"] == aggregates.NAME]
+    merged = summarize([str(tmp_path / "merged.pfw.gz")], top=None)
+    assert merged["scan"]["source"] == "events"
+    separate = summarize(rank_files, top=None, source="events")
+    assert merged["op_events"] == separate["op_events"] > 0
+    assert merged["steps"]["steady"]["steps"] == separate["steps"]["steady"]["steps"]

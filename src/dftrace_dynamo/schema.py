@@ -19,6 +19,7 @@ CAT_DATA = "data"  # a DataLoader ``next()``
 CAT_BACKWARD = "backward"  # an outermost autograd backward/grad call
 CAT_OPTIMIZER = "optimizer"  # an optimizer's ``step()`` or ``zero_grad()``
 CAT_DFTRACER = "dftracer"  # the ``start`` and ``end`` records
+AGGREGATES_RECORD = "dftrace_aggregates"  # name of the metadata record of per-file aggregates
 CAT_EVAL = "eval"  # forward work outside training (grad disabled after a complete step)
 CAT_COMM = "comm"  # one collective or point-to-point operation (torch.distributed, DDP buckets)
 CAT_MEMORY = "memory"  # memory counter samples ("ph": "C")

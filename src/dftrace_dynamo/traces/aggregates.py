@@ -27,7 +27,7 @@ import tempfile
 
 import orjson
 
-from ..schema import CAT_DFTRACER
+from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
 from . import kernels, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
@@ -35,7 +35,7 @@ from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, RANK_CO
                       warm_condition)
 from .writer import compress
 
-NAME = "dftrace_aggregates"
+NAME = AGGREGATES_RECORD
 VERSION = 1  # the records compute() makes
 WRITER_VERSION = 2  # the records the trace writer writes (csrc/aggregates.c)
 MARKER = b'"name":"' + NAME.encode() + b'"'

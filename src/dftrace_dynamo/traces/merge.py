@@ -19,7 +19,8 @@ import orjson
 
 from . import clock, runs
 from .convert import lost_notes, prepare_output
-from .reader import SUFFIXES, EventLines, TraceError, check_trace, is_number, is_start_record, rank_of
+from .reader import (SUFFIXES, EventLines, TraceError, check_trace, is_aggregate_record, is_number,
+                     is_start_record, rank_of)
 from .writer import TraceWriter
 
 
@@ -103,6 +104,8 @@ def merge(paths, out, force=False, progress=None, all_runs=False):
             spans.append(_Span())
             shift = offsets.get(index, (0.0,))[0]
             for _, raw, ev in lines:
+                if is_aggregate_record(ev):  # it stands for its own file only: summary reads the events
+                    continue
                 if shift and is_number(ev.get("ts")):
                     ev["ts"] -= shift
                     raw = orjson.dumps(ev)

@@ -21,7 +21,7 @@ import zlib
 import orjson
 import zstandard
 
-from ..schema import CAT_DFTRACER
+from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
 
 CHUNK = 1 << 20
 # Compressed bytes per decoder call. Deflate expands at most 1032x and a zstd
@@ -60,6 +60,12 @@ PH_LETTERS = {1: "X", 2: "C", 4: "M"}
 def is_start_record(ev):
     """Whether the event ``ev`` is the ``start`` record (its args: run id, command line)."""
     return ev.get("name") == "start" and ev.get("cat") == CAT_DFTRACER
+
+
+def is_aggregate_record(ev):
+    """Whether the event ``ev`` is an aggregate record (see :mod:`.aggregates`): it stands for the
+    events of its whole file, so a file holding other events (a part, a merge) must not carry it."""
+    return ev.get("name") == AGGREGATES_RECORD and ev.get("cat") == CAT_DFTRACER
 
 
 def _json_kind(v):

@@ -20,19 +20,23 @@ from array import array
 import numpy as np
 
 from .convert import lost_notes, prepare_output
-from .reader import EventLines, TraceError, check_trace, is_number, is_start_record
+from .reader import EventLines, TraceError, check_trace, is_aggregate_record, is_number, is_start_record
 from .writer import TraceWriter
 
 ALL = -1  # copied into every part
+LEFT_OUT = -2
 
 
 def _scan(src):
     """Pass 1: per event (in file order) its start, end, thread and whether it is
-    copied to every part; the step slices as (step, start, end)."""
+    copied to every part; the step slices as (step, start, end); the indices of the aggregate
+    records, which no part gets (a part holds only some of the events they stand for)."""
     ts, end, thread, everywhere = array("d"), array("d"), array("q"), array("b")
-    threads, step_slices = {}, []
+    threads, step_slices, records = {}, [], []
     lines = EventLines(src)
     for _, _, ev in lines:
+        if is_aggregate_record(ev):
+            records.append(len(ts))
         t, d = ev.get("ts"), ev.get("dur")
         meta = ev.get("ph") == "M" or is_start_record(ev) or not is_number(t)
         everywhere.append(meta)
@@ -47,7 +51,7 @@ def _scan(src):
                 step_slices.append((step, t, t + d))
     return (np.frombuffer(ts, dtype=np.float64), np.frombuffer(end, dtype=np.float64),
             np.frombuffer(thread, dtype=np.int64), np.frombuffer(everywhere, dtype=np.int8).astype(bool),
-            step_slices, lines)
+            step_slices, records, lines)
 
 
 def _groups(ts, end, thread, everywhere):
@@ -82,7 +86,7 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
     (start s, end s) from the first event; ``max_events``: events per part.
     Returns ``(parts as (path, events), warnings)``."""
     check_trace(src)
-    ts, end, thread, everywhere, step_slices, lines = _scan(src)
+    ts, end, thread, everywhere, step_slices, records, lines = _scan(src)
     group, starts = _groups(ts, end, thread, everywhere)
     warnings = []
     if max_events:
@@ -110,7 +114,7 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
             first = starts.min() if len(starts) else 0.0
             lo, hi = first + time[0] * 1e6, first + time[1] * 1e6
             label = f"time-{time[0]:g}-{time[1]:g}s".replace("inf", "end")
-        part_of_group = np.where((starts >= lo) & (starts < hi), 0, -2)  # -2: left out
+        part_of_group = np.where((starts >= lo) & (starts < hi), 0, LEFT_OUT)
         n_parts = 1
         if not (part_of_group == 0).any():
             raise TraceError(f"{src}: no events start in the selected window")
@@ -120,6 +124,7 @@ def split(src, out_dir, steps=None, time=None, max_events=None, force=False):
         raise TraceError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
     paths = [prepare_output(p, [src], force) for p in _part_names(src, out_dir, label, n_parts)]
     target = np.where(group == ALL, ALL, part_of_group[np.maximum(group, 0)] if len(starts) else ALL)
+    target[records] = LEFT_OUT
     writers = []
     try:
         writers += [TraceWriter(p) for p in paths]
