@@ -7,7 +7,7 @@ optimizer's ``Adam.step``/``Adam.zero_grad``; every event carries
 compile); options add a recompile, graph breaks, an injected cost and jitter.
 
     python tests/scripts/stepgen.py PREFIX --steps 20 [--layers 4] [--slow 3-5:20]
-        [--recompile-at N] [--graph-break] [--jitter PCT] [--seed S] [--rank R] [--sleep-ms MS]
+        [--recompile-at N] [--graph-break] [--jitter PCT] [--seed|--rng S] [--rank R] [--sleep-ms MS]
         [--clock-offset-ns NS]
 
 Prints the path of the trace written (``PREFIX-<host hash>-<pid>.pfw.gz``).
@@ -125,7 +125,7 @@ def main():
     ap.add_argument("--jitter", type=float, default=2.0, metavar="PCT", help="random +-PCT%% on durations")
     ap.add_argument("--data-us", type=int, default=3000)
     ap.add_argument("--optimizer-us", type=int, default=800)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", "--rng", dest="seed", type=int, default=0, help="the random durations' start state")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--sleep-ms", type=int, default=0, help="real time between steps (the writer's checkpoints)")
     ap.add_argument("--clock-offset-ns", type=int, metavar="NS",
