@@ -23,27 +23,17 @@ void dft_buf_free(dft_buf *b) {
     b->len = b->cap = 0;
 }
 
-static const char dig2[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-                           "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-                           "8081828384858687888990919293949596979899";
-
 char *dft_fmt_u64(char *p, uint64_t v) {
-    char tmp[20];
-    char *e = tmp + sizeof tmp, *q = e;
-    while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
-        v /= 100;
-        q -= 2;
-        memcpy(q, dig2 + 2 * r, 2);
-    }
-    if (v >= 10) {
-        q -= 2;
-        memcpy(q, dig2 + 2 * v, 2);
+    if (v < 100000000)
+        return dft_put_digits(p, dft_digits8((uint32_t)v), 8);
+    uint64_t hi = v / 100000000;
+    if (hi < 100000000) {
+        p = dft_put_digits(p, dft_digits8((uint32_t)hi), 8);
     } else {
-        *--q = (char)('0' + v);
+        p = dft_put_digits(p, dft_digits8((uint32_t)(hi / 100000000)), 8);
+        p = dft_put8(p, dft_digits8((uint32_t)(hi % 100000000)));
     }
-    memcpy(p, q, (size_t)(e - q));
-    return p + (e - q);
+    return dft_put8(p, dft_digits8((uint32_t)(v % 100000000)));
 }
 
 char *dft_fmt_i64(char *p, int64_t v) {
@@ -53,18 +43,21 @@ char *dft_fmt_i64(char *p, int64_t v) {
     return dft_fmt_u64(p, 0ull - (uint64_t)v);
 }
 
+/* Most durations are below 0.1 s: their µs and decimals come from one digits8. */
 char *dft_fmt_us(char *p, uint64_t ns) {
-    p = dft_fmt_u64(p, ns / 1000);
-    unsigned f = (unsigned)(ns % 1000);
-    if (f) {
-        *p++ = '.';
-        *p++ = (char)('0' + f / 100);
-        f %= 100;
-        if (f) {
-            *p++ = (char)('0' + f / 10);
-            if (f % 10)
-                *p++ = (char)('0' + f % 10);
-        }
+    uint64_t d;
+    if (ns < 100000000) {
+        d = dft_digits8((uint32_t)ns);
+        p = dft_put_digits(p, d, 5);
+    } else {
+        p = dft_fmt_u64(p, ns / 1000);
+        d = dft_digits8((uint32_t)(ns % 1000));
+    }
+    uint32_t f = (uint32_t)(d >> 40); /* the three decimals, one per byte */
+    if (f) { /* '.' and the decimals up to the last nonzero one */
+        uint32_t t = '.' | (f + 0x303030u) << 8;
+        memcpy(p, &t, 4);
+        p += 4 - ((unsigned)__builtin_clz(f) - 8) / 8;
     }
     return p;
 }

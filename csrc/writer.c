@@ -136,7 +136,7 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
 #else
 #define DFT_NO_MEMCPY_IDIOM
 #endif
-DFT_NO_MEMCPY_IDIOM static inline char *put_str(char *p, const char *s, size_t n) {
+DFT_NO_MEMCPY_IDIOM static inline __attribute__((always_inline)) char *put_str(char *p, const char *s, size_t n) {
     if (n >= 16) {
         for (size_t i = 0; i + 16 < n; i += 16)
             memcpy(p + i, s + i, 16);
@@ -154,26 +154,56 @@ DFT_NO_MEMCPY_IDIOM static inline char *put_str(char *p, const char *s, size_t n
     return p + n;
 }
 
-/* {"id":N,"name":..,"cat":..,"pid":P,"tid":T: the start of every line we write */
-static inline char *put_head(char *p, const char *namecat, size_t len, uint32_t tid) {
-    PUT("{\"id\":");
-    p = dft_fmt_u64(p, dft_w.next_id++);
-    PUTS(namecat, len);
+/* ,"pid":P,"tid":T into pt (64 bytes: 35 at most, and DFT_FMT_MAX room); its length */
+static uint32_t fmt_pidtid(char *pt, uint32_t tid) {
+    char *p = pt;
     PUT(",\"pid\":");
     PUTS(dft_w.pid_s, dft_w.pid_len);
     PUT(",\"tid\":");
-    return dft_fmt_u64(p, tid);
+    return (uint32_t)(dft_fmt_u64(p, tid) - pt);
+}
+
+/* {"id":N,"name":..,"cat":..,"pid":P,"tid":T: the start of every line we write
+ * (pidtid: from fmt_pidtid) */
+static inline __attribute__((always_inline)) char *put_head(char *p, const char *namecat, size_t len,
+                                                            const char *pidtid, size_t pt_len) {
+    PUT("{\"id\":");
+    p = dft_fmt_u64(p, dft_w.next_id++);
+    PUTS(namecat, len);
+    PUTS(pidtid, pt_len);
+    return p;
+}
+
+static char *put_head_tid(char *p, const char *namecat, size_t len, uint32_t tid) {
+    char pt[64];
+    return put_head(p, namecat, len, pt, fmt_pidtid(pt, tid));
 }
 
 /* A step slice's name is its number: "step N", cat step (steps.c). */
-static char *put_step_head(char *p, uint32_t n, uint32_t tid) {
+static char *put_step_head(char *p, uint32_t n, const char *pidtid, size_t pt_len) {
     static const char pre[] = ",\"name\":\"step ", post[] = "\",\"cat\":\"step\"";
     char nc[48], *q = nc;
     memcpy(q, pre, sizeof pre - 1);
     q = dft_fmt_u64(q + sizeof pre - 1, n);
     memcpy(q, post, sizeof post - 1);
     q += sizeof post - 1;
-    return put_head(p, nc, (size_t)(q - nc), tid);
+    return put_head(p, nc, (size_t)(q - nc), pidtid, pt_len);
+}
+
+/* An event's ts in µs: since the epoch its first 8 of 16 digits change every
+ * 100 s, so they are formatted once. */
+static char *put_ts(char *p, uint64_t us) {
+    uint64_t hi = us / 100000000;
+    if (hi == 0 || hi >= 100000000)
+        return dft_fmt_u64(p, us);
+    if (hi != dft_w.ts_hi) {
+        char t[8];
+        dft_w.ts_hi_len = (uint32_t)(dft_put_digits(t, dft_digits8((uint32_t)hi), 8) - t);
+        memcpy(dft_w.ts_hi_s, t, 8);
+        dft_w.ts_hi = hi;
+    }
+    memcpy(p, dft_w.ts_hi_s, 8);
+    return dft_put8(p + dft_w.ts_hi_len, dft_digits8((uint32_t)(us - hi * 100000000)));
 }
 
 /* ..,"ph":"M","args":{"hhash":..,"name":..}}; lane > 0: the name of the
@@ -184,7 +214,7 @@ static int emit_thread_name(dft_ring *r, uint32_t tid, uint32_t lane) {
         return -1;
     char *p = b->p + b->len;
     static const char nc[] = ",\"name\":\"thread_name\",\"cat\":\"dftracer\"";
-    p = put_head(p, nc, sizeof nc - 1, tid);
+    p = put_head_tid(p, nc, sizeof nc - 1, tid);
     PUT(",\"ph\":\"M\",\"args\":{\"hhash\":");
     PUTS(dft_w.hhash_json, dft_w.hhash_len);
     PUT(",\"name\":");
@@ -286,6 +316,16 @@ static int place_timed(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_
     return 0;
 }
 
+/* The step (tag: step + 1) of an event, formatted once per step. */
+static char *put_step(char *p, uint32_t tag) {
+    if (tag != dft_w.step_tag) {
+        dft_w.step_len = (uint32_t)(dft_fmt_u64(dft_w.step_s, tag - 1) - dft_w.step_s);
+        dft_w.step_tag = tag;
+    }
+    memcpy(p, dft_w.step_s, 16); /* 10 digits at most */
+    return p + dft_w.step_len;
+}
+
 static const char *const phase_txt[4] = {"", ",\"phase\":\"forward\"", ",\"phase\":\"backward\"",
                                          ",\"phase\":\"inference\""};
 static const uint8_t phase_len[4] = {0, 18, 19, 20};
@@ -316,13 +356,17 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     else if (DFT_LIKELY(!(x->flags & DFT_FLAG_TIMED)))
         place(r, s, e, &S, &E);
 
+    char pt_lane[64], *pt = r->pidtid;
+    uint32_t pt_len = r->pidtid_len;
+    if (DFT_UNLIKELY(tid != r->tid)) /* a lane of timed events */
+        pt_len = fmt_pidtid(pt = pt_lane, tid);
     char *p = b->p + b->len, *line = p;
     if (DFT_UNLIKELY(x->flags & DFT_FLAG_STEP))
-        p = put_step_head(p, x->step - 1, tid);
+        p = put_step_head(p, x->step - 1, pt, pt_len);
     else
-        p = put_head(p, namecat.p, namecat.len, tid);
+        p = put_head(p, namecat.p, namecat.len, pt, pt_len);
     PUT(",\"ts\":");
-    p = dft_fmt_u64(p, S / 1000);
+    p = put_ts(p, S / 1000);
     PUT(",\"dur\":");
     p = dft_fmt_us(p, E - S);
     if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER)) {
@@ -341,7 +385,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
         PUTS(extra, extra_len);
     if (x->step && !(x->flags & DFT_FLAG_NOSTEP)) {
         PUT(",\"step\":");
-        p = dft_fmt_u64(p, x->step - 1);
+        p = put_step(p, x->step);
     }
     if (!(x->flags & DFT_FLAG_NOCTX)) {
         PUT(",\"grad_enabled\":");
@@ -425,6 +469,7 @@ static void end_member(void) {
 static void drain_ring(dft_ring *r) {
     if (r->place_gen != dft_w.gen) {
         r->place_gen = dft_w.gen;
+        r->pidtid_len = fmt_pidtid(r->pidtid, r->tid); /* the file's pid */
         r->place_n = 0;
         free(r->lanes);
         r->lanes = NULL;
@@ -504,7 +549,7 @@ static void emit_end(uint64_t dropped) {
         return;
     char *p = b->p + b->len;
     static const char nc[] = ",\"name\":\"end\",\"cat\":\"dftracer\"";
-    p = put_head(p, nc, sizeof nc - 1, dft_w.end_tid);
+    p = put_head_tid(p, nc, sizeof nc - 1, dft_w.end_tid);
     PUT(",\"ts\":");
     p = dft_fmt_u64(p, S / 1000);
     PUT(",\"dur\":0,\"ph\":\"X\",\"args\":{\"hhash\":");
