@@ -389,9 +389,11 @@ static inline int sample_add(uint32_t gid, int64_t step, uint64_t ns) {
 
 static const char *const TOP[] = {"\"name\"", "\"cat\"", "\"ph\"", "\"args\""};
 static const char *const ARGS[] = {"\"module\"", "\"phase\"", "\"graph\"", "\"node\"", "\"step\"",
-                                   "\"kernel_type\"", "\"aten_ops\""};
+                                   "\"kernel_type\"", "\"aten_ops\"", "\"recompute\""};
 enum { T_NAME, T_CAT, T_PH, T_ARGS };
-enum { A_MODULE, A_PHASE, A_GRAPH, A_NODE, A_STEP, A_KTYPE, A_ATEN, A_N };
+enum { A_MODULE, A_PHASE, A_GRAPH, A_NODE, A_STEP, A_KTYPE, A_ATEN, A_RECOMPUTE, A_N };
+/* the phase summary reports for activation checkpointing's second run of an op (traces/summary.py) */
+static const val_t RECOMPUTE_PHASE = {"\"recompute\"", 11};
 
 /* The group of an op or graph event: its descriptor (the JSON text of its key) interned. */
 static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
@@ -401,9 +403,13 @@ static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
         put_val(d, t[T_NAME]) < 0)
         return -1;
     static const int cols[] = {A_MODULE, A_PHASE, A_GRAPH, A_KTYPE, A_ATEN};
-    for (int i = 0; i < 5; i++)
-        if (PUTL(d, ",") < 0 || put_val(d, (i < 3 || kernel) ? a[cols[i]] : (val_t){0, 0}) < 0)
+    for (int i = 0; i < 5; i++) {
+        val_t v = (i < 3 || kernel) ? a[cols[i]] : (val_t){0, 0};
+        if (cols[i] == A_PHASE && IS(a[A_RECOMPUTE], "true"))
+            v = RECOMPUTE_PHASE;
+        if (PUTL(d, ",") < 0 || put_val(d, v) < 0)
             return -1;
+    }
     if (PUTL(d, "]") < 0)
         return -1;
     uint64_t h = 14695981039346656037ull;

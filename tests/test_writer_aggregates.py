@@ -155,7 +155,7 @@ def test_files_with_checkpoints_load_in_perfetto_and_validate(tmp_path, training
     path = run_python([STEPGEN, str(tmp_path / "c"), "--steps", "14", "--layers", "2", "--sleep-ms", "300"],
                       env={"DFTRACER_ENABLE": "1"}).stdout.strip()
     records = [e for e in read_events(path) if e.get("name") == aggregates.NAME]
-    assert len(records) >= 2 and records[-1]["args"] == writer_record(path)
+    assert len(records) >= 2 and dict(records[-1]["args"], closed=True) == writer_record(path)
     assert records[-1]["ph"] == "M" and records[-1]["cat"] == "dftracer"
     events = summarize([path], top=None, source="events")
     assert_same(events, summarize([path], top=None, source="aggregates"))
