@@ -293,7 +293,8 @@ static __attribute__((noinline)) int sketch_grow(stat_t *s, int64_t k, uint64_t 
         s->nb = 16;
     }
     if (k < s->lo || k >= s->lo + (int64_t)s->nb) {
-        int64_t lo = k < s->lo ? k - 8 : s->lo, hi = k >= s->lo + (int64_t)s->nb ? k + 8 : s->lo + s->nb;
+        /* in int64: lo + nb as int32 + uint32 wraps when every bucket is below zero (sub-µs) */
+        int64_t end = (int64_t)s->lo + s->nb, lo = k < s->lo ? k - 8 : s->lo, hi = k >= end ? k + 8 : end;
         uint64_t *b = calloc((size_t)(hi - lo), sizeof *b);
         if (!b)
             return -1;
@@ -767,7 +768,8 @@ void dft_agg_write(dft_buf *b, int last) {
     int n = snprintf(head, sizeof head, "{\"id\":%llu,\"name\":\"dftrace_aggregates\",\"cat\":\"dftracer\",\"pid\":",
                      (unsigned long long)dft_w.next_id);
     if (put(b, head, (size_t)n) < 0 || put(b, dft_w.pid_s, dft_w.pid_len) < 0 ||
-        PUTL(b, ",\"tid\":0,\"ph\":\"M\",\"args\":{") < 0)
+        PUTL(b, ",\"tid\":0,\"ph\":\"M\",\"args\":{\"hhash\":") < 0 ||
+        put(b, dft_w.hhash_json, dft_w.hhash_len) < 0 || PUTL(b, ",") < 0) /* as every event's args */
         goto out;
     size_t body = b->len;
     if (A.broken || record(b) < 0 || b->len - at > RECORD_MAX) { /* a record that cannot answer */

@@ -76,23 +76,29 @@ def test_diff_reads_the_writer_aggregates(rank_files):
 
 def test_sketch_buckets_equal_sketch_key_at_bucket_edges(tmp_path):
     """Durations 1 ns around each bucket edge gamma^k µs (and 0): the writer's bucket of each
-    equals traces.sketch.key of the duration the file holds."""
+    equals traces.sketch.key of the duration the file holds. One op gets them in rising order,
+    another in falling order, a third only those under 0.5 µs, falling (buckets that grow down
+    through negative keys only)."""
     durations = [0, 1, 2] + [max(0, round(1000 * sketch.GAMMA ** k) + d) for k in range(-60, 900) for d in (-1, 0, 1)]
     p = run_py(f"""
         from dftrace_dynamo import _core
         from dftrace_dynamo.session import logger
         logger.initialize_log({str(tmp_path / "edges")!r})
         t = _core.now_ns()
-        for ns in {durations!r}:
-            _core.log("function.edge.default", "dynamo", t, t + ns, {{"node": "edge"}})
-            t += ns + 2000
+        for name, order in (("function.edge.default", 1), ("function.edge_down.default", -1),
+                            ("function.edge_sub_us.default", 0)):
+            for ns in {durations!r}[::order or -1]:
+                if not order and ns >= 500:
+                    continue
+                _core.log(name, "dynamo", t, t + ns, {{"node": "edge"}})
+                t += ns + 2000
         print(_core.path())
         logger.finalize()
         """, tmp_path, env={"DFTRACER_ENABLE": "1"})
     assert p.returncode == 0, p.stderr
     path = p.stdout.strip()
     expected = collections.Counter(sketch.key(e["dur"]) for e in read_events(path) if e.get("cat") == "dynamo")
-    assert sum(expected.values()) == len(durations) and len(expected) > 800
+    assert sum(expected.values()) == 2 * len(durations) + sum(d < 500 for d in durations) and len(expected) > 800
     record = writer_record(path)
     got = collections.Counter()
     for _, _, _, _, _, _, zero, _, buckets in record["groups"]:
