@@ -343,11 +343,23 @@ typedef struct {
     uint32_t site, phase;
 } GraphCall;
 
+/* The graph's module slices (span.c) open and close within the call: the
+ * depth of the thread's stack of open slices is put back at the end, so the
+ * slices a raising graph left open are dropped, never recorded. */
+static PyObject *gc_untraced(GraphCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (self->plain)
+        return PyObject_Vectorcall(self->plain, args, nargsf, kwnames);
+    uint32_t open_n = dft_tls.open_n;
+    PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    dft_tls.open_n = open_n;
+    return r;
+}
+
 static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
     GraphCall *self = (GraphCall *)self_;
     if (!dft_ops_recording())
-        return PyObject_Vectorcall(self->plain ? self->plain : self->fn, args, nargsf, kwnames);
+        return gc_untraced(self, args, nargsf, kwnames);
     PyObject *g = PyObject_CallNoArgs(self->grad_fn);
     if (!g)
         return NULL;
@@ -356,17 +368,18 @@ static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t na
     if (grad < 0)
         return NULL;
     if (!dft_ops_recording()) /* grad_fn ended a step into one outside the step windows */
-        return PyObject_Vectorcall(self->plain ? self->plain : self->fn, args, nargsf, kwnames);
+        return gc_untraced(self, args, nargsf, kwnames);
     uint32_t phase = self->phase;
     if (phase == DFT_PHASE_FORWARD && !grad)
         phase = DFT_PHASE_INFERENCE;
     uint32_t ctx = (grad ? DFT_FLAG_GRAD : 0) | (phase << DFT_PHASE_SHIFT);
-    uint32_t saved = dft_tls.ctx;
+    uint32_t saved = dft_tls.ctx, open_n = dft_tls.open_n;
     dft_tls.ctx = ctx;
     uint64_t t0 = dft_now();
     PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
     uint64_t t1 = dft_now();
     dft_tls.ctx = saved;
+    dft_tls.open_n = open_n;
     dft_push(self->site, t0, t1, ctx | (r ? 0 : DFT_FLAG_FAILED), cell_id(self->cell), NULL);
     return r;
 }

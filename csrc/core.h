@@ -181,6 +181,8 @@ typedef struct dft_ring {
 typedef struct {
     dft_ring *ring;
     uint32_t ctx; /* grad/phase bits of the innermost GraphCall */
+    uint32_t open_n, open_cap; /* module slices open in graphs (span.c): depth, room */
+    uint64_t *open; /* their starts, innermost last (0: opened while nothing was recorded) */
 } dft_tls_t;
 extern _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
 
@@ -375,5 +377,6 @@ int dft_check_site(unsigned long long site);
 
 /* ---- module spans (span.c) --------------------------------------------- */
 PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dft_py_boundary(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -571,6 +571,9 @@ static PyMethodDef methods[] = {
      "Counts of arg values written in another form since start: deep (nested deeper than the "
      "limit), self_reference, unprintable (str() raised)."},
     {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now: records the closed (start_ns, site) spans; 0 when nothing is recorded"},
+    {"boundary", (PyCFunction)(void (*)(void))dft_py_boundary, METH_FASTCALL,
+     "boundary(cell, opened, site, ...): closes this thread's innermost len(sites) open module "
+     "slices (recorded as these sites, innermost first) and opens `opened` new ones"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
     {"gzip_members", dft_py_gzip_members, METH_O,
      "gzip_members(parts) -> the gzip members of parts (bytes), encoded as the trace writer encodes "

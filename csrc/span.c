@@ -1,7 +1,13 @@
-/* span(): module slices, opened and closed by calls the backend inserts into
- * each graph at the boundaries of nn.Module calls (docs/design.rst, "Module
- * spans"). One call per boundary, never per op. */
+/* Module slices (docs/design.rst, "Module spans"). boundary(): opened and
+ * closed by calls the backend inserts into each graph at the boundaries of
+ * nn.Module calls, one call per boundary, never per op; the starts of the
+ * slices open in graphs stay on a per-thread stack here, so a boundary call
+ * passes constant site ids and returns nothing. span(): the same with the
+ * starts passed in and out, for the forward hooks around a module's eager
+ * code. */
 #include "core.h"
+
+#include <pthread.h>
 
 /* Start times (ns since the epoch: three 30-bit digits) and site ids go
  * through Python ints on every boundary call: on CPython 3.11 they are read
@@ -77,4 +83,87 @@ PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
             dft_push((uint32_t)site, start, now, ctx, tags, NULL);
     }
     return new_u64(now);
+}
+
+/* ---- boundary(): the per-thread stack of open slices --------------------- */
+
+/* A stack deeper than this keeps no starts above it: those slices are not
+ * recorded (only a graph that raised outside any GraphCall, again and again,
+ * gets near it). */
+#define OPEN_MAX (1u << 16)
+
+static pthread_key_t open_key;
+static pthread_once_t open_once = PTHREAD_ONCE_INIT;
+static void open_key_make(void) { pthread_key_create(&open_key, free); }
+
+/* Room for n open slices; 0 if there is none (the stack then stays smaller). */
+__attribute__((noinline)) static int open_grow(uint32_t n) {
+    if (n > OPEN_MAX)
+        return 0;
+    uint32_t cap = dft_tls.open_cap ? dft_tls.open_cap : 32;
+    while (cap < n)
+        cap *= 2;
+    uint64_t *p = realloc(dft_tls.open, cap * sizeof *p);
+    if (!p)
+        return 0;
+    pthread_once(&open_once, open_key_make);
+    pthread_setspecific(open_key, p); /* freed when the thread ends */
+    dft_tls.open = p;
+    dft_tls.open_cap = cap;
+    return 1;
+}
+
+/* boundary(cell, opened, site, ...): closes the innermost len(sites) slices
+ * open on this thread, innermost first, recording each from its start to now
+ * as its site; then opens `opened` slices starting now. The GraphCall around
+ * the graph puts the depth back when the graph ends, so a graph that raised
+ * leaves nothing open. */
+PyObject *dft_py_boundary(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    unsigned long long opened;
+    if (DFT_UNLIKELY(nargs < 2 || get_u64(args[1], &opened) < 0 || opened > OPEN_MAX)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "boundary() takes a cell, the number of slices opened "
+                                             "and the sites of those closed");
+        return NULL;
+    }
+    PyObject *cell = args[0];
+    if (DFT_UNLIKELY(cell != Py_None && !PyObject_TypeCheck(cell, &dft_TagCellType))) {
+        PyErr_SetString(PyExc_TypeError, "cell must be a TagCell or None");
+        return NULL;
+    }
+    uint32_t n = dft_tls.open_n, closed = (uint32_t)(nargs - 2);
+    uint64_t now = 0; /* the start of the slices opened: 0 when nothing is recorded */
+    if (DFT_LIKELY(dft_ops_recording())) {
+        now = dft_now();
+        uint32_t tags = cell == Py_None ? 0 : ((dft_TagCell *)cell)->id;
+        uint32_t nsites = atomic_load_explicit(&dft_sites.count, memory_order_relaxed);
+        uint32_t ctx = dft_tls.ctx;
+        for (uint32_t j = 0; j < closed; j++) {
+            unsigned long long site;
+            if (get_u64(args[2 + j], &site) < 0)
+                return NULL;
+            if (DFT_UNLIKELY(site == 0 || site >= nsites)) {
+                PyErr_Format(PyExc_ValueError, "unknown site id %llu", site);
+                return NULL;
+            }
+            uint32_t i = n - 1 - j; /* wraps when more are closed than open: start 0 */
+            uint64_t start = i < n && i < dft_tls.open_cap ? dft_tls.open[i] : 0;
+            if (start) /* 0: opened while nothing was recorded */
+                dft_push((uint32_t)site, start, now, ctx, tags, NULL);
+        }
+    }
+    n = closed < n ? n - closed : 0;
+    if (opened) {
+        uint32_t top = n + (uint32_t)opened;
+        if (DFT_UNLIKELY(top > dft_tls.open_cap) && !open_grow(top)) {
+            for (uint32_t i = n; i < dft_tls.open_cap; i++)
+                dft_tls.open[i] = 0;
+        } else {
+            for (uint32_t i = n; i < top; i++)
+                dft_tls.open[i] = now;
+        }
+        n = top;
+    }
+    dft_tls.open_n = n;
+    Py_RETURN_NONE;
 }

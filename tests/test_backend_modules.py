@@ -115,6 +115,68 @@ def test_span_records_closed_slices_with_graph_context_and_tags(tmp_path):
         assert "phase" not in e["args"]  # called outside any graph
 
 
+def test_boundary_keeps_open_slices_on_a_stack_per_thread(tmp_path):
+    import threading
+
+    cell = _core.TagCell()
+    a, b, c, t = (_core.intern_site(name, "module", {"module_type": "M", "graph": 8}) for name in "abct")
+    _core.boundary(cell, 1)  # opened while nothing is recorded: never recorded
+    rec = Recorder(tmp_path)
+    try:
+        _core.boundary(cell, 0, t)
+        _core.boundary(cell, 2)  # a, then b inside it
+        _core.boundary(cell, 1, b)  # b closed, c opened
+        worker = threading.Thread(target=lambda: (_core.boundary(cell, 1), _core.boundary(cell, 0, t),
+                                                  _core.boundary(cell, 0, t)))
+        worker.start()
+        worker.join()  # its own stack: one slice t, then nothing open
+        assert _core.boundary(cell, 0, c, a) is None
+        _core.boundary(cell, 0, t)  # nothing open
+        with pytest.raises(TypeError):
+            _core.boundary(cell)
+        with pytest.raises(TypeError):
+            _core.boundary(object(), 0)
+        with pytest.raises(ValueError, match="unknown site"):
+            _core.boundary(None, 1, 10 ** 9)
+    finally:
+        path = rec.path()
+    events = [e for e in read_events(path) if e.get("cat") == "module"]
+    assert [e["name"] for e in events] == ["t", "b", "c", "a"]  # completion order
+    (worker_t, b_, c_, a_) = events
+    assert worker_t["tid"] != a_["tid"] == b_["tid"] == c_["tid"]
+    assert a_["ts"] == b_["ts"] and b_["ts"] + b_["dur"] <= c_["ts"]
+    assert a_["ts"] + a_["dur"] == c_["ts"] + c_["dur"]
+
+
+def test_a_raising_graph_leaves_no_slice_open(tmp_path):
+    cell = _core.TagCell()
+    site = _core.intern_site("left.open", "module", {"module_type": "M", "graph": 9})
+    gsite = _core.intern_site("graph 9 forward", "dynamo_graph", {"graph": 9})
+
+    def graph():
+        _core.boundary(cell, 2)
+        raise IndexError("op failed")
+
+    call = _core.GraphCall(graph, gsite, cell, _core.PHASE_FORWARD, lambda: True)
+    rec = Recorder(tmp_path)
+    try:
+        _core.boundary(cell, 1)  # a slice open around the graph calls
+        with pytest.raises(IndexError):
+            call()
+        _core.set_ops_on(False)
+        with pytest.raises(IndexError):
+            call()  # not recording: the graph runs as is
+        _core.set_ops_on(True)
+        _core.boundary(cell, 0, site)  # closes that slice, not one the graphs left open
+    finally:
+        _core.set_ops_on(True)
+        path = rec.path()
+    events = read_events(path)
+    (outer,) = [e for e in events if e.get("cat") == "module"]
+    (graph_event,) = [e for e in events if e.get("name") == "graph 9 forward"]
+    assert outer["ts"] <= graph_event["ts"] and graph_event["ts"] + graph_event["dur"] <= outer["ts"] + outer["dur"]
+
+
 def test_convnet_training_has_module_slices_in_forward_and_backward(rec):
     torch.manual_seed(0)
     model = ConvNet()

@@ -138,15 +138,14 @@ def add_spans(call_def: ast.FunctionDef, stacks: list, graph_id: int, hooked: bo
     (False for a backward graph)."""
     inserts: dict = {}  # (block, statement, after it?) by identity -> the boundary calls there
     slices = 0
-    for n, seq in enumerate(_sequences(call_def.body)):
+    for seq in _sequences(call_def.body):
         at = [(block, stmt, _common_stack([stacks[i] for i in ids]))
               for block, stmt in seq if (ids := _site_ids(stmt))]
-        for k, (i, closes) in enumerate(modules.span_plan([stack for *_, stack in at], graph_id, hooked)):
-            args = ", ".join(f"_dft_t{n}_{j}, {site}" for j, site in closes)
-            call = ast.parse(f"_dft_t{n}_{k} = _dft_span({args})").body[0]
+        for i, opened, closed in modules.span_plan([stack for *_, stack in at], graph_id, hooked):
+            call = ast.parse(f"_dft_span({', '.join(map(str, (opened, *closed)))})").body[0]
             block, stmt, _ = at[min(i, len(at) - 1)]
             inserts.setdefault((id(block), id(stmt), i == len(at)), (block, stmt, []))[2].append(call)
-            slices += len(closes)
+            slices += len(closed)
     for (_, _, after), (block, stmt, calls) in inserts.items():
         pos = next(p for p, s in enumerate(block) if s is stmt) + after
         block[pos:pos] = calls

@@ -9,9 +9,12 @@ and nest exactly in trace viewers; a call whose ops are interleaved with
 another's (AOTAutograd's partitioning and the backward order do this) gets one
 slice per run of its ops, and an op without a module sits in no slice.
 
-At each boundary the graph gets one ``_core.span`` call: it records the calls
-closed there (from their start to now) and returns now, the start of the calls
-opened there. Ops run exactly as before; a slice costs one call per module call.
+At each boundary the graph gets one ``_core.boundary`` call with constant
+arguments: it records the calls closed there, innermost first, from their
+start to now, and opens the calls that begin there. The starts wait on a
+per-thread stack in C; the graph call puts its depth back when the graph
+returns or raises, so a graph that raised leaves no slice open. Ops run
+exactly as before; a slice costs one call per module call.
 At ``level="inductor"`` the same plan frames the kernel calls of Inductor's
 generated code (:func:`.inductor.add_spans`).
 
@@ -56,16 +59,17 @@ def boundaries(stacks: Sequence[Sequence[Frame]]) -> list[tuple[int, list[Frame]
 
 def is_span(node: torch.fx.Node) -> bool:
     """Whether ``node`` is a boundary call added by :func:`add_spans` (not one of the user's ops)."""
-    return getattr(node.target, "func", None) is _core.span
+    return getattr(node.target, "func", None) is _core.boundary
 
 
 def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int,
-              hooked: bool = True) -> list[tuple[int, list[tuple[int, int]]]]:
-    """The boundary calls for ops with these module stacks: ``(i, closes)`` per boundary,
-    in order, where ``i`` is as in :func:`boundaries` and ``closes`` lists, for each call
-    closed there, ``(k, site id)``: ``k`` is the boundary whose return value is its start.
-    ``hooked``: the frame's own module (``sites.SELF_KEY``) has its slice from forward hooks
-    (not in backward graphs, where no hook runs)."""
+              hooked: bool = True) -> list[tuple[int, int, list[int]]]:
+    """The boundary calls for ops with these module stacks: ``(i, opened, sites)`` per
+    boundary, in order, where ``i`` is as in :func:`boundaries`, ``opened`` the number of
+    calls opened there and ``sites`` the site ids of the calls closed there, innermost
+    first: the arguments of ``_core.boundary`` after the cell. ``hooked``: the frame's own
+    module (``sites.SELF_KEY``) has its slice from forward hooks (not in backward graphs,
+    where no hook runs)."""
     site_ids: dict[tuple[str, str], int] = {}
 
     def site(frame: Frame) -> int:
@@ -75,19 +79,15 @@ def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int,
                                                       {ARG_MODULE_TYPE: mtype, ARG_GRAPH: graph_id})
         return site_ids[path, mtype]
 
-    plan = []
-    opened_at: dict[str, int] = {}  # open call key -> the boundary that returned its start
     if hooked:
         stacks = [[frame for frame in stack if frame[0] != sites.SELF_KEY] for stack in stacks]
-    for k, (i, closed, opened) in enumerate(boundaries(stacks)):
-        plan.append((i, [(opened_at.pop(frame[0]), site(frame)) for frame in closed]))
-        opened_at.update((frame[0], k) for frame in opened)
-    return plan
+    return [(i, len(opened), [site(frame) for frame in closed]) for i, closed, opened in boundaries(stacks)]
 
 
 def span_function(cell) -> functools.partial:
-    """``_core.span`` bound to the graph's tag cell: the boundary call."""
-    span = functools.partial(_core.span, cell)
+    """``_core.boundary`` bound to the graph's tag cell: the boundary call. (A partial of a
+    module-level function: FX and Lightning deep-copy graph targets.)"""
+    span = functools.partial(_core.boundary, cell)
     # FX binds the call as a global of the generated code under this name
     span.__name__, span.__module__ = "dft_module_span", _core.__name__
     return span
@@ -100,11 +100,10 @@ def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Seq
     plan = span_plan(stacks, graph_id, hooked)
     span = span_function(cell)
     anchors = [*nodes, next(n for n in reversed(graph.nodes) if n.op == "output")]
-    calls: list[torch.fx.Node] = []
-    for i, closes in plan:
+    for i, opened, closed in plan:
         with graph.inserting_before(anchors[i]):
-            calls.append(graph.call_function(span, tuple(a for k, site in closes for a in (calls[k], site))))
-    return sum(len(closes) for _, closes in plan)
+            graph.call_function(span, (opened, *closed))
+    return sum(len(closed) for _, _, closed in plan)
 
 
 GROUP = "module slices"
