@@ -166,17 +166,22 @@ def check_backward_and_phases(path, events, marked):
                                            for e in ops(events))
 
 
+def traced_run(model_class, level, use_reentrant, recorder, parts=()):
+    """The blocks eager checkpointing re-runs, and a traced training run of ``model_class``: its
+    input, that list, the trace's path, its events and its op events."""
+    torch.manual_seed(0)
+    model, x = model_class(use_reentrant), torch.randn(4, 8)
+    rerun = eager_reruns(model, x)
+    path = train_traced(model, level, x, recorder, parts)
+    events = read_events(path)
+    return x, rerun, path, events, ops(events)
+
+
 @pytest.mark.parametrize("use_reentrant", [False, True])
 @pytest.mark.parametrize("level", ["torch", "aten"])
 def test_checkpointed_blocks_are_marked_recompute(level, use_reentrant, recorder):
-    torch.manual_seed(0)
-    model, x = Model(use_reentrant), torch.randn(4, 8)
-    rerun = eager_reruns(model, x)
+    x, rerun, path, events, op_events = traced_run(Model, level, use_reentrant, recorder)
     assert sorted(rerun) == list(Model.CHECKPOINTED)
-    path = train_traced(model, level, x, recorder)
-
-    events = read_events(path)
-    op_events = ops(events)
     marked = [e for e in op_events if e["args"].get("recompute")]
     assert all(e["args"]["recompute"] is True for e in marked)
     # ops outside the checkpointed blocks (the third block runs the very same ops) are never marked
@@ -206,14 +211,8 @@ def test_checkpointed_blocks_are_marked_recompute(level, use_reentrant, recorder
 @pytest.mark.parametrize("use_reentrant", [False, True])
 @pytest.mark.parametrize("level", ["torch", "aten"])
 def test_checkpoint_around_compiled_blocks_marks_their_second_run(level, use_reentrant, recorder):
-    torch.manual_seed(0)
-    model, x = Around(use_reentrant), torch.randn(4, 8)
-    rerun = eager_reruns(model, x)
+    _, rerun, path, events, op_events = traced_run(Around, level, use_reentrant, recorder, Around.COMPILED)
     assert rerun == list(Around.CHECKPOINTED)
-    path = train_traced(model, level, x, recorder, Around.COMPILED)
-
-    events = read_events(path)
-    op_events = ops(events)
     graphs = [e for e in events if e.get("ph") == "X" and e.get("cat") == "dynamo_graph"]
     again = [g for g in graphs if g["name"].endswith(" recompute")]
     # each backward runs the checkpointed block's graph once more, as a backward-time graph call
