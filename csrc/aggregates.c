@@ -20,6 +20,7 @@
 #define COPY_MAX (6u << 20) /* bytes of copied events; past it the record cannot answer */
 #define SAMPLES_MAX 100000u /* per-step group sums kept (diff's samples) */
 #define PENDING_MAX 64u     /* unsettled steps (a trace without step slices) */
+#define STEPS_MAX 100000u   /* steps kept (their op time is in the record); past it the record cannot answer */
 #define RECORD_MAX (15u << 20) /* below the readers' longest line (traces/reader.py MAX_LINE) */
 #define NONE INT64_MIN      /* no step, or the steady totals */
 #define LN_GAMMA 0x1.47b0e059d057dp-6 /* sketch.LN_GAMMA, to the last bit */
@@ -228,7 +229,7 @@ static __attribute__((noinline)) step_t *step_find(int64_t n) {
     A.st_last = lo;
     if (lo < A.nst && A.st[lo].step == n)
         return &A.st[lo];
-    if (grow((void **)&A.st, &A.capst, A.nst, sizeof *A.st) < 0)
+    if (A.nst >= STEPS_MAX || grow((void **)&A.st, &A.capst, A.nst, sizeof *A.st) < 0)
         return NULL;
     memmove(&A.st[lo + 1], &A.st[lo], (A.nst - lo) * sizeof *A.st);
     memset(&A.st[lo], 0, sizeof *A.st);
@@ -597,7 +598,7 @@ slow:;
         rc = apply(&k, line, len, k.step, ns);
 out:
     if (rc < 0)
-        A.broken = 1; /* out of memory: the record says it cannot answer */
+        A.broken = 1; /* out of memory or past a bound: the record says it cannot answer */
 }
 
 static void free_all(void) {

@@ -179,6 +179,29 @@ def test_a_file_the_writer_could_not_aggregate_is_scanned(rank_files, tmp_path):
     assert result["views"] == summarize(rank_files[:1], top=None, source="events")["views"]
 
 
+@pytest.mark.parametrize("steps, complete", [(100_000, True), (100_001, False)])
+def test_the_writer_keeps_at_most_100000_steps(tmp_path, steps, complete):
+    """Per-step op time grows with the steps: past 100,000 the writer stops keeping it (its memory
+    stays bounded) and the record says it cannot answer."""
+    p = run_py(f"""
+        from dftrace_dynamo import _core
+        from dftrace_dynamo.backend import Tags
+        from dftrace_dynamo.session import logger
+        logger.initialize_log({str(tmp_path / "many")!r})
+        tags = Tags()
+        op = _core.Interceptor(abs, _core.intern_site("function.abs.default", "dynamo", {{"node": "abs"}}), tags.cell)
+        for i in range({steps}):
+            tags.update(step=i)
+            op(i)
+        print(_core.path())
+        logger.finalize()
+        """, tmp_path, env={"DFTRACER_ENABLE": "1"})
+    assert p.returncode == 0, p.stderr
+    record = aggregates.read(p.stdout.strip())
+    assert record["version"] == aggregates.WRITER_VERSION and record["complete"] is complete
+    assert summarize([p.stdout.strip()], top=None)["op_events"] == steps
+
+
 def test_merged_files_answer_from_their_events(rank_files, tmp_path):
     """A merged file holds every rank's events: no rank's record may answer for it."""
     from dftrace_dynamo.traces.merge import merge
