@@ -295,7 +295,9 @@ static __attribute__((noinline)) int sketch_grow(stat_t *s, int64_t k, uint64_t 
     }
     if (k < s->lo || k >= s->lo + (int64_t)s->nb) {
         /* in int64: lo + nb as int32 + uint32 wraps when every bucket is below zero (sub-µs) */
-        int64_t end = (int64_t)s->lo + s->nb, lo = k < s->lo ? k - 8 : s->lo, hi = k >= end ? k + 8 : end;
+        /* a margin of half the range: a group's buckets are reallocated O(log range) times */
+        int64_t end = (int64_t)s->lo + s->nb, more = s->nb / 2 > 8 ? s->nb / 2 : 8;
+        int64_t lo = k < s->lo ? k - more : s->lo, hi = k >= end ? k + more : end;
         uint64_t *b = calloc((size_t)(hi - lo), sizeof *b);
         if (!b)
             return -1;
