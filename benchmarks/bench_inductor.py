@@ -4,7 +4,9 @@ Each case compiles the model twice in this process (``backend="dftrace",
 options={"level": "inductor"}`` and ``backend="inductor"``), then times blocks of
 calls alternating between the two; the overhead is the median of the paired
 per-call differences over the median plain time. Cases: BERT-base and GPT-2 small
-inference (transformers configs, random weights), a small training step (MLP,
+inference (transformers configs, random weights), a small residual model (``resnet``:
+6 blocks of LayerNorm, Linear(128, 256), GELU, Linear(256, 128), batch 32, inference:
+about 25 kernel calls per forward, 30 rounds of 10 calls), a small training step (MLP,
 forward + backward + SGD), and a kernel-bound chain of tiny matmuls (per-kernel
 cost = paired difference / kernel calls per call). Compile time: first call of
 each backend with Inductor's caches off, alternating, median ratio.
@@ -26,21 +28,25 @@ import torch.nn as nn
 import dftrace_dynamo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import Tool, clock_call_ns, transformer  # noqa: E402
+from bench_overhead import clock_call_ns, time_block, transformer  # noqa: E402
+
+
+CLOCKS = {"process": time.process_time_ns, "thread": time.thread_time_ns}
+clock_ns = CLOCKS["process"]  # --timer
 
 
 def paired(traced, plain, call_args, blocks, per_block):
     """Median per-call (traced - plain) and median plain, in ns of process CPU time (the
-    trace writer thread included; other jobs on a shared machine delay us but do not add)."""
+    trace writer thread included; other jobs on a shared machine delay us but do not add),
+    or with ``--timer thread`` of the calling thread alone (the writer's work left out)."""
     diffs, base = [], []
-    timer = Tool("timer", None)
     for f in (traced, plain):  # warm up
         for _ in range(3):
             f(*call_args)
     for b in range(blocks):
         t = {}
         for name, f in (("t", traced), ("p", plain)) if b % 2 == 0 else (("p", plain), ("t", traced)):
-            t[name] = timer.block(lambda: f(*call_args), per_block) / per_block
+            t[name] = time_block(lambda: f(*call_args), per_block, clock_ns) / per_block
         diffs.append(t["t"] - t["p"])
         base.append(t["p"])
     return statistics.median(diffs), statistics.median(base)
@@ -63,6 +69,15 @@ class Chain(nn.Module):
         for w in self.w:
             x = x @ w
         return x
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.up, self.act, self.down = nn.LayerNorm(128), nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)
+
+    def forward(self, x):
+        return x + self.down(self.act(self.up(self.norm(x))))
 
 
 def step_fn(compiled, params):
@@ -100,8 +115,11 @@ def main():
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--blocks", type=int, default=20)
     p.add_argument("--chain", type=int, default=200)
-    p.add_argument("--cases", default="bert,gpt2,train,kernel,compile")
+    p.add_argument("--cases", default="bert,gpt2,resnet,train,kernel,compile")
+    p.add_argument("--timer", choices=sorted(CLOCKS), default="process")
     args = p.parse_args()
+    global clock_ns
+    clock_ns = CLOCKS[args.timer]
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dftrace_dynamo.initialize_log(os.environ.get("DFTRACER_LOG_FILE", "/tmp/bench_inductor/trace"))
@@ -109,7 +127,7 @@ def main():
     # how loaded the machine is: one perf_counter_ns() call costs about 50 ns on this machine idle
     clock = clock_call_ns(100_000)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}, "
-          f"perf_counter_ns() {clock:.0f} ns")
+          f"{args.timer} CPU time, perf_counter_ns() {clock:.0f} ns")
     with torch.no_grad():
         for kind in ("bert", "gpt2"):
             if kind in cases:
@@ -118,6 +136,11 @@ def main():
                 d, base = paired(traced, plain, (ids,), args.blocks, 3)
                 print(f"{kind} inference: plain {base / 1e6:.2f} ms/call, overhead {d / 1e3:+.1f} us "
                       f"({100 * d / base:+.2f}%)")
+        if "resnet" in cases:
+            traced, plain = compile_pair(nn.Sequential(*(Residual() for _ in range(6))))
+            d, base = paired(traced, plain, (torch.randn(32, 128),), 30, 10)
+            print(f"residual model (6 blocks, batch 32): plain {base / 1e3:.1f} us/call, overhead "
+                  f"{d / 1e3:+.2f} us ({100 * d / base:+.2f}%)")
         if "kernel" in cases:
             chain = Chain(args.chain)
             traced, plain = compile_pair(chain)
