@@ -1,5 +1,6 @@
 """Shared pieces of the backend tests: small models, a trace recorder, event filters."""
 
+import contextlib
 import glob
 import os
 import textwrap
@@ -52,6 +53,18 @@ class Recorder:
 
     def events(self):
         return read_events(self.path())
+
+
+@contextlib.contextmanager
+def recording(directory):
+    """A Recorder under ``directory`` with Dynamo's caches fresh before and after."""
+    torch._dynamo.reset()
+    recorder = Recorder(directory)
+    try:
+        yield recorder
+    finally:
+        recorder._logger.finalize()
+        torch._dynamo.reset()
 
 
 def ops(events, cat="dynamo"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.utils.checkpoint
 
-from backend_support import CNN, MLP, Recorder, ops
+from backend_support import CNN, MLP, ops, recording
 from dftrace_dynamo import create_backend
 
 REFERENCE = {"torch": "eager", "aten": "aot_eager"}
@@ -15,11 +15,8 @@ REFERENCE = {"torch": "eager", "aten": "aot_eager"}
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo(tmp_path):
-    torch._dynamo.reset()
-    recorder = Recorder(tmp_path)  # record for real: the hot path must not change results
-    yield recorder
-    recorder._logger.finalize()
-    torch._dynamo.reset()
+    with recording(tmp_path) as recorder:  # record for real: the hot path must not change results
+        yield recorder
 
 
 def run_step(model, backend, inputs, train=True):

@@ -10,7 +10,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from backend_support import Recorder, ops
+from backend_support import ops, recording
 from dftrace_dynamo import create_backend
 from dftrace_dynamo.traces.summary import summarize
 from tracefile import read_events
@@ -132,11 +132,8 @@ def within(path, roots):
 
 @pytest.fixture
 def recorder(tmp_path):
-    torch._dynamo.reset()
-    recorder = Recorder(tmp_path)
-    yield recorder
-    recorder._logger.finalize()
-    torch._dynamo.reset()
+    with recording(tmp_path) as rec:
+        yield rec
 
 
 def spans(events, cat, suffix=""):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import perfetto_tp
-from backend_support import MLP, Recorder, graphs, ops, run_python
+from backend_support import MLP, graphs, ops, recording, run_python
 from scripts.clitools import assert_bad_input, cli
 from dftrace_dynamo.session import config
 from dftrace_dynamo import create_backend, set_steps, step, step_context
@@ -121,12 +121,9 @@ def test_run_steps_option(tmp_path):
 
 @pytest.fixture
 def rec(tmp_path):
-    torch._dynamo.reset()
-    recorder = Recorder(tmp_path)
-    yield recorder
-    recorder._logger.finalize()
-    set_steps(None)
-    torch._dynamo.reset()
+    with recording(tmp_path) as recorder:
+        yield recorder
+        set_steps(None)
 
 
 def test_inference_loop_with_explicit_steps(rec):
