@@ -4,6 +4,7 @@ trace processor loads them with zero error stats), and switched off by DFTRACER_
 
 import copy
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -175,6 +176,106 @@ def test_a_raising_graph_leaves_no_slice_open(tmp_path):
     (outer,) = [e for e in events if e.get("cat") == "module"]
     (graph_event,) = [e for e in events if e.get("name") == "graph 9 forward"]
     assert outer["ts"] <= graph_event["ts"] and graph_event["ts"] + graph_event["dur"] <= outer["ts"] + outer["dur"]
+
+
+def test_an_op_raising_after_a_folded_boundary_leaves_no_slice_open(tmp_path):
+    cell = _core.TagCell()
+    outer, inner = (_core.intern_site(name, "module", {"module_type": "M", "graph": 10}) for name in ("outer", "inner"))
+    op = _core.intern_site("op", "dynamo", {"node": "n"})
+    gsite = _core.intern_site("graph 10 forward", "dynamo_graph", {"graph": 10})
+
+    def fail():
+        raise IndexError("op failed")
+
+    first = _core.Interceptor(abs, op, cell, boundary=(2, ()))  # opens two slices, then runs abs
+    failing = _core.Interceptor(fail, op, cell, boundary=(1, (inner,)))  # closes one, opens one, raises
+    call = _core.GraphCall(lambda: (first(-1), failing()), gsite, cell, _core.PHASE_FORWARD, lambda: True)
+    rec = Recorder(tmp_path)
+    try:
+        _core.boundary(cell, 1)  # a slice open around the graph calls
+        with pytest.raises(IndexError):
+            call()
+        _core.set_ops_on(False)
+        with pytest.raises(IndexError):
+            call()  # not recording: the interceptors keep the stack as boundary() does
+        _core.set_ops_on(True)
+        _core.boundary(cell, 0, outer)  # closes that slice, not one the graphs left open
+    finally:
+        _core.set_ops_on(True)
+        path = rec.path()
+    events = read_events(path)
+    assert [e["name"] for e in events if e.get("cat") in ("module", "dynamo")] == ["op", "inner", "op", "outer"]
+    (first_op, inner_slice, failed_op, outer_slice) = [e for e in events if e.get("cat") in ("module", "dynamo")]
+    assert "failed" not in first_op["args"] and failed_op["args"]["failed"] == 1
+    assert inner_slice["ts"] <= first_op["ts"] and first_op["ts"] + first_op["dur"] <= inner_slice["ts"] + inner_slice["dur"]
+    assert inner_slice["ts"] + inner_slice["dur"] <= failed_op["ts"]
+    (graph_event,) = [e for e in events if e.get("name") == "graph 10 forward"]
+    assert outer_slice["ts"] <= graph_event["ts"]
+    assert graph_event["ts"] + graph_event["dur"] <= outer_slice["ts"] + outer_slice["dur"]
+
+
+def test_a_folded_boundary_keeps_the_stack_while_nothing_is_recorded(tmp_path):
+    cell = _core.TagCell()
+    outer, inner = (_core.intern_site(name, "module", {"module_type": "M", "graph": 11}) for name in ("outer", "inner"))
+    op = _core.intern_site("op", "dynamo", {"node": "n"})
+    opens = _core.Interceptor(abs, op, cell, boundary=(2, ()))
+    closes = _core.Interceptor(abs, op, cell, boundary=(0, (inner, inner)))
+    rec = Recorder(tmp_path)
+    try:
+        _core.boundary(cell, 1)  # outer
+        _core.set_ops_on(False)
+        opens(-1)  # two slices opened while nothing is recorded
+        _core.set_ops_on(True)
+        closes(-1)  # closes those two: never recorded
+        _core.boundary(cell, 0, outer)
+    finally:
+        _core.set_ops_on(True)
+        path = rec.path()
+    assert [e["name"] for e in read_events(path) if e.get("cat") in ("module", "dynamo")] == ["op", "outer"]
+
+
+class Nested(nn.Module):
+    """Modules inside modules, one called twice, and ops of the root module between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8), nn.GELU()))
+        self.twice = Twice()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        x = torch.relu(self.enc(x))
+        return self.head(self.twice(x) * 2)
+
+
+@pytest.mark.parametrize("level", ["aten", "torch"])
+def test_folded_boundaries_record_the_slices_of_boundary_calls(tmp_path, monkeypatch, level):
+    """Boundaries folded into the interceptors of the ops after them give the same slices, nested
+    the same way around the same ops, as the same plan made of boundary calls only."""
+    add_spans = modules.add_spans
+
+    def traced(fold):
+        torch._dynamo.reset()
+        monkeypatch.setattr(modules, "add_spans", functools.partial(add_spans, fold=fold))
+        graphs = []
+        rec = Recorder(tmp_path / f"fold{fold}")
+        torch.manual_seed(0)
+        backend = create_backend(level=level, on_graph=lambda gm, example_inputs, info: graphs.append(gm))
+        torch.compile(Nested(), backend=backend)(torch.randn(2, 8)).sum().backward()
+        rows = chains(rec.path())
+        nodes = [n for gm in graphs for n in gm.graph.nodes]
+        folded = sum(modules.boundary_of(n) is not None and not modules.is_span(n) for n in nodes)
+        return [{k: v for k, v in r.items() if k != "graph"} for r in rows], folded  # graph ids differ
+
+    (rows, folded), (plain_rows, plain_folded) = traced(True), traced(False)
+    assert folded > 0 and plain_folded == 0
+    assert_nested_by_module(rows)
+    assert rows == plain_rows
+    forward = [r["name"] for r in rows if r["cat"] == "module" and r["phase"] == "forward"]
+    expected = ["enc", "enc.0", "enc.1", "enc.1.0", "enc.1.1", "twice", "twice.block", "twice.block.0",
+                "twice.block.1", "twice.block", "twice.block.0", "twice.block.1", "head"]
+    assert forward[:len(expected)] == expected  # then, at ATen level, ops AOTAutograd moved after head
+    assert set(forward[len(expected):]) <= set(expected) and (level == "aten" or len(forward) == len(expected))
 
 
 def test_convnet_training_has_module_slices_in_forward_and_backward(rec):
