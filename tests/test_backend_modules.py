@@ -252,9 +252,9 @@ class Nested(nn.Module):
 def test_folded_boundaries_record_the_slices_of_boundary_calls(tmp_path, monkeypatch, level):
     """Boundaries folded into the interceptors of the ops (kernel calls) after them give the same
     slices, nested the same way around the same ops, as the same plan made of boundary calls only."""
+    import torch._inductor.config as inductor_config
+
     add_spans, add_kernel_spans = modules.add_spans, inductor.add_spans
-    # both runs compile afresh: a graph loaded from the FX graph cache may name other modules
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
 
     def traced(fold):
         torch._dynamo.reset()
@@ -270,7 +270,9 @@ def test_folded_boundaries_record_the_slices_of_boundary_calls(tmp_path, monkeyp
         rec = Recorder(tmp_path / f"fold{fold}")
         torch.manual_seed(0)
         backend = create_backend(level=level, on_graph=lambda gm, example_inputs, info: graphs.append(gm))
-        torch.compile(Nested(), backend=backend)(torch.randn(2, 8)).sum().backward()
+        # both runs compile afresh: a graph loaded from the FX graph cache may name other modules
+        with inductor_config.patch(fx_graph_cache=False):
+            torch.compile(Nested(), backend=backend)(torch.randn(2, 8)).sum().backward()
         rows = chains(rec.path())
         nodes = [n for gm in graphs for n in gm.graph.nodes]
         folded = sum(modules.boundary_of(n) is not None and not modules.is_span(n) for n in nodes) + len(kernel_folds)
