@@ -18,8 +18,8 @@ interceptor moves the stack with the same clock read that starts the op, so a
 module call costs no call of its own. A boundary before anything else (the
 graph's output, a checkpointed region) is a ``_core.boundary`` call with
 constant arguments. At ``level="inductor"`` the same plan frames the kernel
-calls of Inductor's generated code with boundary calls
-(:func:`.inductor.add_spans`).
+calls of Inductor's generated code, folded into the kernels' interceptors the
+same way (:func:`.inductor.add_spans`).
 
 A module whose own code Dynamo compiles as a frame (called from eager code, or a
 ``forward`` resumed after a graph break) runs partly outside any graph: the code
