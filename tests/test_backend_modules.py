@@ -149,16 +149,14 @@ def test_boundary_keeps_open_slices_on_a_stack_per_thread(tmp_path):
     assert a_["ts"] + a_["dur"] == c_["ts"] + c_["dur"]
 
 
-def test_a_raising_graph_leaves_no_slice_open(tmp_path):
+def raising_graph_events(tmp_path, graph, graph_id):
+    """The events of ``graph`` (which raises) run by a GraphCall twice, recording and then not,
+    inside a slice ``outer`` opened before and closed after; checks that the graphs left no
+    slice open (``outer`` closed the one opened before them, around the recorded graph)."""
     cell = _core.TagCell()
-    site = _core.intern_site("left.open", "module", {"module_type": "M", "graph": 9})
-    gsite = _core.intern_site("graph 9 forward", "dynamo_graph", {"graph": 9})
-
-    def graph():
-        _core.boundary(cell, 2)
-        raise IndexError("op failed")
-
-    call = _core.GraphCall(graph, gsite, cell, _core.PHASE_FORWARD, lambda: True)
+    site = _core.intern_site("outer", "module", {"module_type": "M", "graph": graph_id})
+    gsite = _core.intern_site(f"graph {graph_id} forward", "dynamo_graph", {"graph": graph_id})
+    call = _core.GraphCall(lambda: graph(cell), gsite, cell, _core.PHASE_FORWARD, lambda: True)
     rec = Recorder(tmp_path)
     try:
         _core.boundary(cell, 1)  # a slice open around the graph calls
@@ -172,46 +170,38 @@ def test_a_raising_graph_leaves_no_slice_open(tmp_path):
     finally:
         _core.set_ops_on(True)
         path = rec.path()
-    events = read_events(path)
-    (outer,) = [e for e in events if e.get("cat") == "module"]
-    (graph_event,) = [e for e in events if e.get("name") == "graph 9 forward"]
+    events = [e for e in read_events(path) if e.get("cat") in ("module", "dynamo", "dynamo_graph")]
+    (outer,) = [e for e in events if e["name"] == "outer"]
+    (graph_event,) = [e for e in events if e["name"] == f"graph {graph_id} forward"]
     assert outer["ts"] <= graph_event["ts"] and graph_event["ts"] + graph_event["dur"] <= outer["ts"] + outer["dur"]
+    return [e for e in events if e is not graph_event]
+
+
+def test_a_raising_graph_leaves_no_slice_open(tmp_path):
+    def graph(cell):
+        _core.boundary(cell, 2)
+        raise IndexError("op failed")
+
+    assert [e["name"] for e in raising_graph_events(tmp_path, graph, 9)] == ["outer"]
 
 
 def test_an_op_raising_after_a_folded_boundary_leaves_no_slice_open(tmp_path):
-    cell = _core.TagCell()
-    outer, inner = (_core.intern_site(name, "module", {"module_type": "M", "graph": 10}) for name in ("outer", "inner"))
+    inner = _core.intern_site("inner", "module", {"module_type": "M", "graph": 10})
     op = _core.intern_site("op", "dynamo", {"node": "n"})
-    gsite = _core.intern_site("graph 10 forward", "dynamo_graph", {"graph": 10})
 
     def fail():
         raise IndexError("op failed")
 
-    first = _core.Interceptor(abs, op, cell, boundary=(2, ()))  # opens two slices, then runs abs
-    failing = _core.Interceptor(fail, op, cell, boundary=(1, (inner,)))  # closes one, opens one, raises
-    call = _core.GraphCall(lambda: (first(-1), failing()), gsite, cell, _core.PHASE_FORWARD, lambda: True)
-    rec = Recorder(tmp_path)
-    try:
-        _core.boundary(cell, 1)  # a slice open around the graph calls
-        with pytest.raises(IndexError):
-            call()
-        _core.set_ops_on(False)
-        with pytest.raises(IndexError):
-            call()  # not recording: the interceptors keep the stack as boundary() does
-        _core.set_ops_on(True)
-        _core.boundary(cell, 0, outer)  # closes that slice, not one the graphs left open
-    finally:
-        _core.set_ops_on(True)
-        path = rec.path()
-    events = read_events(path)
-    assert [e["name"] for e in events if e.get("cat") in ("module", "dynamo")] == ["op", "inner", "op", "outer"]
-    (first_op, inner_slice, failed_op, outer_slice) = [e for e in events if e.get("cat") in ("module", "dynamo")]
+    def graph(cell):
+        _core.Interceptor(abs, op, cell, boundary=(2, ()))(-1)  # opens two slices, then runs abs
+        _core.Interceptor(fail, op, cell, boundary=(1, (inner,)))()  # closes one, opens one, raises
+
+    events = raising_graph_events(tmp_path, graph, 10)
+    assert [e["name"] for e in events] == ["op", "inner", "op", "outer"]
+    first_op, inner_slice, failed_op, _ = events
     assert "failed" not in first_op["args"] and failed_op["args"]["failed"] == 1
     assert inner_slice["ts"] <= first_op["ts"] and first_op["ts"] + first_op["dur"] <= inner_slice["ts"] + inner_slice["dur"]
     assert inner_slice["ts"] + inner_slice["dur"] <= failed_op["ts"]
-    (graph_event,) = [e for e in events if e.get("name") == "graph 10 forward"]
-    assert outer_slice["ts"] <= graph_event["ts"]
-    assert graph_event["ts"] + graph_event["dur"] <= outer_slice["ts"] + outer_slice["dur"]
 
 
 def test_a_folded_boundary_keeps_the_stack_while_nothing_is_recorded(tmp_path):
