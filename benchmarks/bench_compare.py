@@ -16,7 +16,10 @@ times one block of each variant, in alternating order too. Both workers sit on t
 core (the affinity is inherited); the one not asked waits on its pipe.
 
 Per build and round: ``per op`` = (traced − untraced) per call / ops per call, ``per
-module call`` = (slices on − slices off) per call / boundary calls per call. The
+module call`` = (slices on − slices off) per call / module calls (slices) per call.
+Ops are the instrumented ops, not the module-slice boundary calls; boundaries are
+counted whether they are calls of their own or folded into an op's interceptor
+(``bench_modules.graph_counts``). The
 report gives, for each build, the median of these over rounds and their IQR, and
 for the candidate minus the baseline the median of the paired per-round differences
 and its IQR (the noise: a difference smaller than that IQR is not resolved). Times
@@ -42,6 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from bench_modules import graph_counts  # noqa: E402
 from bench_overhead import clock_call_ns, run, time_block, workload  # noqa: E402
 
 
@@ -95,7 +99,7 @@ class Worker:
         return torch.compile(copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn, backend=backend)
 
     def _prepare(self, fn, inputs, train, level):
-        from dftrace_dynamo import _core, create_backend
+        from dftrace_dynamo import create_backend
 
         try:
             from dftrace_dynamo.session import config
@@ -118,29 +122,24 @@ class Worker:
                 run(f, inputs, train)  # instruments during the first call
             finally:
                 config._config = saved
-            span = getattr(_core, "span", None)
-            nodes = [n for gm in graphs for n in gm.graph.nodes]
-            spans = sum(getattr(n.target, "func", None) is span for n in nodes if span)
-            ops = sum(n.op == "call_function" for n in nodes) - spans
-            return f, ops, spans
+            return (f, *graph_counts([n for gm in graphs for n in gm.graph.nodes]))
 
         variants = {"base": self._compile(fn, "eager" if level == "torch" else "aot_eager")}
         has_slices = any(f.name == "module_slices" for f in dataclasses.fields(config.get()))
-        variants["traced"], ops, spans = counted(True if has_slices else None)
-        if has_slices and spans:
-            variants["noslices"], _, _ = counted(False)
+        variants["traced"], ops, boundaries, mods = counted(True if has_slices else None)
+        if has_slices and mods:
+            variants["noslices"], *_ = counted(False)
         calls = {k: (lambda f=f: run(f, inputs, train)) for k, f in variants.items()}
         for _ in range(3):  # warm up
             for call in calls.values():
                 call()
-        return calls, ops, spans
+        return calls, {"ops": ops, "boundaries": boundaries, "mods": mods, "variants": sorted(calls)}
 
     def info(self):
-        return {key: {"ops": ops, "spans": spans, "variants": sorted(calls)}
-                for key, (calls, ops, spans, _) in self.cases.items()}
+        return {key: counts for key, (_, counts, _) in self.cases.items()}
 
     def round(self, key, block_calls, flip, timer):
-        calls, _, _, default_calls = self.cases[key]
+        calls, _, default_calls = self.cases[key]
         n = block_calls or default_calls
         clock = time.thread_time_ns if timer == "thread" else time.process_time_ns
         return {name: time_block(calls[name], n, clock) / n for name in sorted(calls, reverse=flip)}
@@ -246,12 +245,12 @@ def main(argv=None):
                                             timer=args.timer)
                    for name in order}
             ops = {n: children[n].info[key]["ops"] for n in "AB"}
-            spans = {n: children[n].info[key]["spans"] for n in "AB"}
+            mods = {n: children[n].info[key]["mods"] for n in "AB"}
             op_cost = {n: (res[n]["traced"] - res[n]["base"]) / ops[n] for n in "AB"}
             for n in "AB":
                 per_op[key][n].append(op_cost[n])
             per_op[key]["d"].append(op_cost["B"] - op_cost["A"])
-            span_cost = {n: (res[n]["traced"] - res[n]["noslices"]) / spans[n] for n in "AB" if "noslices" in res[n]}
+            span_cost = {n: (res[n]["traced"] - res[n]["noslices"]) / mods[n] for n in "AB" if "noslices" in res[n]}
             for n, v in span_cost.items():
                 per_span[key][n].append(v)
             if len(span_cost) == 2:
@@ -264,8 +263,8 @@ def main(argv=None):
           f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for key in keys:
         ia, ib = children["A"].info[key], children["B"].info[key]
-        print(f"\n{key}: ops/call A {ia['ops']} B {ib['ops']}, module boundary calls/call A {ia['spans']} "
-              f"B {ib['spans']}")
+        print(f"\n{key}: ops/call A {ia['ops']} B {ib['ops']}, module calls/call A {ia['mods']} B {ib['mods']}, "
+              f"module boundaries/call A {ia['boundaries']} B {ib['boundaries']}")
         print(f"  per op         A {fmt(per_op[key]['A'])}   B {fmt(per_op[key]['B'])}")
         print(f"  per op B - A     {fmt(per_op[key]['d'])}")
         if per_span[key]["A"] or per_span[key]["B"]:

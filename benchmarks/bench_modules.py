@@ -9,8 +9,8 @@ blocks and the pairing of ``bench_overhead.py``: the workload is compiled twice 
 our backend, once with module slices off (A) and once on (B), both recording to the
 same trace; blocks of calls alternate A, B, A, B... after a warm-up. ``ns/op`` is the
 median of the paired differences divided by the ops executed per call (IQR: the noise),
-``ratio`` the median of B/A, ``ns/span`` the same difference per boundary call (one per
-point where module calls begin or end). Transformers get a third of the rounds.
+``ratio`` the median of B/A, ``ns/mod`` the same difference per module call (one module
+slice; ``mod/call`` of them per call). Transformers get a third of the rounds.
 """
 
 from __future__ import annotations
@@ -32,12 +32,36 @@ from bench_overhead import clock_call_ns, measure_in_child, ops_per_call, run, t
 LEVELS = ("torch", "aten")
 
 
+def graph_counts(nodes):
+    """``(ops, boundaries, module calls)`` among these graph nodes, for any build: module-slice
+    boundary calls (``_core.boundary`` partials; ``_core.span`` partials in older builds) are
+    not ops; a boundary folded into an op's interceptor (``Interceptor.boundary``) is both an
+    op and a boundary. Module calls: the slices the boundaries close."""
+    from dftrace_dynamo import _core
+
+    boundary, span = getattr(_core, "boundary", None), getattr(_core, "span", None)
+    ops = boundaries = closed = 0
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        fn = getattr(n.target, "func", None)
+        if fn is not None and (fn is boundary or fn is span):
+            boundaries += 1
+            closed += len(n.args) - 1 if fn is boundary else len(n.args) // 2  # (opened, *sites) / (start, site)*
+            continue
+        ops += 1
+        folded = getattr(n.target, "boundary", None) if isinstance(n.target, _core.Interceptor) else None
+        if folded:
+            boundaries += 1
+            closed += len(folded[1])
+    return ops, boundaries, closed
+
+
 def compile_with_slices(fn, inputs, train, level, slices):
     """``fn`` compiled by our backend with module slices on or off; returns it and the
-    number of boundary calls one call of it makes."""
+    number of module calls (slices) one call of it records."""
     from dftrace_dynamo.session import config
     from dftrace_dynamo import create_backend
-    from dftrace_dynamo.backend import modules
 
     graphs = []
     # the switch is read when a graph is instrumented, i.e. during the first call
@@ -49,8 +73,7 @@ def compile_with_slices(fn, inputs, train, level, slices):
         run(compiled, inputs, train)
     finally:
         config._config = saved
-    spans = sum(modules.is_span(n) for gm in graphs for n in gm.graph.nodes)
-    return compiled, spans
+    return compiled, graph_counts([n for gm in graphs for n in gm.graph.nodes])[2]
 
 
 def span_call_ns(n=20_000, repeats=21):
@@ -80,7 +103,7 @@ def measure_pair(wname, level, rounds, block_calls):
     block_calls = block_calls or default_calls
     n = ops_per_call(fn, inputs, level, train)
     off, _ = compile_with_slices(fn, inputs, train, level, False)
-    on, spans = compile_with_slices(fn, inputs, train, level, True)
+    on, mods = compile_with_slices(fn, inputs, train, level, True)
     call_a, call_b = (lambda: run(off, inputs, train)), (lambda: run(on, inputs, train))
     for _ in range(3):  # warm up both
         call_a()
@@ -92,9 +115,9 @@ def measure_pair(wname, level, rounds, block_calls):
         diffs.append((b - a) / block_calls)
         ratios.append(b / a)
     q1, median, q3 = statistics.quantiles(diffs, n=4)
-    per_span = f"{median / spans:.0f}" if spans else "-"
-    print(f"{wname:<10} {level:<6} {n:>8} {spans:>9} {a / block_calls / 1e3:>12.1f} {median / n:>7.1f} "
-          f"{q1 / n:>7.1f}..{q3 / n:<7.1f} {per_span:>8} {statistics.median(ratios):>7.4f}", flush=True)
+    per_mod = f"{median / mods:.0f}" if mods else "-"
+    print(f"{wname:<10} {level:<6} {n:>8} {mods:>9} {a / block_calls / 1e3:>12.1f} {median / n:>7.1f} "
+          f"{q1 / n:>7.1f}..{q3 / n:<7.1f} {per_mod:>8} {statistics.median(ratios):>7.4f}", flush=True)
 
 
 def main(argv=None):
@@ -123,8 +146,8 @@ def main(argv=None):
         print(f"boundary call (close one slice, open the next), recording: {span_call_ns():.0f} ns")
         logger.finalize()
     print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}", flush=True)
-    header = (f"{'workload':<10} {'level':<6} {'ops/call':>8} {'spans/call':>9} {'off us/call':>12} {'ns/op':>7} "
-              f"{'IQR ns/op':>16} {'ns/span':>8} {'ratio':>7}")
+    header = (f"{'workload':<10} {'level':<6} {'ops/call':>8} {'mod/call':>9} {'off us/call':>12} {'ns/op':>7} "
+              f"{'IQR ns/op':>16} {'ns/mod':>8} {'ratio':>7}")
     print(header)
     print("-" * len(header))
     passed = [f"--rounds={args.rounds}"] + ([f"--block-calls={args.block_calls}"] if args.block_calls else [])

@@ -20,7 +20,8 @@ instructions per op of the calling thread, split by where they run (the intercep
 in csrc/callwrap.c, the window check, the clock and the ring push inlined from
 csrc/core.h, module boundary calls in csrc/span.c, the interpreter, torch), and the
 writer thread's instructions and bytes per event. ``--slices`` compares module slices
-on against off instead (both traced): the cost per module boundary call.
+on against off instead (both traced): the cost per module call (one module slice;
+the boundaries folded into interceptors count in csrc/callwrap.c and core.h).
 
 ``writer``: ``_core.record`` of events shaped like the backend's op events, then a
 flush: the writer thread's instructions per event and the bytes per event in the file.
@@ -170,7 +171,8 @@ def _inline_ranges(path):
 
 # what each inlined helper of csrc/core.h is, in the report
 PART = {"dft_ops_recording": "window check", "dft_now": "clock", "dft_tsc_to_ns": "clock", "dft_mono": "clock",
-        "dft_push": "ring push", "dft_ring_put": "ring push", "dft_is_open": "ring push"}
+        "dft_push": "ring push", "dft_ring_put": "ring push", "dft_is_open": "ring push",
+        "dft_boundary": "slice stack"}
 
 
 def parts(d: Dump):
@@ -344,8 +346,8 @@ def report_ops(argv, args):
     base, base_parts = diff_parts(dumps[f"base:{n}"][1], dumps[f"base:{2 * n}"][1], n)
     traced, traced_parts = diff_parts(dumps[f"traced:{n}"][1], dumps[f"traced:{2 * n}"][1], n)
     what = "module slices on vs off" if args.slices else "traced vs untraced"
-    unit, per = ("boundary call", spans) if args.slices else ("op", ops)
-    print(f"{args.workload} at level {args.level}, {what}: {ops:.0f} ops/call, {spans:.0f} boundary calls/call, "
+    unit, per = ("module call", spans) if args.slices else ("op", ops)
+    print(f"{args.workload} at level {args.level}, {what}: {ops:.0f} ops/call, {spans:.0f} module calls/call, "
           f"{events:.0f} events/call, N={n} calls")
     print(f"calling thread: {(traced - base) / per:.0f} instructions per {unit} "
           f"(untraced{', slices off' if args.slices else ''}: {base / ops:.0f} per op), by part:")

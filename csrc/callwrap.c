@@ -92,7 +92,7 @@ static int get_cell(PyObject *o, PyObject **cell) {
 
 typedef struct {
     PyObject_HEAD
-    vectorcallfunc vectorcall; /* icpt_call, icpt_binop or icpt_method, chosen at construction */
+    vectorcallfunc vectorcall; /* one of the icpt_* vectorcalls below, chosen at construction */
     PyObject *target; /* callable (CALL) or method name (METHOD) */
     PyObject *cell;   /* TagCell or NULL */
     const uint32_t *tags; /* the cell's id, or no_tags: read on every event */
@@ -102,6 +102,10 @@ typedef struct {
     uint32_t site;
     uint32_t ctx_keep, ctx_set; /* flags = (graph context & keep) | set: the grad override */
     int mode, grad;
+    /* module-slice boundary before the op (boundary=): slices opened, sites of those closed
+     * (innermost first, PyMem; NULL: no boundary) */
+    uint32_t b_opened, b_closed;
+    uint32_t *b_sites;
 } Interceptor;
 
 static const uint32_t no_tags = 0;
@@ -146,8 +150,10 @@ static binaryfunc find_binop(PyObject *target) {
 
 /* The hot path. Outside recording (no file, or outside the step windows) each
  * vectorcall below tests the state word once and calls the target; recording,
- * it reads the clock around the call and pushes one record. The three kinds
- * are separate functions so the recorded path carries no mode tests. */
+ * it reads the clock around the call and pushes one record. Each kind (call,
+ * binop, method; with a boundary or not) is its own function, made from
+ * icpt_run with constant kind and bound, so the recorded path carries no mode
+ * tests and an interceptor without a boundary not even a branch for it. */
 static inline PyObject *icpt_record(Interceptor *self, uint64_t t0, PyObject *r) {
     uint64_t t1 = dft_now();
     uint32_t flags = (dft_tls.ctx & self->ctx_keep) | self->ctx_set | (r ? 0 : DFT_FLAG_FAILED);
@@ -155,43 +161,102 @@ static inline PyObject *icpt_record(Interceptor *self, uint64_t t0, PyObject *r)
     return r;
 }
 
-static PyObject *icpt_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Interceptor *self = (Interceptor *)self_;
-    if (DFT_UNLIKELY(!dft_ops_recording()))
-        return PyObject_Vectorcall(self->target, args, nargsf, kwnames);
-    uint64_t t0 = dft_now();
-    return icpt_record(self, t0, PyObject_Vectorcall(self->target, args, nargsf, kwnames));
+/* The module-slice boundary before the op, at the op's start (0: nothing is
+ * recorded): what boundary() does, without a call of its own. */
+static inline void icpt_boundary(Interceptor *self, uint64_t now) {
+    dft_boundary(now, self->b_opened, self->b_sites, self->b_closed, *self->tags);
 }
 
-static PyObject *icpt_binop(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Interceptor *self = (Interceptor *)self_;
-    if (DFT_UNLIKELY(PyVectorcall_NARGS(nargsf) != 2 || kwnames))
-        return icpt_call(self_, args, nargsf, kwnames);
-    if (DFT_UNLIKELY(!dft_ops_recording()))
-        return self->binop(args[0], args[1]);
-    uint64_t t0 = dft_now();
-    return icpt_record(self, t0, self->binop(args[0], args[1]));
+enum { K_CALL, K_BINOP, K_METHOD };
+
+static PyObject *icpt_call(PyObject *, PyObject *const *, size_t, PyObject *);
+static PyObject *icpt_call_b(PyObject *, PyObject *const *, size_t, PyObject *);
+
+__attribute__((noinline)) static PyObject *icpt_no_object(Interceptor *self, int bound) {
+    PyErr_SetString(PyExc_TypeError, "method interceptor needs the object as first argument");
+    uint64_t t0 = dft_ops_recording() ? dft_now() : 0;
+    if (bound)
+        icpt_boundary(self, t0);
+    return t0 ? icpt_record(self, t0, NULL) : NULL;
 }
 
-static PyObject *icpt_method(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+static inline __attribute__((always_inline)) PyObject *
+icpt_target(Interceptor *self, int kind, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return kind == K_METHOD  ? PyObject_VectorcallMethod(self->target, args, nargsf, kwnames)
+           : kind == K_BINOP ? self->binop(args[0], args[1])
+                             : PyObject_Vectorcall(self->target, args, nargsf, kwnames);
+}
+
+static inline __attribute__((always_inline)) PyObject *
+icpt_run(PyObject *self_, int kind, int bound, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Interceptor *self = (Interceptor *)self_;
-    if (DFT_UNLIKELY(PyVectorcall_NARGS(nargsf) == 0)) {
-        PyErr_SetString(PyExc_TypeError, "method interceptor needs the object as first argument");
-        return dft_ops_recording() ? icpt_record(self, dft_now(), NULL) : NULL;
+    if (kind == K_BINOP && DFT_UNLIKELY(PyVectorcall_NARGS(nargsf) != 2 || kwnames))
+        return (bound ? icpt_call_b : icpt_call)(self_, args, nargsf, kwnames);
+    if (kind == K_METHOD && DFT_UNLIKELY(PyVectorcall_NARGS(nargsf) == 0))
+        return icpt_no_object(self, bound);
+    if (DFT_UNLIKELY(!dft_ops_recording())) {
+        if (bound)
+            icpt_boundary(self, 0);
+        return icpt_target(self, kind, args, nargsf, kwnames);
     }
-    if (DFT_UNLIKELY(!dft_ops_recording()))
-        return PyObject_VectorcallMethod(self->target, args, nargsf, kwnames);
     uint64_t t0 = dft_now();
-    return icpt_record(self, t0, PyObject_VectorcallMethod(self->target, args, nargsf, kwnames));
+    if (bound)
+        icpt_boundary(self, t0);
+    return icpt_record(self, t0, icpt_target(self, kind, args, nargsf, kwnames));
+}
+
+#define ICPT_VECTORCALL(fn, kind, bound)                                                        \
+    static PyObject *fn(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) { \
+        return icpt_run(self, kind, bound, args, nargsf, kwnames);                               \
+    }
+ICPT_VECTORCALL(icpt_call, K_CALL, 0)
+ICPT_VECTORCALL(icpt_binop, K_BINOP, 0)
+ICPT_VECTORCALL(icpt_method, K_METHOD, 0)
+ICPT_VECTORCALL(icpt_call_b, K_CALL, 1)
+ICPT_VECTORCALL(icpt_binop_b, K_BINOP, 1)
+ICPT_VECTORCALL(icpt_method_b, K_METHOD, 1)
+
+/* boundary=(opened, (site, ...)) into self; -1 with TypeError/ValueError. */
+static int icpt_set_boundary(Interceptor *self, PyObject *b) {
+    if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 2 || !PyLong_Check(PyTuple_GET_ITEM(b, 0))) {
+        PyErr_SetString(PyExc_TypeError, "boundary must be (opened, (site, ...)): the number of module "
+                                         "slices opened and the sites of those closed, innermost first");
+        return -1;
+    }
+    int overflow;
+    long long opened = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(b, 0), &overflow);
+    if (overflow || opened < 0 || opened > DFT_OPEN_MAX) {
+        PyErr_Format(PyExc_ValueError, "boundary opens %R slices: must be 0 to %u", PyTuple_GET_ITEM(b, 0),
+                     DFT_OPEN_MAX);
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(PyTuple_GET_ITEM(b, 1), "boundary's closed sites must be a sequence of ints");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int rc = -1;
+    if (n > DFT_OPEN_MAX) {
+        PyErr_Format(PyExc_ValueError, "boundary closes %zd slices: at most %u", n, DFT_OPEN_MAX);
+    } else if (n == 0 && opened == 0) {
+        PyErr_SetString(PyExc_ValueError, "boundary opens and closes no slice");
+    } else if (!(self->b_sites = PyMem_Malloc((n ? n : 1) * sizeof *self->b_sites))) {
+        PyErr_NoMemory();
+    } else if (dft_parse_sites(PySequence_Fast_ITEMS(seq), (uint32_t)n, self->b_sites) == 0) {
+        self->b_opened = (uint32_t)opened;
+        self->b_closed = (uint32_t)n;
+        rc = 0;
+    }
+    Py_DECREF(seq);
+    return rc;
 }
 
 static PyObject *icpt_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *kwl[] = {"target", "site", "cell", "mode", "grad", "name", NULL};
-    PyObject *target, *cell, *name = NULL;
+    static char *kwl[] = {"target", "site", "cell", "mode", "grad", "name", "boundary", NULL};
+    PyObject *target, *cell, *name = NULL, *boundary = Py_None;
     unsigned long long site;
     int mode = 0, grad = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKO|iiU:Interceptor", kwl, &target, &site, &cell,
-                                     &mode, &grad, &name))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKO|iiU$O:Interceptor", kwl, &target, &site, &cell,
+                                     &mode, &grad, &name, &boundary))
         return NULL;
     if (dft_check_site(site) < 0)
         return NULL;
@@ -223,6 +288,11 @@ static PyObject *icpt_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->binop = mode == 0 ? find_binop(target) : NULL;
     self->vectorcall = mode == 1 ? icpt_method : self->binop ? icpt_binop : icpt_call;
     self->tags = &no_tags;
+    if (boundary != Py_None) {
+        if (icpt_set_boundary(self, boundary) < 0)
+            goto fail;
+        self->vectorcall = mode == 1 ? icpt_method_b : self->binop ? icpt_binop_b : icpt_call_b;
+    }
     if (get_cell(cell, &self->cell) < 0)
         goto fail;
     if (self->cell)
@@ -271,6 +341,7 @@ static void icpt_dealloc(Interceptor *self) {
     Py_CLEAR(self->name);
     Py_CLEAR(self->qualname);
     Py_CLEAR(self->module);
+    PyMem_Free(self->b_sites);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -296,12 +367,27 @@ static int icpt_set_qualname(Interceptor *s, PyObject *v, void *c) { return set_
 static PyObject *icpt_get_module(Interceptor *s, void *c) { return get_str(&s->module); }
 static int icpt_set_module(Interceptor *s, PyObject *v, void *c) { return set_str(&s->module, v); }
 static PyObject *icpt_get_site(Interceptor *s, void *c) { return PyLong_FromUnsignedLong(s->site); }
+static PyObject *icpt_get_boundary(Interceptor *s, void *c) {
+    if (!s->b_sites)
+        Py_RETURN_NONE;
+    PyObject *sites = PyTuple_New(s->b_closed);
+    for (uint32_t j = 0; sites && j < s->b_closed; j++) {
+        PyObject *site = PyLong_FromUnsignedLong(s->b_sites[j]);
+        if (!site)
+            Py_CLEAR(sites);
+        else
+            PyTuple_SET_ITEM(sites, j, site);
+    }
+    return sites ? Py_BuildValue("(IN)", s->b_opened, sites) : NULL;
+}
 
 static PyGetSetDef icpt_getset[] = {
     {"__name__", (getter)icpt_get_name, (setter)icpt_set_name, NULL, NULL},
     {"__qualname__", (getter)icpt_get_qualname, (setter)icpt_set_qualname, NULL, NULL},
     {"__module__", (getter)icpt_get_module, (setter)icpt_set_module, NULL, NULL},
     {"site", (getter)icpt_get_site, NULL, "interned site id", NULL},
+    {"boundary", (getter)icpt_get_boundary, NULL,
+     "(opened, (site, ...)): the module-slice boundary before the op, or None", NULL},
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL},
 };
@@ -318,8 +404,10 @@ PyTypeObject dft_InterceptorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace_dynamo._core.Interceptor",
     .tp_basicsize = sizeof(Interceptor),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Interceptor(target, site, cell, mode=CALL, grad=GRAD_INHERIT, name=None): "
-              "calls target and records one event per call.",
+    .tp_doc = "Interceptor(target, site, cell, mode=CALL, grad=GRAD_INHERIT, name=None, *, "
+              "boundary=None): calls target and records one event per call. boundary=(opened, "
+              "(site, ...)): first does what boundary(cell, opened, site, ...) does, at the op's "
+              "start (one clock read for both).",
     .tp_new = icpt_new,
     .tp_dealloc = (destructor)icpt_dealloc,
     .tp_traverse = (traverseproc)icpt_traverse,

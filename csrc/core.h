@@ -379,4 +379,47 @@ int dft_check_site(unsigned long long site);
 PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dft_py_boundary(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
+/* A stack of open slices deeper than this keeps no starts above it: those
+ * slices are not recorded (only a graph that raised outside any GraphCall,
+ * again and again, gets near it). */
+#define DFT_OPEN_MAX (1u << 16)
+int dft_open_grow(uint32_t n); /* room for n open slices; 0 if there is none */
+/* Site ids of slices (Python ints) into sites; -1 with ValueError for an
+ * unknown one, or TypeError for a non-int. */
+int dft_parse_sites(PyObject *const *items, uint32_t n, uint32_t *sites);
+
+/* One module-slice boundary on the calling thread, at now (0: nothing is
+ * recorded): closes the innermost `closed` open slices, innermost first,
+ * recording each from its start to now as sites[j] with the thread's graph
+ * context and these tags; then opens `opened` slices starting at now. A
+ * start of 0 (opened while nothing was recorded, or above DFT_OPEN_MAX) is
+ * never recorded. Shared by boundary() and the Interceptors that carry a
+ * boundary (callwrap.c), so both keep the stack the same way. */
+static inline void dft_boundary(uint64_t now, uint32_t opened, const uint32_t *sites, uint32_t closed,
+                                uint32_t tags) {
+    uint32_t n = dft_tls.open_n;
+    if (now) {
+        uint32_t ctx = dft_tls.ctx;
+        for (uint32_t j = 0; j < closed; j++) {
+            uint32_t i = n - 1 - j; /* wraps when more are closed than open: start 0 */
+            uint64_t start = i < n && i < dft_tls.open_cap ? dft_tls.open[i] : 0;
+            if (start)
+                dft_push(sites[j], start, now, ctx, tags, NULL);
+        }
+    }
+    n = closed < n ? n - closed : 0;
+    if (opened) {
+        uint32_t top = n + opened;
+        if (DFT_UNLIKELY(top > dft_tls.open_cap) && !dft_open_grow(top)) {
+            for (uint32_t i = n; i < dft_tls.open_cap; i++)
+                dft_tls.open[i] = 0;
+        } else {
+            for (uint32_t i = n; i < top; i++)
+                dft_tls.open[i] = now;
+        }
+        n = top;
+    }
+    dft_tls.open_n = n;
+}
+
 #endif

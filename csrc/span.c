@@ -87,18 +87,12 @@ PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
 
 /* ---- boundary(): the per-thread stack of open slices --------------------- */
 
-/* A stack deeper than this keeps no starts above it: those slices are not
- * recorded (only a graph that raised outside any GraphCall, again and again,
- * gets near it). */
-#define OPEN_MAX (1u << 16)
-
 static pthread_key_t open_key;
 static pthread_once_t open_once = PTHREAD_ONCE_INIT;
 static void open_key_make(void) { pthread_key_create(&open_key, free); }
 
-/* Room for n open slices; 0 if there is none (the stack then stays smaller). */
-__attribute__((noinline)) static int open_grow(uint32_t n) {
-    if (n > OPEN_MAX)
+__attribute__((noinline)) int dft_open_grow(uint32_t n) {
+    if (n > DFT_OPEN_MAX)
         return 0;
     uint32_t cap = dft_tls.open_cap ? dft_tls.open_cap : 32;
     while (cap < n)
@@ -113,14 +107,35 @@ __attribute__((noinline)) static int open_grow(uint32_t n) {
     return 1;
 }
 
-/* boundary(cell, opened, site, ...): closes the innermost len(sites) slices
- * open on this thread, innermost first, recording each from its start to now
- * as its site; then opens `opened` slices starting now. The GraphCall around
- * the graph puts the depth back when the graph ends, so a graph that raised
- * leaves nothing open. */
+int dft_parse_sites(PyObject *const *items, uint32_t n, uint32_t *sites) {
+    uint32_t nsites = atomic_load_explicit(&dft_sites.count, memory_order_relaxed);
+    for (uint32_t j = 0; j < n; j++) {
+        unsigned long long site;
+        if (DFT_UNLIKELY(!PyLong_Check(items[j]))) {
+            PyErr_Format(PyExc_TypeError, "site ids are ints, not %.100s", Py_TYPE(items[j])->tp_name);
+            return -1;
+        }
+        if (get_u64(items[j], &site) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+            site = 0; /* a negative or huge int: unknown too */
+        }
+        if (DFT_UNLIKELY(site == 0 || site >= nsites)) {
+            PyErr_Format(PyExc_ValueError, "unknown site id %R", items[j]);
+            return -1;
+        }
+        sites[j] = (uint32_t)site;
+    }
+    return 0;
+}
+
+/* boundary(cell, opened, site, ...): dft_boundary() at now. The GraphCall
+ * around the graph puts the depth back when the graph ends, so a graph that
+ * raised leaves nothing open. */
 PyObject *dft_py_boundary(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     unsigned long long opened;
-    if (DFT_UNLIKELY(nargs < 2 || get_u64(args[1], &opened) < 0 || opened > OPEN_MAX)) {
+    if (DFT_UNLIKELY(nargs < 2 || get_u64(args[1], &opened) < 0 || opened > DFT_OPEN_MAX)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "boundary() takes a cell, the number of slices opened "
                                              "and the sites of those closed");
@@ -131,39 +146,20 @@ PyObject *dft_py_boundary(PyObject *m, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "cell must be a TagCell or None");
         return NULL;
     }
-    uint32_t n = dft_tls.open_n, closed = (uint32_t)(nargs - 2);
+    uint32_t closed = (uint32_t)(nargs - 2), few[32], *sites = few;
     uint64_t now = 0; /* the start of the slices opened: 0 when nothing is recorded */
-    if (DFT_LIKELY(dft_ops_recording())) {
+    if (DFT_LIKELY(dft_ops_recording())) { /* otherwise the sites are not read */
+        if (DFT_UNLIKELY(closed > 32) && !(sites = PyMem_Malloc(closed * sizeof *sites)))
+            return PyErr_NoMemory();
+        if (dft_parse_sites(args + 2, closed, sites) < 0) {
+            if (sites != few)
+                PyMem_Free(sites);
+            return NULL;
+        }
         now = dft_now();
-        uint32_t tags = cell == Py_None ? 0 : ((dft_TagCell *)cell)->id;
-        uint32_t nsites = atomic_load_explicit(&dft_sites.count, memory_order_relaxed);
-        uint32_t ctx = dft_tls.ctx;
-        for (uint32_t j = 0; j < closed; j++) {
-            unsigned long long site;
-            if (get_u64(args[2 + j], &site) < 0)
-                return NULL;
-            if (DFT_UNLIKELY(site == 0 || site >= nsites)) {
-                PyErr_Format(PyExc_ValueError, "unknown site id %llu", site);
-                return NULL;
-            }
-            uint32_t i = n - 1 - j; /* wraps when more are closed than open: start 0 */
-            uint64_t start = i < n && i < dft_tls.open_cap ? dft_tls.open[i] : 0;
-            if (start) /* 0: opened while nothing was recorded */
-                dft_push((uint32_t)site, start, now, ctx, tags, NULL);
-        }
     }
-    n = closed < n ? n - closed : 0;
-    if (opened) {
-        uint32_t top = n + (uint32_t)opened;
-        if (DFT_UNLIKELY(top > dft_tls.open_cap) && !open_grow(top)) {
-            for (uint32_t i = n; i < dft_tls.open_cap; i++)
-                dft_tls.open[i] = 0;
-        } else {
-            for (uint32_t i = n; i < top; i++)
-                dft_tls.open[i] = now;
-        }
-        n = top;
-    }
-    dft_tls.open_n = n;
+    dft_boundary(now, (uint32_t)opened, sites, closed, cell == Py_None ? 0 : ((dft_TagCell *)cell)->id);
+    if (sites != few)
+        PyMem_Free(sites);
     Py_RETURN_NONE;
 }

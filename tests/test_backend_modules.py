@@ -4,6 +4,7 @@ trace processor loads them with zero error stats), and switched off by DFTRACER_
 
 import copy
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from backend_support import Recorder, executed_nodes, ops, run_py
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import _core, create_backend
 from dftrace_dynamo.session import config
-from dftrace_dynamo.backend import modules
+from dftrace_dynamo.backend import inductor, modules
 from tracefile import dftracer_validate, read_events, traces
 
 
@@ -25,13 +26,13 @@ select s.name, s.category cat, s.depth, extract_arg(s.arg_set_id, 'args.module')
        extract_arg(s.arg_set_id, 'args.phase') phase, extract_arg(s.arg_set_id, 'args.module_type') module_type,
        extract_arg(s.arg_set_id, 'args.failed') failed,
        (select group_concat(name, '|') from (select name from ancestor_slice(s.id) order by depth)) chain
-from slice s where s.category in ('dynamo', 'module') order by s.ts, s.depth
+from slice s where s.category in ('dynamo', 'kernel', 'module') order by s.ts, s.depth
 """
 
 
 def chains(path):
-    """Perfetto's view of ``path`` (which must load with zero error stats): one dict per op or
-    module slice, with ``modules``, the module slices between its graph slice and it."""
+    """Perfetto's view of ``path`` (which must load with zero error stats): one dict per op,
+    kernel or module slice, with ``modules``, the module slices between its graph slice and it."""
     assert perfetto_tp.error_stats(path) == []
     result = []
     for row in perfetto_tp.rows(path, CHAINS_SQL):
@@ -45,7 +46,7 @@ def assert_nested_by_module(rows):
     """Each op sits in the slice of its own module, inside the slices of the calls enclosing
     that one (each a dotted prefix of the next), inside its graph; an op without a module
     sits directly in its graph."""
-    op_rows = [r for r in rows if r["cat"] == "dynamo"]
+    op_rows = [r for r in rows if r["cat"] in ("dynamo", "kernel")]
     assert op_rows
     for r in op_rows:
         if r["module"] is None:
@@ -148,16 +149,14 @@ def test_boundary_keeps_open_slices_on_a_stack_per_thread(tmp_path):
     assert a_["ts"] + a_["dur"] == c_["ts"] + c_["dur"]
 
 
-def test_a_raising_graph_leaves_no_slice_open(tmp_path):
+def raising_graph_events(tmp_path, graph, graph_id):
+    """The events of ``graph`` (which raises) run by a GraphCall twice, recording and then not,
+    inside a slice ``outer`` opened before and closed after; checks that the graphs left no
+    slice open (``outer`` closed the one opened before them, around the recorded graph)."""
     cell = _core.TagCell()
-    site = _core.intern_site("left.open", "module", {"module_type": "M", "graph": 9})
-    gsite = _core.intern_site("graph 9 forward", "dynamo_graph", {"graph": 9})
-
-    def graph():
-        _core.boundary(cell, 2)
-        raise IndexError("op failed")
-
-    call = _core.GraphCall(graph, gsite, cell, _core.PHASE_FORWARD, lambda: True)
+    site = _core.intern_site("outer", "module", {"module_type": "M", "graph": graph_id})
+    gsite = _core.intern_site(f"graph {graph_id} forward", "dynamo_graph", {"graph": graph_id})
+    call = _core.GraphCall(lambda: graph(cell), gsite, cell, _core.PHASE_FORWARD, lambda: True)
     rec = Recorder(tmp_path)
     try:
         _core.boundary(cell, 1)  # a slice open around the graph calls
@@ -171,10 +170,114 @@ def test_a_raising_graph_leaves_no_slice_open(tmp_path):
     finally:
         _core.set_ops_on(True)
         path = rec.path()
-    events = read_events(path)
-    (outer,) = [e for e in events if e.get("cat") == "module"]
-    (graph_event,) = [e for e in events if e.get("name") == "graph 9 forward"]
+    events = [e for e in read_events(path) if e.get("cat") in ("module", "dynamo", "dynamo_graph")]
+    (outer,) = [e for e in events if e["name"] == "outer"]
+    (graph_event,) = [e for e in events if e["name"] == f"graph {graph_id} forward"]
     assert outer["ts"] <= graph_event["ts"] and graph_event["ts"] + graph_event["dur"] <= outer["ts"] + outer["dur"]
+    return [e for e in events if e is not graph_event]
+
+
+def test_a_raising_graph_leaves_no_slice_open(tmp_path):
+    def graph(cell):
+        _core.boundary(cell, 2)
+        raise IndexError("op failed")
+
+    assert [e["name"] for e in raising_graph_events(tmp_path, graph, 9)] == ["outer"]
+
+
+def test_an_op_raising_after_a_folded_boundary_leaves_no_slice_open(tmp_path):
+    inner = _core.intern_site("inner", "module", {"module_type": "M", "graph": 10})
+    op = _core.intern_site("op", "dynamo", {"node": "n"})
+
+    def fail():
+        raise IndexError("op failed")
+
+    def graph(cell):
+        _core.Interceptor(abs, op, cell, boundary=(2, ()))(-1)  # opens two slices, then runs abs
+        _core.Interceptor(fail, op, cell, boundary=(1, (inner,)))()  # closes one, opens one, raises
+
+    events = raising_graph_events(tmp_path, graph, 10)
+    assert [e["name"] for e in events] == ["op", "inner", "op", "outer"]
+    first_op, inner_slice, failed_op, _ = events
+    assert "failed" not in first_op["args"] and failed_op["args"]["failed"] == 1
+    assert inner_slice["ts"] <= first_op["ts"] and first_op["ts"] + first_op["dur"] <= inner_slice["ts"] + inner_slice["dur"]
+    assert inner_slice["ts"] + inner_slice["dur"] <= failed_op["ts"]
+
+
+def test_a_folded_boundary_keeps_the_stack_while_nothing_is_recorded(tmp_path):
+    cell = _core.TagCell()
+    outer, inner = (_core.intern_site(name, "module", {"module_type": "M", "graph": 11}) for name in ("outer", "inner"))
+    op = _core.intern_site("op", "dynamo", {"node": "n"})
+    opens = _core.Interceptor(abs, op, cell, boundary=(2, ()))
+    closes = _core.Interceptor(abs, op, cell, boundary=(0, (inner, inner)))
+    rec = Recorder(tmp_path)
+    try:
+        _core.boundary(cell, 1)  # outer
+        _core.set_ops_on(False)
+        opens(-1)  # two slices opened while nothing is recorded
+        _core.set_ops_on(True)
+        closes(-1)  # closes those two: never recorded
+        _core.boundary(cell, 0, outer)
+    finally:
+        _core.set_ops_on(True)
+        path = rec.path()
+    assert [e["name"] for e in read_events(path) if e.get("cat") in ("module", "dynamo")] == ["op", "outer"]
+
+
+class Nested(nn.Module):
+    """Modules inside modules, one called twice, and ops of the root module between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8), nn.GELU()))
+        self.twice = Twice()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        x = torch.relu(self.enc(x))
+        return self.head(self.twice(x) * 2)
+
+
+@pytest.mark.parametrize("level", ["aten", "torch", "inductor"])
+def test_folded_boundaries_record_the_slices_of_boundary_calls(tmp_path, monkeypatch, level):
+    """Boundaries folded into the interceptors of the ops (kernel calls) after them give the same
+    slices, nested the same way around the same ops, as the same plan made of boundary calls only."""
+    import torch._inductor.config as inductor_config
+
+    add_spans, add_kernel_spans = modules.add_spans, inductor.add_spans
+
+    def traced(fold):
+        torch._dynamo.reset()
+        graphs, kernel_folds = [], {}
+
+        def add_kernel_spans_folding(call_def, stacks, graph_id, hooked=True, folds=None):
+            slices = add_kernel_spans(call_def, stacks, graph_id, hooked, folds if fold else None)
+            kernel_folds.update(folds if fold else {})
+            return slices
+
+        monkeypatch.setattr(modules, "add_spans", functools.partial(add_spans, fold=fold))
+        monkeypatch.setattr(inductor, "add_spans", add_kernel_spans_folding)
+        rec = Recorder(tmp_path / f"fold{fold}")
+        torch.manual_seed(0)
+        backend = create_backend(level=level, on_graph=lambda gm, example_inputs, info: graphs.append(gm))
+        # both runs compile afresh: a graph loaded from the FX graph cache may name other modules
+        with inductor_config.patch(fx_graph_cache=False):
+            torch.compile(Nested(), backend=backend)(torch.randn(2, 8)).sum().backward()
+        rows = chains(rec.path())
+        nodes = [n for gm in graphs for n in gm.graph.nodes]
+        folded = sum(modules.boundary_of(n) is not None and not modules.is_span(n) for n in nodes) + len(kernel_folds)
+        return [{k: v for k, v in r.items() if k != "graph"} for r in rows], folded  # graph ids differ
+
+    (rows, folded), (plain_rows, plain_folded) = traced(True), traced(False)
+    assert folded > 0 and plain_folded == 0
+    assert_nested_by_module(rows)
+    assert rows == plain_rows
+    forward = [r["name"] for r in rows if r["cat"] == "module" and r["phase"] == "forward"]
+    expected = ["enc", "enc.0", "enc.1", "enc.1.0", "enc.1.1", "twice", "twice.block", "twice.block.0",
+                "twice.block.1", "twice.block", "twice.block.0", "twice.block.1", "head"]
+    if level != "inductor":  # whose kernels fuse ops of several modules
+        assert forward[:len(expected)] == expected  # then, at ATen level, ops AOTAutograd moved after head
+        assert set(forward[len(expected):]) <= set(expected) and (level == "aten" or len(forward) == len(expected))
 
 
 def test_convnet_training_has_module_slices_in_forward_and_backward(rec):

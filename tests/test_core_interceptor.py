@@ -245,3 +245,46 @@ def test_graphcall_takes_attributes(site):
     call = _core.GraphCall(lambda args: args, site, None, _core.PHASE_FORWARD, lambda: True)
     call._boxed_call = True
     assert call._boxed_call is True and call.__dict__ == {"_boxed_call": True}
+
+
+def test_boundary_argument_is_checked(site):
+    for bad, error, match in [((1,), TypeError, "boundary must be"), (1, TypeError, "boundary must be"),
+                              (("1", ()), TypeError, "boundary must be"), ((1, 2), TypeError, "sequence of ints"),
+                              ((1, ("x",)), TypeError, "site ids are ints"), ((0, ()), ValueError, "no slice"),
+                              ((-1, ()), ValueError, "0 to 65536"), ((1 << 17, ()), ValueError, "0 to 65536"),
+                              ((1, (10 ** 9,)), ValueError, "unknown site"), ((1, (-2,)), ValueError, "unknown site")]:
+        with pytest.raises(error, match=match):
+            _core.Interceptor(abs, site, None, boundary=bad)
+    with pytest.raises(TypeError):  # keyword only
+        _core.Interceptor(abs, site, None, 0, 0, "name", (1, ()))
+    assert _core.Interceptor(abs, site, None, boundary=(2, [site])).boundary == (2, (site,))
+    assert _core.Interceptor(abs, site, None).boundary is _core.Interceptor(abs, site, None, boundary=None).boundary is None
+
+
+def test_boundary_before_each_kind_of_call(tmp_path, site):
+    """A boundary folded into a call, an operator and a method interceptor: the slices it closes
+    end before the op, those it opens start with it; results and errors pass through."""
+    import operator
+
+    a, b = (_core.intern_site(name, "module", {"module_type": "M"}) for name in "ab")
+    add = _core.Interceptor(operator.add, site, None, boundary=(1, ()))  # opens a
+    upper = _core.Interceptor("upper", site, None, _core.METHOD, boundary=(1, (a,)))  # closes a, opens b
+    call = _core.Interceptor(abs, site, None, boundary=(0, (b,)))  # closes b
+
+    def run():
+        out = add(2, 3), upper("x"), call(-4)
+        with pytest.raises(TypeError):
+            add(1, 2, 3)  # not two arguments: a plain call of operator.add, after the boundary
+        with pytest.raises(TypeError, match="needs the object"):
+            upper()
+        _core.boundary(None, 0, b)  # what the last failed call opened
+        return out
+
+    out, ev = recorded(tmp_path, run)
+    assert out == (5, "X", 4)
+    assert [(e["name"], "failed" in e["args"]) for e in ev] == [
+        ("op", False), ("a", False), ("op", False), ("b", False), ("op", False), ("op", True), ("a", False),
+        ("op", True), ("b", False)]
+    op_add, slice_a, op_upper, slice_b, op_abs = ev[:5]
+    assert slice_a["ts"] <= op_add["ts"] and slice_a["ts"] + slice_a["dur"] <= op_upper["ts"]
+    assert slice_b["ts"] <= op_upper["ts"] and slice_b["ts"] + slice_b["dur"] <= op_abs["ts"]

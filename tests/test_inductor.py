@@ -139,7 +139,10 @@ def test_kernels_nest_in_the_module_slices_of_their_fused_ops(runs):
     assert any(r["phase"] == "backward" and r["module"] == "fc" for r in rows)
 
 
-def test_kernel_module_slices_follow_the_straight_line_code():
+@pytest.mark.parametrize("fold", [False, True], ids=["calls", "folded"])
+def test_kernel_module_slices_follow_the_straight_line_code(fold):
+    """The same boundaries, whether calls of their own or folded into the interceptor of the
+    kernel call statement they precede."""
     import ast
 
     from dftrace_dynamo.backend import inductor
@@ -157,14 +160,24 @@ def test_kernel_module_slices_follow_the_straight_line_code():
     """
     call_def = ast.parse(textwrap.dedent(source)).body[0]
     a, b = ("ka", "a", "A"), ("kb", "a.b", "B")
-    assert inductor.add_spans(call_def, [(a,), (a, b), (a,), (a,), ()], graph_id=0) == 3
+    folds = {} if fold else None
+    assert inductor.add_spans(call_def, [(a,), (a, b), (a,), (a,), ()], graph_id=0, folds=folds) == 3
     log = []
 
     def span(*args):
         log.append(("span", args))
 
+    def kernel(i):
+        def call(x):
+            if fold and i in folds:
+                opened, closed = folds[i]
+                span(opened, *closed)
+            log.append(i)
+            return x
+        return call
+
     namespace = {"ctx": contextlib.nullcontext, "_dft_span": span}
-    namespace.update({f"_dft_k{i}": (lambda i: lambda x: log.append(i) or x)(i) for i in range(5)})
+    namespace.update({f"_dft_k{i}": kernel(i) for i in range(5)})
     exec(compile(ast.fix_missing_locations(ast.Module(body=[call_def], type_ignores=[])), "<call>", "exec"),
          namespace)
     namespace["call"](None)
@@ -175,6 +188,8 @@ def test_kernel_module_slices_follow_the_straight_line_code():
     assert log == [("span", (1,)), 0, ("span", (1,)), 1, ("span", (0, site_b)), 2,
                    ("span", (1,)), 3, ("span", (0, site_a)), ("span", (1,)), 3, ("span", (0, site_a)),
                    ("span", (0, site_a)), 4]
+    if fold:  # every boundary before a kernel call; the one after the loop body's last stays a call
+        assert sorted(folds) == [0, 1, 2, 3, 4] and ast.unparse(call_def).count("_dft_span(") == 1
 
 
 def test_numerics_equal_plain_inductor(runs):

@@ -51,8 +51,9 @@ class Interceptor:
     cell: Optional[TagCell]
     mode: int
     grad: int
+    boundary: Optional[tuple[int, tuple[int, ...]]]
     def __init__(self, target: Any, site: int, cell: Optional[TagCell], mode: int = ..., grad: int = ...,
-                 name: Optional[str] = ...) -> None: ...
+                 name: Optional[str] = ..., *, boundary: Optional[tuple[int, Sequence[int]]] = ...) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class GraphCall:

@@ -129,23 +129,40 @@ def _site_ids(stmt: ast.stmt) -> list:
     return [int(m.group(1)) for n in ast.walk(stmt) if isinstance(n, ast.Name) and (m := _SITE_NAME.match(n.id))]
 
 
-def add_spans(call_def: ast.FunctionDef, stacks: list, graph_id: int, hooked: bool = True) -> int:
+def _sole_kernel_call(stmt: ast.stmt) -> Optional[int]:
+    """``i`` when ``stmt`` is a call of call site ``i`` alone (``_dft_k<i>(...)``, its result
+    maybe assigned) with no other call site in it: each run of the statement calls it once."""
+    value = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and len(_site_ids(stmt)) == 1:
+        found = _SITE_NAME.match(value.func.id)
+        return int(found.group(1)) if found else None
+    return None
+
+
+def add_spans(call_def: ast.FunctionDef, stacks: list, graph_id: int, hooked: bool = True,
+              folds: Optional[dict] = None) -> int:
     """Inserts module-slice boundary calls (``_dft_span``, see :mod:`.modules`) between the
     kernel call statements of ``call_def``: a kernel call nests in the module calls all its
     fused ops ran in (``stacks[i]``: those of call site ``i``). Each straight-line sequence
     of statements closes the slices it opened. Returns the number of module slices a call
     records when each statement runs once. ``hooked``: as in :func:`.modules.span_plan`
-    (False for a backward graph)."""
+    (False for a backward graph). ``folds``: where given, a boundary just before a statement
+    that is one kernel call alone (call site ``i``) is not inserted but put in ``folds[i]``,
+    as ``(opened, closed sites)``, for that call site's interceptor (``boundary=``)."""
     inserts: dict = {}  # (block, statement, after it?) by identity -> the boundary calls there
     slices = 0
     for seq in _sequences(call_def.body):
         at = [(block, stmt, _common_stack([stacks[i] for i in ids]))
               for block, stmt in seq if (ids := _site_ids(stmt))]
         for i, opened, closed in modules.span_plan([stack for *_, stack in at], graph_id, hooked):
-            call = ast.parse(f"_dft_span({', '.join(map(str, (opened, *closed)))})").body[0]
             block, stmt, _ = at[min(i, len(at) - 1)]
-            inserts.setdefault((id(block), id(stmt), i == len(at)), (block, stmt, []))[2].append(call)
             slices += len(closed)
+            kernel = _sole_kernel_call(stmt) if folds is not None and i < len(at) else None
+            if kernel is not None:
+                folds[kernel] = (opened, tuple(closed))
+                continue
+            call = ast.parse(f"_dft_span({', '.join(map(str, (opened, *closed)))})").body[0]
+            inserts.setdefault((id(block), id(stmt), i == len(at)), (block, stmt, []))[2].append(call)
     for (_, _, after), (block, stmt, calls) in inserts.items():
         pos = next(p for p, s in enumerate(block) if s is stmt) + after
         block[pos:pos] = calls
@@ -273,7 +290,7 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
 
     by_name = {id(d): _nodes_by_name(graph_of(d)) for d in (call_def, *subgraphs)}
     used: set = set()
-    stacks = []
+    stacks, kernels = [], []
     for name, callee, expr, fdef in finder.found:
         key = _handle_of(handles, used, callee, expr, fdef)
         target = _resolve(expr, module_globals)
@@ -284,10 +301,14 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
         site = _core.intern_site(event, CAT_KERNEL, args)
         if device_timer is not None:
             target = device_timer.op(target, _core.CALL, event, args)
-        namespace[name] = _core.Interceptor(target, site, cell, _core.CALL,
-                                            _core.GRAD_INHERIT, name=name)
-    if module_slices and sum(add_spans(fdef, stacks, graph_id, not backward) for fdef in [call_def, *subgraphs]):
+        kernels.append((name, target, site))
+    folds: dict = {}  # call site -> the module-slice boundary its interceptor makes
+    if module_slices and sum(add_spans(fdef, stacks, graph_id, not backward, folds)
+                             for fdef in [call_def, *subgraphs]):
         namespace["_dft_span"] = modules.span_function(cell)
+    for i, (name, target, site) in enumerate(kernels):
+        namespace[name] = _core.Interceptor(target, site, cell, _core.CALL, _core.GRAD_INHERIT, name=name,
+                                            boundary=folds.get(i))
     code = compile(ast.fix_missing_locations(ast.Module(body=[*subgraphs, call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
     local: dict = {}

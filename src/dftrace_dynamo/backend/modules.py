@@ -9,14 +9,17 @@ and nest exactly in trace viewers; a call whose ops are interleaved with
 another's (AOTAutograd's partitioning and the backward order do this) gets one
 slice per run of its ops, and an op without a module sits in no slice.
 
-At each boundary the graph gets one ``_core.boundary`` call with constant
-arguments: it records the calls closed there, innermost first, from their
-start to now, and opens the calls that begin there. The starts wait on a
+At each boundary the calls closed there are recorded, innermost first, from their
+start to now, and the calls that begin there are opened. The starts wait on a
 per-thread stack in C; the graph call puts its depth back when the graph
-returns or raises, so a graph that raised leaves no slice open. Ops run
-exactly as before; a slice costs one call per module call.
-At ``level="inductor"`` the same plan frames the kernel calls of Inductor's
-generated code (:func:`.inductor.add_spans`).
+returns or raises, so a graph that raised leaves no slice open. A boundary just
+before an op is folded into that op's ``_core.Interceptor`` (``boundary=``): the
+interceptor moves the stack with the same clock read that starts the op, so a
+module call costs no call of its own. A boundary before anything else (the
+graph's output, a checkpointed region) is a ``_core.boundary`` call with
+constant arguments. At ``level="inductor"`` the same plan frames the kernel
+calls of Inductor's generated code, folded into the kernels' interceptors the
+same way (:func:`.inductor.add_spans`).
 
 A module whose own code Dynamo compiles as a frame (called from eager code, or a
 ``forward`` resumed after a graph break) runs partly outside any graph: the code
@@ -29,7 +32,7 @@ which records nothing outside the step windows.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch.fx
 
@@ -60,6 +63,14 @@ def boundaries(stacks: Sequence[Sequence[Frame]]) -> list[tuple[int, list[Frame]
 def is_span(node: torch.fx.Node) -> bool:
     """Whether ``node`` is a boundary call added by :func:`add_spans` (not one of the user's ops)."""
     return getattr(node.target, "func", None) is _core.boundary
+
+
+def boundary_of(node: torch.fx.Node) -> Optional[tuple[int, tuple[int, ...]]]:
+    """``(opened, closed sites)`` of the module-slice boundary at ``node``: a boundary call's
+    arguments, or those folded into the op's interceptor; ``None`` where there is none."""
+    if is_span(node):
+        return node.args[0], tuple(node.args[1:])
+    return node.target.boundary if isinstance(node.target, _core.Interceptor) else None
 
 
 def span_plan(stacks: Sequence[Sequence[Frame]], graph_id: int,
@@ -94,16 +105,31 @@ def span_function(cell) -> functools.partial:
 
 
 def add_spans(graph: torch.fx.Graph, nodes: Sequence[torch.fx.Node], stacks: Sequence[Sequence[Frame]],
-              graph_id: int, cell, hooked: bool = True) -> int:
-    """Inserts the boundary calls for ``nodes`` (the executed nodes, in order, and their module
-    stacks) into ``graph``; returns the number of module slices a call of the graph records."""
+              graph_id: int, cell, hooked: bool = True, fold: bool = True) -> int:
+    """Adds the module-slice boundaries for ``nodes`` (the executed nodes, in order, and their
+    module stacks) to ``graph``: each folded into the interceptor of the op it precedes where
+    that is a plain ``_core.Interceptor`` with this ``cell`` (and ``fold``), else a boundary
+    call inserted before it. Returns the number of module slices a call of the graph records."""
     plan = span_plan(stacks, graph_id, hooked)
-    span = span_function(cell)
+    span = None
     anchors = [*nodes, next(n for n in reversed(graph.nodes) if n.op == "output")]
     for i, opened, closed in plan:
+        op = anchors[i].target
+        if fold and type(op) is _core.Interceptor and op.cell is cell and op.boundary is None:
+            anchors[i].target = _with_boundary(op, opened, closed)
+            continue
+        span = span or span_function(cell)
         with graph.inserting_before(anchors[i]):
             graph.call_function(span, (opened, *closed))
     return sum(len(closed) for _, _, closed in plan)
+
+
+def _with_boundary(op: _core.Interceptor, opened: int, closed: Sequence[int]) -> _core.Interceptor:
+    """``op`` with the boundary ``(opened, closed)`` before it."""
+    folded = _core.Interceptor(op.target, op.site, op.cell, op.mode, op.grad, name=op.__name__,
+                               boundary=(opened, tuple(closed)))
+    folded.__dict__.update(op.__dict__)
+    return folded
 
 
 GROUP = "module slices"
