@@ -435,7 +435,7 @@ static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
 }
 
 /* One op or graph event of group gid: its statistics. */
-static inline int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
+static inline __attribute__((always_inline)) int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
     int64_t key = step;
     if (step != NONE) {
         step_t *st = step_get(step);

@@ -140,7 +140,12 @@ static inline __attribute__((always_inline)) void place(dft_ring *r, uint64_t s,
 #endif
 DFT_NO_MEMCPY_IDIOM static inline __attribute__((always_inline)) char *put_str(char *p, const char *s, size_t n) {
     if (n >= 16) {
-        for (size_t i = 0; i + 16 < n; i += 16)
+        size_t i = 0;
+        for (; i + 32 < n; i += 32) {
+            memcpy(p + i, s + i, 16);
+            memcpy(p + i + 16, s + i + 16, 16);
+        }
+        if (i + 16 < n)
             memcpy(p + i, s + i, 16);
         memcpy(p + n - 16, s + n - 16, 16);
     } else if (n >= 8) {
@@ -167,10 +172,27 @@ static uint32_t fmt_pidtid(char *pt, uint32_t tid) {
 
 /* {"id":N,"name":..,"cat":..,"pid":P,"tid":T: the start of every line we write
  * (pidtid: from fmt_pidtid) */
+/* The text of the last id written: the next one mostly differs in its last digit. */
+static struct {
+    uint64_t v;
+    uint32_t len;
+    char s[32];
+} id_txt = {0, 1, "0"};
+
+static inline __attribute__((always_inline)) char *put_id(char *p, uint64_t id) {
+    if (DFT_LIKELY(id == id_txt.v + 1 && id_txt.s[id_txt.len - 1] != '9'))
+        id_txt.s[id_txt.len - 1]++;
+    else
+        id_txt.len = (uint32_t)(dft_fmt_u64(id_txt.s, id) - id_txt.s);
+    id_txt.v = id;
+    memcpy(p, id_txt.s, DFT_FMT_MAX);
+    return p + id_txt.len;
+}
+
 static inline __attribute__((always_inline)) char *put_head(char *p, const char *namecat, size_t len,
                                                             const char *pidtid, size_t pt_len) {
     PUT("{\"id\":");
-    p = dft_fmt_u64(p, dft_w.next_id++);
+    p = put_id(p, dft_w.next_id++);
     PUTS(namecat, len);
     PUTS(pidtid, pt_len);
     return p;
