@@ -99,8 +99,11 @@ typedef struct {
 } codes_t;
 
 struct dft_deflate {
-    size_t last[DFT_DEFLATE_KEYS]; /* per line key: start + 1 of its last line in the member */
-    uint32_t hlast[DFT_DEFLATE_KEYS]; /* per hint key: index + 1 of its last hinted line */
+    /* per line key: the start of its last line in the block; per hint key: the index of its
+     * last hinted line; each + 1 | the block's pass << PASS_SHIFT (other passes' are stale: no
+     * clearing per block) */
+    uint64_t last[DFT_DEFLATE_KEYS], hlast[DFT_DEFLATE_KEYS];
+    uint64_t pass;
     const dft_line_hint *h;           /* the next member's hints (dft_deflate_hints) */
     size_t nh;
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
@@ -384,6 +387,7 @@ static inline size_t common(const unsigned char *a, const unsigned char *b, size
 }
 
 #define WINDOW 32768u
+#define PASS_SHIFT 40 /* text offsets and hint indices of a member stay below 2^40 */
 
 /* Start of the line to compare the line at s[pos..n) with, or pos: none. */
 static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_t n, size_t prev) {
@@ -402,10 +406,10 @@ static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_
         memcpy(&x, q + 32, 8);
         uint64_t h = a * 0x9E3779B97F4A7C15ull ^ b * 0xC2B2AE3D27D4EB4Full ^ c * 0x165667B19E3779F9ull ^
                      x * 0xD6E8FEB86659FD93ull;
-        size_t *slot = &d->last[(h ^ h >> 29) & (DFT_DEFLATE_KEYS - 1)];
-        if (*slot && pos - (*slot - 1) <= WINDOW)
-            ref = *slot - 1;
-        *slot = pos + 1;
+        uint64_t *slot = &d->last[(h ^ h >> 29) & (DFT_DEFLATE_KEYS - 1)];
+        if (*slot >> PASS_SHIFT == d->pass && pos - (*slot - (d->pass << PASS_SHIFT) - 1) <= WINDOW)
+            ref = *slot - (d->pass << PASS_SHIFT) - 1;
+        *slot = (d->pass << PASS_SHIFT) + pos + 1;
     }
     return pos - ref <= WINDOW ? ref : pos;
 }
@@ -485,9 +489,9 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
         f[5] + 8u > h->len)
         return 0;
     uint64_t k = h->key * 0x9e3779b97f4a7c15ull;
-    uint32_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
-    const dft_line_hint *r = *slot ? d->h + *slot - 1 : NULL;
-    *slot = (uint32_t)(h - d->h) + 1;
+    uint64_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)], tag = d->pass << PASS_SHIFT;
+    const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
+    *slot = tag + (uint64_t)(h - d->h) + 1;
     if (!r || r->key != h->key || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW)
         return 0;
     const uint16_t *g = r->f;
@@ -516,8 +520,11 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
 
 /* One block of every line of s[0..n) with the codes w->c; its symbols are counted in d. */
 static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n) {
-    memset(d->last, 0, sizeof d->last);
-    memset(d->hlast, 0, sizeof d->hlast);
+    if (++d->pass >> (64 - PASS_SHIFT)) { /* after 2^24 blocks */
+        memset(d->last, 0, sizeof d->last);
+        memset(d->hlast, 0, sizeof d->hlast);
+        d->pass = 1;
+    }
     memset(d->nlit, 0, sizeof d->nlit);
     memset(d->ndist, 0, sizeof d->ndist);
     memset(d->npair, 0, sizeof d->npair);
