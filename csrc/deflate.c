@@ -1,16 +1,21 @@
-/* gzip members made for trace lines, at about a thousand instructions per line.
+/* gzip members made for trace lines, at a few hundred instructions per line.
  *
  * A general deflate searches every position for earlier matches (libdeflate
  * level 1: ~16 instructions per byte). Trace lines need no search: most of a
  * line repeats the previous line of the same event site (name, category, pid,
  * tid, args, field names), and what differs are a few digits (id, ts, dur).
- * Each line is compared with one earlier line, 16 bytes at a time: equal runs
- * become back-references, and at a difference both lines skip to their next
- * JSON delimiter, the bytes skipped in the new line becoming literals. The
- * earlier line is the last one in the member whose first 32 bytes after the
- * id (its name and category) hash alike, or else the previous line. Every
- * back-reference is checked against the text, so the output is exact
- * whatever the lines hold; unusual lines only compress less.
+ * The writer says where those are (dft_deflate_hints) in the lines it vouches
+ * are the same elsewhere as the last line of their key (one site's copied
+ * tail text, one track, writer.c): such a line is one back-reference per
+ * constant part, each extended over the field's leading digits that agree,
+ * and the remaining digits as literals, two per code. Any other line (or one
+ * whose key's last line is out of the window) is compared with one earlier
+ * line, 16 bytes at a time: equal runs become back-references, and at a
+ * difference both lines skip to their next JSON delimiter, the bytes skipped
+ * in the new line becoming literals. That earlier line is the last one in
+ * the member whose first 32 bytes after the id (its name and category) hash
+ * alike, or else the previous line; these back-references are checked
+ * against the text, so the output is exact whatever the lines hold.
  *
  * One block per member (RFC 1951) in a standard gzip member (RFC 1952): any
  * gzip reader decodes it alone. Its Huffman codes are made from the symbols
