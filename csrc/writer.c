@@ -753,6 +753,9 @@ static void *writer_main(void *arg) {
 int dft_writer_start(void) {
     dft_w.stop = 0;
     hints.n = 0; /* a forked child's file starts without its parent's */
+    /* room for a whole member now, not by copying doublings while events flow (untouched
+     * pages cost no memory); a failure here only means growing later */
+    (void)dft_buf_reserve(&dft_w.fmt, MEMBER_BYTES + (64u << 10));
     dft_w.last_member_ns = dft_mono();
     if (pthread_create(&dft_w.thread, NULL, writer_main, NULL) != 0)
         return -1;
