@@ -6,6 +6,7 @@ re-taken anywhere (benchmarks/results_overhead.rst, results_writer.rst)::
     python3 benchmarks/callgrind_costs.py ops --workload elem --level torch
     python3 benchmarks/callgrind_costs.py ops --workload mlp --level aten --slices
     python3 benchmarks/callgrind_costs.py writer --compression 1
+    python3 benchmarks/callgrind_costs.py ops --level inductor
 
 The script re-runs itself under ``valgrind --tool=callgrind --separate-threads=yes
 --instr-atstart=no``: compiling and warming up run uninstrumented; a small helper
@@ -23,6 +24,11 @@ writer thread's instructions and bytes per event. ``--slices`` compares module s
 on against off instead (both traced): the cost per module call (one module slice;
 the boundaries folded into interceptors count in csrc/callwrap.c and core.h).
 
+At ``--level inductor`` the sections call a chain of small matmuls (bench_inductor.py's
+kernel case, one extern ``mm`` kernel each) compiled with ``backend="dftrace",
+options={"level": "inductor"}`` and with plain ``backend="inductor"``: the calling thread's
+cost per kernel call.
+
 ``writer``: ``_core.record`` of events shaped like the backend's op events, then a
 flush: the writer thread's instructions per event and the bytes per event in the file.
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import ctypes
 import dataclasses
 import glob
@@ -252,9 +259,19 @@ def run_ops(args, cg, tmp):
 
     torch.set_num_threads(1)
     dftrace_dynamo.initialize_log(os.path.join(tmp, "cg"))
-    fn, inputs, train, _ = workload(args.workload)
-    n_ops = ops_per_call(fn, inputs, args.level, train)
-    if args.slices:
+    if args.level == "inductor":  # bench_inductor's kernel case: one extern mm kernel per matmul
+        from bench_inductor import Chain  # noqa: E402
+
+        torch.manual_seed(0)
+        fn, inputs, train, n_ops = Chain(args.chain), (torch.randn(4, 4),), False, args.chain
+    else:
+        fn, inputs, train, _ = workload(args.workload)
+        n_ops = ops_per_call(fn, inputs, args.level, train)
+    if args.level == "inductor":
+        base = torch.compile(copy.deepcopy(fn), backend="inductor")
+        traced = torch.compile(fn, backend="dftrace", options={"level": "inductor"})
+        spans = 0
+    elif args.slices:
         base, _ = compile_with_slices(fn, inputs, train, args.level, False)
         traced, spans = compile_with_slices(fn, inputs, train, args.level, True)
     else:
@@ -346,8 +363,9 @@ def report_ops(argv, args):
     base, base_parts = diff_parts(dumps[f"base:{n}"][1], dumps[f"base:{2 * n}"][1], n)
     traced, traced_parts = diff_parts(dumps[f"traced:{n}"][1], dumps[f"traced:{2 * n}"][1], n)
     what = "module slices on vs off" if args.slices else "traced vs untraced"
-    unit, per = ("module call", spans) if args.slices else ("op", ops)
-    print(f"{args.workload} at level {args.level}, {what}: {ops:.0f} ops/call, {spans:.0f} module calls/call, "
+    unit, per = ("module call", spans) if args.slices else ("kernel call" if args.level == "inductor" else "op", ops)
+    name = f"chain of {args.chain} matmuls" if args.level == "inductor" else args.workload
+    print(f"{name} at level {args.level}, {what}: {ops:.0f} ops/call, {spans:.0f} module calls/call, "
           f"{events:.0f} events/call, N={n} calls")
     print(f"calling thread: {(traced - base) / per:.0f} instructions per {unit} "
           f"(untraced{', slices off' if args.slices else ''}: {base / ops:.0f} per op), by part:")
@@ -380,7 +398,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("ops", "writer"))
     p.add_argument("--workload", default="elem", help="ops: a bench_overhead workload (elem, mlp)")
-    p.add_argument("--level", default="torch", choices=("torch", "aten"))
+    p.add_argument("--level", default="torch", choices=("torch", "aten", "inductor"),
+                   help="ops: inductor measures a chain of --chain small matmuls (bench_inductor.py's kernel "
+                        "case) against plain backend='inductor', per kernel call; --workload is unused there")
+    p.add_argument("--chain", type=int, default=24, help="ops at level inductor: matmuls (kernels) per call")
     p.add_argument("--slices", action="store_true", help="ops: module slices on vs off instead of traced vs untraced")
     p.add_argument("--calls", type=int, default=20, help="ops: N, calls per section (N and 2N are differenced)")
     p.add_argument("--events", type=float, default=100000, help="writer: N events (N and 2N are differenced)")

@@ -435,7 +435,7 @@ static int64_t group_of(int kind, int kernel, const val_t *t, const val_t *a) {
 }
 
 /* One op or graph event of group gid: its statistics. */
-static inline int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
+static inline __attribute__((always_inline)) int add_event(int kind, uint32_t gid, int bwd, int64_t step, uint64_t ns) {
     int64_t key = step;
     if (step != NONE) {
         step_t *st = step_get(step);
@@ -479,14 +479,18 @@ static int copy_line(const char *line, size_t len) {
 
 /* What an event of one (site, tags, flags) contributes, from its line (cached). */
 typedef struct {
-    uint32_t site, tags, flags, tlen;
+    uint32_t tags, flags, tlen;
     char tcopy[64]; /* the tags' text: an owned tags id may be reused with other text */
     int used, kind, kernel, bwd, copy, slice, compile, step_from_line;
     uint32_t gid;
     int64_t step; /* the step the site or tags text gives (step_from_line) */
 } cls_t;
-#define CACHE 4096
-static cls_t cache[CACHE];
+/* Per site, the last two (tags, flags) seen: a graph's ops alternate between their sites, never
+ * thrashing one slot as a hashed cache does when two sites of one graph share it. */
+static struct {
+    cls_t **site; /* [site id] -> two entries (NULL until its first event) */
+    uint32_t cap;
+} cache;
 
 static int classify(const char *line, size_t len, cls_t *k) {
     const char *e = line + len;
@@ -563,6 +567,30 @@ static inline int same(const char *a, const char *b, uint32_t n) { /* memcmp of 
     return 1;
 }
 
+/* The two entries of a site (new ones zeroed); NULL: out of memory. */
+static cls_t *cache_slot(uint32_t site) {
+    if (DFT_UNLIKELY(site >= cache.cap)) {
+        uint32_t cap = cache.cap ? cache.cap : 256;
+        while (cap <= site)
+            cap *= 2;
+        cls_t **p = realloc(cache.site, cap * sizeof *p);
+        if (!p)
+            return NULL;
+        memset(p + cache.cap, 0, (cap - cache.cap) * sizeof *p);
+        cache.site = p;
+        cache.cap = cap;
+    }
+    if (DFT_UNLIKELY(!cache.site[site]))
+        cache.site[site] = calloc(2, sizeof(cls_t));
+    return cache.site[site];
+}
+
+static inline int hit(const cls_t *k, uint32_t tags_id, uint32_t flags, const dft_str *tags) {
+    uint32_t tlen = tags ? tags->len : 0;
+    return k->used && k->tags == tags_id && k->flags == flags && k->tlen == tlen &&
+           (!tlen || same(k->tcopy, tags->p, tlen));
+}
+
 #define CACHED_FLAGS (DFT_PHASE_MASK | DFT_FLAG_NOCTX | DFT_FLAG_STEP | DFT_FLAG_NOSTEP | DFT_FLAG_TIMED)
 
 void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) {
@@ -572,9 +600,14 @@ void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) 
     if (x->site && !x->extra) { /* an interned site's event: what it adds is known after its first */
         const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
         uint32_t tlen = tags ? tags->len : 0, flags = x->flags & CACHED_FLAGS;
-        cls_t *k = &cache[mix(((uint64_t)x->site << 32 | x->tags) ^ (uint64_t)flags << 20) & (CACHE - 1)];
-        if (!k->used || k->site != x->site || k->tags != x->tags || k->flags != flags || k->tlen != tlen ||
-            (tlen && !same(k->tcopy, tags->p, tlen))) {
+        cls_t *k = cache_slot(x->site);
+        if (!k) {
+            rc = -1;
+            goto out;
+        }
+        if (!hit(k, x->tags, flags, tags) && !hit(++k, x->tags, flags, tags)) {
+            k[0] = k[-1]; /* the newer one moves to the second entry */
+            k--;
             k->used = 0;
             if (tlen > sizeof k->tcopy || classify(line, len, k) < 0) {
                 rc = tlen > sizeof k->tcopy ? 0 : -1;
@@ -585,7 +618,7 @@ void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) 
             fixed = fixed != NONE ? fixed : tags ? step_in(tags->p, tlen) : NONE;
             k->step_from_line = fixed != NONE;
             k->step = fixed;
-            k->site = x->site, k->tags = x->tags, k->flags = flags, k->tlen = tlen;
+            k->tags = x->tags, k->flags = flags, k->tlen = tlen;
             if (tlen)
                 memcpy(k->tcopy, tags->p, tlen);
             k->used = 1;
@@ -604,7 +637,10 @@ out:
 }
 
 static void free_all(void) {
-    memset(cache, 0, sizeof cache);
+    for (uint32_t i = 0; i < cache.cap; i++)
+        free(cache.site[i]);
+    free(cache.site);
+    memset(&cache, 0, sizeof cache);
     for (uint32_t i = 0; i < A.ns; i++)
         free(A.s[i].b);
     free(A.keys.p), free(A.copy.p), free(A.scratch.p), free(A.g), free(A.gm.slot), free(A.s), free(A.sm.slot);

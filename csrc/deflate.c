@@ -1,16 +1,21 @@
-/* gzip members made for trace lines, at about a thousand instructions per line.
+/* gzip members made for trace lines, at a few hundred instructions per line.
  *
  * A general deflate searches every position for earlier matches (libdeflate
  * level 1: ~16 instructions per byte). Trace lines need no search: most of a
  * line repeats the previous line of the same event site (name, category, pid,
  * tid, args, field names), and what differs are a few digits (id, ts, dur).
- * Each line is compared with one earlier line, 16 bytes at a time: equal runs
- * become back-references, and at a difference both lines skip to their next
- * JSON delimiter, the bytes skipped in the new line becoming literals. The
- * earlier line is the last one in the member whose first 32 bytes after the
- * id (its name and category) hash alike, or else the previous line. Every
- * back-reference is checked against the text, so the output is exact
- * whatever the lines hold; unusual lines only compress less.
+ * The writer says where those are (dft_deflate_hints) in the lines it vouches
+ * are the same elsewhere as the last line of their key (one site's copied
+ * tail text, one track, writer.c): such a line is one back-reference per
+ * constant part, each extended over the field's leading digits that agree,
+ * and the remaining digits as literals, two per code. Any other line (or one
+ * whose key's last line is out of the window) is compared with one earlier
+ * line, 16 bytes at a time: equal runs become back-references, and at a
+ * difference both lines skip to their next JSON delimiter, the bytes skipped
+ * in the new line becoming literals. That earlier line is the last one in
+ * the member whose first 32 bytes after the id (its name and category) hash
+ * alike, or else the previous line; these back-references are checked
+ * against the text, so the output is exact whatever the lines hold.
  *
  * One block per member (RFC 1951) in a standard gzip member (RFC 1952): any
  * gzip reader decodes it alone. Its Huffman codes are made from the symbols
@@ -99,8 +104,16 @@ typedef struct {
 } codes_t;
 
 struct dft_deflate {
-    size_t last[DFT_DEFLATE_KEYS]; /* per line key: start + 1 of its last line in the member */
+    /* per line key: the start of its last line in the block; per hint key: the index of its
+     * last hinted line; each + 1 | the block's pass << PASS_SHIFT (other passes' are stale: no
+     * clearing per block) */
+    uint64_t last[DFT_DEFLATE_KEYS], hlast[DFT_DEFLATE_KEYS];
+    uint64_t pass;
+    const dft_line_hint *h;           /* the next member's hints (dft_deflate_hints) */
+    size_t nh;
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
+    uint32_t npair[256];               /* of them, the pairs sent at once (put_digits) */
+    uint64_t pair[256];                /* the pairs' codes: bits | length << 32 */
     codes_t next;                      /* built from the last member's symbols */
     int have_next;
 };
@@ -244,16 +257,24 @@ static void init_tables(void) {
 #endif
 }
 
+#define ALWAYS_INLINE __attribute__((always_inline)) inline
+
 /* ---- bit output --------------------------------------------------------------
  * At most 32 bits at once; 4 bytes go out once 32 are held. */
+/* Two characters of '.', '/', the digits and ":;<=" (a pair index a << 4 | b)
+ * go out as one code, the two literals' codes in a row: most literals of a
+ * line are the digits of its id, ts and dur. */
+#define PAIR_FIRST '.'
 typedef struct {
     uint64_t bb, bn; /* not 32-bit: the counts' stores cannot change them */
     unsigned char *o;
     const codes_t *c;
     uint32_t *nlit, *ndist; /* symbols counted for the next member's codes */
+    uint32_t *npair;
+    const uint64_t *pair; /* a pair's code: bits | length << 32 */
 } enc_t;
 
-static inline void put_bits(enc_t *w, uint64_t v, unsigned n) {
+static ALWAYS_INLINE void put_bits(enc_t *w, uint64_t v, unsigned n) {
     w->bb |= v << w->bn;
     w->bn += n;
     if (w->bn >= 32) {
@@ -265,14 +286,40 @@ static inline void put_bits(enc_t *w, uint64_t v, unsigned n) {
     }
 }
 
-static inline void put_lit(enc_t *w, unsigned char c) {
+static ALWAYS_INLINE void put_lit(enc_t *w, unsigned char c) {
     w->nlit[c]++;
     put_bits(w, w->c->lit[c] & 0xffff, w->c->lit[c] >> 16);
 }
 
-static inline void put_lits(enc_t *w, const unsigned char *s, size_t n) {
+static ALWAYS_INLINE void put_lits(enc_t *w, const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n; i++)
         put_lit(w, s[i]);
+}
+
+/* Literals, two at a time where both are pair characters. */
+static ALWAYS_INLINE void put_digits(enc_t *w, const unsigned char *s, size_t n) {
+    while (n >= 2) {
+        unsigned a = s[0] - (unsigned)PAIR_FIRST, b = s[1] - (unsigned)PAIR_FIRST;
+        if ((a | b) < 16) {
+            uint64_t k = w->pair[a << 4 | b];
+            w->npair[a << 4 | b]++;
+            put_bits(w, (uint32_t)k, (unsigned)(k >> 32));
+            s += 2;
+            n -= 2;
+        } else {
+            put_lit(w, *s++);
+            n--;
+        }
+    }
+    if (n)
+        put_lit(w, *s);
+}
+
+static void make_pairs(const codes_t *c, uint64_t *pair) {
+    for (unsigned i = 0; i < 256; i++) {
+        uint32_t a = c->lit[PAIR_FIRST + (i >> 4)], b = c->lit[PAIR_FIRST + (i & 15)];
+        pair[i] = ((a & 0xffff) | (b & 0xffff) << (a >> 16)) | (uint64_t)((a >> 16) + (b >> 16)) << 32;
+    }
 }
 
 /* A distance's code and extra bits; the matches of one line mostly share one. */
@@ -281,7 +328,6 @@ typedef struct {
     uint64_t bits;
 } dist_t;
 
-#define ALWAYS_INLINE __attribute__((always_inline)) inline
 static ALWAYS_INLINE void put_match(enc_t *w, size_t m, unsigned dist, dist_t *d) {
     if (dist != d->dist) {
         unsigned v = dist - 1, code = dist_of[v < 256 ? v : 256 + (v >> 7)];
@@ -346,6 +392,7 @@ static inline size_t common(const unsigned char *a, const unsigned char *b, size
 }
 
 #define WINDOW 32768u
+#define PASS_SHIFT 40 /* text offsets and hint indices of a member stay below 2^40 */
 
 /* Start of the line to compare the line at s[pos..n) with, or pos: none. */
 static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_t n, size_t prev) {
@@ -364,10 +411,10 @@ static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_
         memcpy(&x, q + 32, 8);
         uint64_t h = a * 0x9E3779B97F4A7C15ull ^ b * 0xC2B2AE3D27D4EB4Full ^ c * 0x165667B19E3779F9ull ^
                      x * 0xD6E8FEB86659FD93ull;
-        size_t *slot = &d->last[(h ^ h >> 29) & (DFT_DEFLATE_KEYS - 1)];
-        if (*slot && pos - (*slot - 1) <= WINDOW)
-            ref = *slot - 1;
-        *slot = pos + 1;
+        uint64_t *slot = &d->last[(h ^ h >> 29) & (DFT_DEFLATE_KEYS - 1)];
+        if (*slot >> PASS_SHIFT == d->pass && pos - (*slot - (d->pass << PASS_SHIFT) - 1) <= WINDOW)
+            ref = *slot - (d->pass << PASS_SHIFT) - 1;
+        *slot = (d->pass << PASS_SHIFT) + pos + 1;
     }
     return pos - ref <= WINDOW ? ref : pos;
 }
@@ -412,13 +459,85 @@ static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i,
     return end;
 }
 
+/* Equal leading bytes of a and b, at most n; 8 bytes past n are readable in both. */
+static ALWAYS_INLINE size_t prefix(const unsigned char *a, const unsigned char *b, size_t n) {
+    for (size_t k = 0;; k += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + k, 8);
+        memcpy(&y, b + k, 8);
+        if (x ^ y) {
+            k += (unsigned)__builtin_ctzll(x ^ y) >> 3;
+            return k < n ? k : n;
+        }
+        if (k + 8 >= n)
+            return n;
+    }
+}
+
+/* A match of m bytes at distance dist from s + at, or literals below 3 bytes. */
+static ALWAYS_INLINE void put_run(enc_t *w, const unsigned char *s, size_t at, size_t m, unsigned dist, dist_t *d) {
+    if (m >= 3)
+        put_match(w, m, dist, d);
+    else
+        put_lits(w, s + at, m);
+}
+
+/* The line of hint h against the last earlier line of its key, which the
+ * writer vouches is the same outside the id, ts and dur fields: one
+ * back-reference per part, and the field's digits from the first that
+ * differs as literals. Returns the line's end, or 0 to encode it as any other
+ * line. */
+static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n,
+                                       const dft_line_hint *h) {
+    const uint16_t *f = h->f;
+    if (h->len > n - h->at || f[0] > f[1] || f[1] > f[2] || f[2] > f[3] || f[3] > f[4] || f[4] > f[5] ||
+        f[5] + 8u > h->len)
+        return 0;
+    uint64_t k = h->key * 0x9e3779b97f4a7c15ull;
+    uint64_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)], tag = d->pass << PASS_SHIFT;
+    const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
+    *slot = tag + (uint64_t)(h - d->h) + 1;
+    if (!r || r->key != h->key || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW)
+        return 0;
+    const uint16_t *g = r->f;
+    const unsigned char *a = s + h->at, *b = s + r->at;
+    if (f[0] != g[0] || f[2] - f[1] != g[2] - g[1] || f[4] - f[3] != g[4] - g[3] || h->len - f[5] != r->len - g[5])
+        return 0;
+    dist_t dd = {0, 0, 0, 0};
+    unsigned dist = h->at - r->at;
+    size_t at = h->at, m = f[0]; /* the match being extended: from at, m bytes */
+#pragma GCC unroll 3
+    for (unsigned k = 0; k < 6; k += 2) {
+        size_t fa = f[k], fb = f[k + 1], c = fb - fa == (size_t)(g[k + 1] - g[k]) ? prefix(a + fa, b + g[k], fb - fa) : 0;
+        m += c;
+        if (c < fb - fa) { /* the rest of the field as literals; the next part's distance */
+            put_run(w, s, at, m, dist, &dd);
+            put_digits(w, a + fa + c, fb - fa - c);
+            at = h->at + fb;
+            m = 0;
+            dist = (unsigned)(at - (r->at + g[k + 1]));
+        }
+        m += (k < 4 ? f[k + 2] : h->len) - fb;
+    }
+    put_run(w, s, at, m, dist, &dd);
+    return h->at + h->len;
+}
+
 /* One block of every line of s[0..n) with the codes w->c; its symbols are counted in d. */
 static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n) {
-    memset(d->last, 0, sizeof d->last);
+    if (++d->pass >> (64 - PASS_SHIFT)) { /* after 2^24 blocks */
+        memset(d->last, 0, sizeof d->last);
+        memset(d->hlast, 0, sizeof d->hlast);
+        d->pass = 1;
+    }
     memset(d->nlit, 0, sizeof d->nlit);
     memset(d->ndist, 0, sizeof d->ndist);
+    memset(d->npair, 0, sizeof d->npair);
     w->nlit = d->nlit;
     w->ndist = d->ndist;
+    w->npair = d->npair;
+    w->pair = d->pair;
+    make_pairs(w->c, d->pair);
     if (w->c == &fixed) {
         put_bits(w, 1 | 1 << 1, 3); /* BFINAL, fixed Huffman codes */
     } else { /* BFINAL, dynamic codes: all 286 + 30 lengths, each in the code-length code */
@@ -442,9 +561,19 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
         }
     }
     enc_t e = *w; /* a local: the output's bytes cannot alias it, it stays in registers */
-    for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next)
+    const dft_line_hint *h = d->h, *he = h ? h + d->nh : NULL;
+    for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next) {
+        while (h < he && h->at < pos)
+            h++;
+        if (h < he && h->at == pos && (next = put_hinted(d, &e, s, n, h++)))
+            continue;
         next = put_line(&e, s, pos, n, pick_ref(d, s, pos, n, prev));
+    }
     *w = e;
+    for (unsigned i = 0; i < 256; i++) {
+        d->nlit[PAIR_FIRST + (i >> 4)] += d->npair[i];
+        d->nlit[PAIR_FIRST + (i & 15)] += d->npair[i];
+    }
     w->nlit[256]++; /* end of block */
     put_bits(w, w->c->lit[256] & 0xffff, w->c->lit[256] >> 16);
 }
@@ -464,6 +593,11 @@ dft_deflate *dft_deflate_new(void) {
     return calloc(1, sizeof(dft_deflate));
 }
 
+void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n) {
+    d->h = h;
+    d->nh = h ? n : 0;
+}
+
 void dft_deflate_free(dft_deflate *d) {
     free(d);
 }
@@ -480,11 +614,11 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     const unsigned char *s = (const unsigned char *)text;
     static const unsigned char head[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff};
     memcpy(out, head, sizeof head);
-    enc_t w = {0, 0, out + sizeof head, d->have_next ? &d->next : &fixed, NULL, NULL};
+    enc_t w = {0, 0, out + sizeof head, d->have_next ? &d->next : &fixed, NULL, NULL, NULL, NULL};
     put_block(d, &w, s, n);
     uint64_t fixed_cost = w.c == &fixed ? 0 : cost(d, &fixed);
     if (w.c != &fixed && fixed_cost + fixed_cost / 16 < cost(d, w.c)) {
-        w = (enc_t){0, 0, out + sizeof head, &fixed, NULL, NULL};
+        w = (enc_t){0, 0, out + sizeof head, &fixed, NULL, NULL, NULL, NULL};
         put_block(d, &w, s, n);
     }
     unsigned char *o = w.o;
@@ -497,6 +631,8 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
         d->nlit[i]++;
     for (unsigned i = 0; i < NDIST; i++)
         d->ndist[i]++;
+    d->h = NULL; /* hints hold for one member */
+    d->nh = 0;
     huff_lengths(d->nlit, NLIT, 15, d->next.lit_len);
     huff_lengths(d->ndist, NDIST, 15, d->next.dist_len);
     make_all_codes(&d->next);

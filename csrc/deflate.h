@@ -13,6 +13,20 @@ typedef struct dft_deflate dft_deflate;
 dft_deflate *dft_deflate_new(void); /* NULL: out of memory */
 void dft_deflate_free(dft_deflate *d);
 
+/* Where the writer put the parts of an event line that change from event to
+ * event: the id, ts and dur digits, f[] their start and end offsets in the
+ * line. The writer vouches that lines of one key are byte for byte the same
+ * outside those fields (writer.c: one site's tail text, one track). */
+typedef struct {
+    uint64_t key;
+    uint32_t at, len; /* the line, '\n' included, in the member's text */
+    uint16_t f[6];
+} dft_line_hint;
+/* Hints for the lines of the next dft_gzip_member call on d (h[] in the
+ * order of the text; kept, not copied, until that call); NULL: none. Hints
+ * out of bounds or order are ignored; the rest are trusted. */
+void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n);
+
 /* Bytes of output that dft_gzip_member never exceeds for n bytes of input. */
 size_t dft_gzip_bound(size_t n);
 /* One complete gzip member (RFC 1952) holding p[0..n), independent of the

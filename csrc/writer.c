@@ -2,6 +2,7 @@
  * Perfetto sees the measured tree, formats one JSON line per event and hands
  * the text to the sink in members of at most ~1 s. */
 #include "core.h"
+#include "deflate.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -85,7 +86,8 @@ static void place_push(dft_ring *r, uint64_t s, uint64_t ds, uint64_t de) {
  * that would coincide with its first child is made 1 ns longer: Perfetto
  * orders equal-ts slices by duration, so equal intervals could swap parent
  * and child. */
-static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E) {
+static inline __attribute__((always_inline)) void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S,
+                                                        uint64_t *E) {
     const uint32_t m = r->place_cap - 1;
     uint64_t desc_de = 0, desc_ds = UINT64_MAX;
     while (r->place_n) {
@@ -138,7 +140,12 @@ static void place(dft_ring *r, uint64_t s, uint64_t e, uint64_t *S, uint64_t *E)
 #endif
 DFT_NO_MEMCPY_IDIOM static inline __attribute__((always_inline)) char *put_str(char *p, const char *s, size_t n) {
     if (n >= 16) {
-        for (size_t i = 0; i + 16 < n; i += 16)
+        size_t i = 0;
+        for (; i + 32 < n; i += 32) {
+            memcpy(p + i, s + i, 16);
+            memcpy(p + i + 16, s + i + 16, 16);
+        }
+        if (i + 16 < n)
             memcpy(p + i, s + i, 16);
         memcpy(p + n - 16, s + n - 16, 16);
     } else if (n >= 8) {
@@ -165,10 +172,27 @@ static uint32_t fmt_pidtid(char *pt, uint32_t tid) {
 
 /* {"id":N,"name":..,"cat":..,"pid":P,"tid":T: the start of every line we write
  * (pidtid: from fmt_pidtid) */
+/* The text of the last id written: the next one mostly differs in its last digit. */
+static struct {
+    uint64_t v;
+    uint32_t len;
+    char s[32];
+} id_txt = {0, 1, "0"};
+
+static inline __attribute__((always_inline)) char *put_id(char *p, uint64_t id) {
+    if (DFT_LIKELY(id == id_txt.v + 1 && id_txt.s[id_txt.len - 1] != '9'))
+        id_txt.s[id_txt.len - 1]++;
+    else
+        id_txt.len = (uint32_t)(dft_fmt_u64(id_txt.s, id) - id_txt.s);
+    id_txt.v = id;
+    memcpy(p, id_txt.s, DFT_FMT_MAX);
+    return p + id_txt.len;
+}
+
 static inline __attribute__((always_inline)) char *put_head(char *p, const char *namecat, size_t len,
                                                             const char *pidtid, size_t pt_len) {
     PUT("{\"id\":");
-    p = dft_fmt_u64(p, dft_w.next_id++);
+    p = put_id(p, dft_w.next_id++);
     PUTS(namecat, len);
     PUTS(pidtid, pt_len);
     return p;
@@ -326,56 +350,39 @@ static char *put_step(char *p, uint32_t tag) {
     return p + dft_w.step_len;
 }
 
+/* Hints for the own gzip encoder: where each event line of the member being
+ * built has its id, ts and dur (deflate.h). */
+static struct {
+    dft_line_hint *h;
+    uint32_t n, cap;
+} hints;
+
+static void hint_line(uint64_t key, const char *line, const char *const f[6], const char *end) {
+    if (DFT_UNLIKELY(hints.n == hints.cap)) {
+        uint32_t cap = hints.cap ? hints.cap * 2 : 1024;
+        dft_line_hint *h = realloc(hints.h, cap * sizeof *h);
+        if (!h)
+            return; /* the line goes without */
+        hints.h = h;
+        hints.cap = cap;
+    }
+    if (DFT_UNLIKELY(f[5] - line > 65535))
+        return;
+    dft_line_hint *h = &hints.h[hints.n++];
+    h->key = key;
+    h->at = (uint32_t)(line - dft_w.fmt.p);
+    h->len = (uint32_t)(end - line);
+    for (int i = 0; i < 6; i++)
+        h->f[i] = (uint16_t)(f[i] - line);
+}
+
 static const char *const phase_txt[4] = {"", ",\"phase\":\"forward\"", ",\"phase\":\"backward\"",
                                          ",\"phase\":\"inference\""};
 static const uint8_t phase_len[4] = {0, 18, 19, 20};
 
-static int emit_event(dft_ring *r, const dft_rec *x) {
-    dft_buf *b = &dft_w.fmt;
-    const dft_site *site = dft_tab_get(&dft_sites, x->site);
-    const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
-    dft_str namecat = site->namecat;
-    const char *extra = x->extra;
-    if (!x->site && extra) { /* namecat \0 args \0 (dft_extra_text; a step slice's namecat is empty) */
-        namecat.p = extra;
-        namecat.len = (uint32_t)strlen(extra);
-        extra += namecat.len + 1;
-    }
-    size_t extra_len = extra ? strlen(extra) : 0;
-    size_t need = 256 + namecat.len + site->args.len + dft_w.hhash_len + extra_len +
-                  (tags ? tags->len : 0);
-    uint64_t s = x->start, e = x->end > x->start ? x->end : x->start, S, E;
-    uint32_t tid = r->tid;
-    /* place_timed may write a thread name first; place() only once the line fits */
-    if (DFT_UNLIKELY(x->flags & DFT_FLAG_TIMED) && place_timed(r, s, e, &S, &E, &tid) < 0)
-        return -1;
-    if (dft_buf_reserve(b, need) < 0)
-        return -1;
-    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER))
-        S = E = s; /* a sample, not placed */
-    else if (DFT_LIKELY(!(x->flags & DFT_FLAG_TIMED)))
-        place(r, s, e, &S, &E);
-
-    char pt_lane[64], *pt = r->pidtid;
-    uint32_t pt_len = r->pidtid_len;
-    if (DFT_UNLIKELY(tid != r->tid)) /* a lane of timed events */
-        pt_len = fmt_pidtid(pt = pt_lane, tid);
-    char *p = b->p + b->len, *line = p;
-    if (DFT_UNLIKELY(x->flags & DFT_FLAG_STEP))
-        p = put_step_head(p, x->step - 1, pt, pt_len);
-    else
-        p = put_head(p, namecat.p, namecat.len, pt, pt_len);
-    PUT(",\"ts\":");
-    p = put_ts(p, S / 1000);
-    PUT(",\"dur\":");
-    p = dft_fmt_us(p, E - S);
-    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER)) {
-        /* Perfetto reads every arg of a counter as a series: numbers only, no hhash/step */
-        PUT(",\"ph\":\"C\",\"args\":{");
-        if (extra_len)
-            PUTS(extra + 1, extra_len - 1); /* its leading comma */
-        goto end;
-    }
+/* ,"ph":"X","args":{..}}\n: the end of an event's line (not a counter's). */
+static char *put_tail(char *p, const dft_rec *x, const dft_site *site, const dft_str *tags, const char *extra,
+                      size_t extra_len) {
     PUT(",\"ph\":\"X\",\"args\":{\"hhash\":");
     PUTS(dft_w.hhash_json, dft_w.hhash_len);
     PUTS(site->args.p, site->args.len);
@@ -395,9 +402,134 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     }
     if (x->flags & DFT_FLAG_FAILED)
         PUT(",\"failed\":1");
-end:
     PUT("}}\n");
+    return p;
+}
+
+/* The tail of an interned site's event depends only on the file (hhash), the
+ * site, its tags' text, its flags and its step: it is formatted once per
+ * combination and copied. Lines that copied one tail text, of one track,
+ * differ only in their id, ts and dur (the encoder's hints rely on it). */
+#define TAIL_SLOTS 16384u /* by site id */
+#define TAIL_TEXT 240u
+#define TAIL_TAGS 64u
+typedef struct {
+    uint64_t gen; /* file generation it was made for; 0: none */
+    uint32_t site, tags, flags, step, tlen, len;
+    uint32_t serial; /* of this text: a new one each time the entry is made */
+    char tcopy[TAIL_TAGS]; /* the tags' text: an owned tags id may be reused with other text */
+    char text[TAIL_TEXT];
+} tail_t;
+static tail_t *tails;
+static uint32_t tail_serial;
+static dft_buf tail_scratch;
+
+static __attribute__((noinline)) const tail_t *tail_make(const dft_rec *x, const dft_site *site, const dft_str *tags) {
+    uint32_t tlen = tags ? tags->len : 0;
+    if (!tails && !(tails = calloc(TAIL_SLOTS, sizeof *tails)))
+        return NULL;
+    tail_t *t = &tails[x->site & (TAIL_SLOTS - 1)];
+    t->gen = 0;
+    if (tlen > TAIL_TAGS || dft_buf_reserve(&tail_scratch, 256 + dft_w.hhash_len + site->args.len + tlen) < 0)
+        return NULL;
+    char *p = put_tail(tail_scratch.p, x, site, tags, NULL, 0);
+    size_t len = (size_t)(p - tail_scratch.p);
+    if (len > TAIL_TEXT)
+        return NULL;
+    memcpy(t->text, tail_scratch.p, len);
+    if (tlen)
+        memcpy(t->tcopy, tags->p, tlen);
+    t->site = x->site, t->tags = x->tags, t->flags = x->flags, t->step = x->step;
+    t->tlen = tlen, t->len = (uint32_t)len, t->serial = ++tail_serial;
+    t->gen = dft_w.gen;
+    return t;
+}
+
+/* tags' text is the tlen bytes at a (no libc call: most tags are short) */
+static inline int same_text(const char *a, const dft_str *tags, uint32_t n) {
+    const char *b = n ? tags->p : NULL;
+    uint64_t x, y;
+    for (; n >= 8; n -= 8, a += 8, b += 8) {
+        memcpy(&x, a, 8), memcpy(&y, b, 8);
+        if (x != y)
+            return 0;
+    }
+    for (; n; n--)
+        if (*a++ != *b++)
+            return 0;
+    return 1;
+}
+
+static inline const tail_t *tail_get(const dft_rec *x, const dft_site *site, const dft_str *tags) {
+    const tail_t *t = tails ? &tails[x->site & (TAIL_SLOTS - 1)] : NULL;
+    uint32_t tlen = tags ? tags->len : 0;
+    if (DFT_LIKELY(t && t->gen == dft_w.gen && t->site == x->site && t->tags == x->tags && t->flags == x->flags &&
+                   t->step == x->step && t->tlen == tlen && same_text(t->tcopy, tags, tlen)))
+        return t;
+    return tail_make(x, site, tags);
+}
+
+static int emit_event(dft_ring *r, const dft_rec *x) {
+    dft_buf *b = &dft_w.fmt;
+    const dft_site *site = dft_tab_get(&dft_sites, x->site);
+    const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
+    dft_str namecat = site->namecat;
+    const char *extra = x->extra;
+    if (!x->site && extra) { /* namecat \0 args \0 (dft_extra_text; a step slice's namecat is empty) */
+        namecat.p = extra;
+        namecat.len = (uint32_t)strlen(extra);
+        extra += namecat.len + 1;
+    }
+    size_t extra_len = extra ? strlen(extra) : 0;
+    size_t need = 256 + namecat.len + site->args.len + dft_w.hhash_len + extra_len +
+                  (tags ? tags->len : 0);
+    uint64_t s = x->start, e = x->end > x->start ? x->end : x->start, S = 0, E = 0;
+    uint32_t tid = r->tid;
+    /* place_timed may write a thread name first; place() only once the line fits */
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_TIMED) && place_timed(r, s, e, &S, &E, &tid) < 0)
+        return -1;
+    if (dft_buf_reserve(b, need) < 0)
+        return -1;
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER))
+        S = E = s; /* a sample, not placed */
+    else if (DFT_LIKELY(!(x->flags & DFT_FLAG_TIMED)))
+        place(r, s, e, &S, &E);
+
+    char pt_lane[64], *pt = r->pidtid;
+    uint32_t pt_len = r->pidtid_len;
+    if (DFT_UNLIKELY(tid != r->tid)) /* a lane of timed events */
+        pt_len = fmt_pidtid(pt = pt_lane, tid);
+    char *p = b->p + b->len, *line = p;
+    const char *f[6]; /* id, ts, dur: start and end of each */
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_STEP))
+        p = put_step_head(p, x->step - 1, pt, pt_len);
+    else
+        p = put_head(p, namecat.p, namecat.len, pt, pt_len);
+    PUT(",\"ts\":");
+    f[0] = line + 6; /* {"id": */
+    f[1] = p - 6 - pt_len - namecat.len; /* for a step slice: unused */
+    f[2] = p;
+    p = put_ts(p, S / 1000);
+    f[3] = p;
+    PUT(",\"dur\":");
+    f[4] = p;
+    p = dft_fmt_us(p, E - S);
+    f[5] = p;
+    const tail_t *t = NULL;
+    if (DFT_UNLIKELY(x->flags & DFT_FLAG_COUNTER)) {
+        /* Perfetto reads every arg of a counter as a series: numbers only, no hhash/step */
+        PUT(",\"ph\":\"C\",\"args\":{");
+        if (extra_len)
+            PUTS(extra + 1, extra_len - 1); /* its leading comma */
+        PUT("}}\n");
+    } else if (x->site && !x->extra && !(x->flags & DFT_FLAG_STEP) && (t = tail_get(x, site, tags))) {
+        PUTS(t->text, t->len);
+    } else {
+        p = put_tail(p, x, site, tags, extra, extra_len);
+    }
     b->len = (size_t)(p - b->p);
+    if (t && dft_w.sink.dfl)
+        hint_line((uint64_t)t->serial << 32 | tid, line, f, p);
     dft_agg_event(x, line, (size_t)(p - line), E - S);
     dft_w.written++;
     dft_w.member_events++;
@@ -429,6 +561,7 @@ static void write_failed(void) {
     atomic_fetch_add(&dft_w.dropped, gone);
     dft_w.member_events = 0;
     dft_w.fmt.len = 0;
+    hints.n = 0;
     dft_w.hold = 0;
     dft_sink_cut(k);
     uint64_t pushed, pending;
@@ -455,7 +588,13 @@ static void end_member(void) {
     dft_w.last_member_ns = dft_mono();
     if (dft_w.fmt.len <= dft_w.hold)
         return;
-    if (dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len) < 0) {
+    if (dft_w.sink.dfl)
+        dft_deflate_hints(dft_w.sink.dfl, hints.h, hints.n);
+    int rc = dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
+    if (dft_w.sink.dfl)
+        dft_deflate_hints(dft_w.sink.dfl, NULL, 0);
+    hints.n = 0;
+    if (rc < 0) {
         write_failed();
         return;
     }
@@ -487,7 +626,8 @@ static void drain_ring(dft_ring *r) {
             dft_rec *x = &r->buf[t & r->mask];
             if (dft_w.failed || emit_event(r, x) < 0)
                 atomic_fetch_add(&dft_w.dropped, 1);
-            free(x->extra);
+            if (x->extra)
+                free(x->extra);
             if (dft_w.fmt.len >= MEMBER_BYTES)
                 end_member();
         }
@@ -612,6 +752,10 @@ static void *writer_main(void *arg) {
  * with close() may still be waiting and is served by the next writer. */
 int dft_writer_start(void) {
     dft_w.stop = 0;
+    hints.n = 0; /* a forked child's file starts without its parent's */
+    /* room for a whole member now, not by copying doublings while events flow (untouched
+     * pages cost no memory); a failure here only means growing later */
+    (void)dft_buf_reserve(&dft_w.fmt, MEMBER_BYTES + (64u << 10));
     dft_w.last_member_ns = dft_mono();
     if (pthread_create(&dft_w.thread, NULL, writer_main, NULL) != 0)
         return -1;

@@ -4,6 +4,7 @@ escaping, timestamps and flags."""
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -241,6 +242,62 @@ def test_flags(tmp_path, flags, expect):
     _core.close()
     (e,) = events(read_objects(path))
     assert e["name"] == "op" and e["args"] == {"hhash": HHASH, **expect}
+
+
+@pytest.mark.parametrize("comp", [0, 1])
+def test_one_site_in_changing_contexts(tmp_path, comp):
+    """The end of an interned site's line is formatted once per (site, tags' text, flags, step)
+    and reused: every event still shows its own tags, flags and step, also when a tags id is
+    reused for other text of the same length, when the tags are too long to reuse, and when two
+    sites alternate in one slot; the gzip trace (whose encoder relies on it) holds the same
+    lines."""
+    sites = [_core.intern_site("op", "dynamo", {"node": "op_1"}), _core.intern_site("op", "dynamo", {"node": "op_2"})]
+    for k in range(16384 - 2):  # the site 16384 ids on shares sites[0]'s slot (writer.c TAIL_SLOTS)
+        _core.intern_site(f"filler{k}", "c")
+    sites.append(_core.intern_site("far", "dynamo"))
+    assert sites[2] - sites[0] == 16384
+    long_tags = {"module": "m" * 70, "x": 1}
+    tag_ids = {"none": 0, "short": _core.intern_tags({"k": "a"}), "long": _core.intern_tags(long_tags)}
+    tag_args = {"none": {}, "short": {"k": "a"}, "long": long_tags}
+    cell = _core.TagCell()
+    fwd, bwd = _core.PHASE_FORWARD << _core.PHASE_SHIFT, _core.PHASE_BACKWARD << _core.PHASE_SHIFT
+    flag_args = {0: {"grad_enabled": 0}, _core.FLAG_GRAD | fwd: {"grad_enabled": 1, "phase": "forward"},
+                 bwd | _core.FLAG_FAILED: {"grad_enabled": 0, "phase": "backward", "failed": 1}}
+    path = open_trace(tmp_path, comp)
+    rnd = random.Random(5)
+    expect, t, ids = [], 1_700_000_000_000_000_000, set()
+    for block in range(150):  # a few events of one context, then one or more of its parts change
+        if block % 7 == 0:
+            _core.set_step(None if block % 14 or block == 140 else block)
+        if block % 5 == 0:  # the cell's text changes; a released id is reused after a flush
+            _core.flush()
+            cell.set({"w": f"v{block // 5 % 3}"})
+            ids.add(cell.id)
+        site, kind, flags = rnd.randrange(3), rnd.choice(["none", "short", "long", "cell"]), rnd.choice(list(flag_args))
+        for _ in range(rnd.randrange(1, 6)):
+            _core.record(sites[site], t, t + 500 + rnd.randrange(3000), flags, cell.id if kind == "cell" else tag_ids[kind])
+            step = _core.get_step()
+            expect.append({"hhash": HHASH, **({"node": f"op_{site + 1}"} if site < 2 else {}),
+                           **({"w": f"v{block // 5 % 3}"} if kind == "cell" else tag_args[kind]),
+                           **({} if step is None else {"step": step}), **flag_args[flags]})
+            t += 5000
+    assert len(ids) < 30  # ids were reused
+    _core.flush()
+    cell.set({"w": "v7"})
+    first = cell.id
+    cell.set({"w": "v8"})  # first is released, free once the writer passed
+    _core.flush()
+    for text in ("v7", "v9"):  # one site and context; the tags id again, for other text
+        cell.set({"w": text})
+        assert cell.id == first
+        _core.record(sites[0], t, t + 1000, 0, cell.id)
+        expect.append({"hhash": HHASH, "node": "op_1", "w": text, "grad_enabled": 0})
+        cell.set({"w": "v8"})
+        _core.flush()
+        t += 5000
+    _core.close()
+    got = [e["args"] for e in events(read_objects(path))]
+    assert got == expect
 
 
 def test_constants():
