@@ -28,7 +28,7 @@ import tempfile
 import orjson
 
 from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
-from . import kernels, sketch, steps
+from . import engines, kernels, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
 from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, RANK_COLUMNS, SAMPLE_VIEWS, load,
@@ -44,6 +44,7 @@ MAX_SAMPLES = 100_000  # per-step samples kept at most (else diff reads the even
 # file: a file without one (the common case) costs a summary only that much more decoding
 SEARCH_BYTES, SEARCH_MEMBERS = 8 << 20, 4
 KILLED_BYTES = 64 << 20  # searched for the last checkpoint of a file that was not closed
+PARALLEL_FILES = 16  # from this many files up, partials(processes=None) uses one process per core
 _GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of a group
 
 
@@ -110,7 +111,7 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
     warm = {tuple(w) for w in record["warmup"]}
     out = {"whole": False, "warnings": [], "runs": [(i, *record["runs"][0][1:])] if record["runs"] else [],
            "unparsed": record["unparsed"], "evaluation": record["evaluation"], "records": records,
-           "slices": slices, "parts": parts, "steps": None, "groups": groups,
+           "slices": slices, "parts": parts, "steps": info, "groups": groups,
            "kernels": {"info": {k: (t, f, None) for k, t, f in record["kernels"]}, "rows": kernel_rows}
            if "kernel" in views else None,
            "samples": [(view, _depth(key, module_depth) if view == "module" else key, step, ns)
@@ -124,16 +125,35 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
     return out
 
 
-def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False):
+def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False, processes=1):
     """The partials of every file from its aggregate record, or None when some file has none
-    or one cannot answer (the caller then scans the events)."""
+    or one cannot answer (the caller then scans the events). ``processes``: how many local
+    processes read the files, each its share of them into one partial (None: one per core
+    from :data:`PARALLEL_FILES` files up, else 1). They are spawned: the caller's main module
+    must be importable (a script calls this under ``if __name__ == "__main__":``)."""
     options = (views, module_depth, include_warmup, step_samples)
-    records = [read(path) for path in paths]
-    if not all(records):
+    if processes is None:
+        processes = (os.cpu_count() or 1) if len(paths) >= PARALLEL_FILES else 1
+    processes = max(min(processes, len(paths)), 1)
+    cuts = [len(paths) * w // processes for w in range(processes + 1)]
+    shares = [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]  # in file order
+    if len(shares) == 1:
+        out = [_share(paths, shares[0], options)]
+    else:
+        with engines.Processes(len(shares)) as pool:
+            out = pool.map(_share, [paths] * len(shares), shares, [options] * len(shares))
+    return None if None in out else [p for share in out for p in share]
+
+
+def _share(paths, indices, options):
+    """The partials of the files ``paths[i]``, i in ``indices``, from their aggregate records, or
+    None when one has none or cannot answer."""
+    records = {i: read(paths[i]) for i in indices}
+    if not all(records.values()):
         return None
-    written = [i for i, r in enumerate(records) if r.get("version") == WRITER_VERSION]
+    written = [i for i in indices if records[i].get("version") == WRITER_VERSION]
     try:
-        out = [partial(paths, i, r, *options) for i, r in enumerate(records) if i not in written]
+        out = [partial(paths, i, records[i], *options) for i in indices if i not in written]
         if written:
             out.append(_from_writer(paths, written, records, *options))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a record not as documented
@@ -159,7 +179,7 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
             copies[i] = os.path.join(tmp, f"{i}.pfw")
             with open(copies[i], "wb") as f:
                 f.write(b"[\n" + b"\n".join(map(orjson.dumps, records[i]["events"])) + b"\n]\n")
-        con, base, _ = load(copies, indices, rank_rows=True)
+        con, base, _ = load(copies, indices, rank_rows=True, analyse=False)
     names = dict(((f, p), n) for f, p, n in con.execute(
         f"SELECT file, pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY ALL").fetchall())
     con.close()
@@ -170,7 +190,8 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     warm = set(info["warmup_keys"])
     if any((i, pids[i], s) in warm and s not in set(records[i]["apart"]) for i, _, s in warm):
         return None  # a warm-up step folded into the steady totals
-    groups, kernel_stats, kernel_info, samples = [], [], {}, []
+    # one row per view, group key and sketch bucket of all these files (what merge() adds up)
+    totals, kernel_stats, kernel_info, samples = {}, [], {}, []
     names_of_views = list(dict.fromkeys(["phase", "process", *(v for v in views if v in OP_VIEWS)]))
     for i in indices:
         keys = [(kind, kernel, name if name is not None else "(no name)", _text(module) or "(top level)",
@@ -188,7 +209,9 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                 rows += [(sketch.ZERO, 0, zero, 0, lo, hi)] if zero else []
             view_keys = {"op": (name,), "module": (_depth(module, module_depth),), "phase": (phase,),
                          "graph": (graph, phase), "process": (i, pids[i])}
-            groups += [(kind, view, view_keys[view], *row, None, None) for view in names_of_views for row in rows]
+            for view in names_of_views:
+                for bucket, *stats in rows:
+                    _add(totals, (kind, view, view_keys[view], bucket), stats)
             if kernel:
                 kernel_stats += [(name, *row) for row in rows]
                 old = kernel_info.get(name, (None, set()))
@@ -198,6 +221,7 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                                 "phase": keys[gid][4]}[view], step, ns)
                         for gid, step, ns in records[i]["samples"]
                         if include_warmup or (i, pids[i], step) not in warm for view in SAMPLE_VIEWS if view in views]
+    groups = [(*key, count, timed, ns, lo, hi, None, None) for key, (count, timed, ns, lo, hi) in totals.items()]
     groups += [(PROCESS_NAME, "process", key, None, 1, 0, 0, None, None, None, name) for key, name in names.items()]
     clocks = {i: next((e.get("args") for e in records[i]["events"]
                        if e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None) for i in indices}
@@ -205,11 +229,28 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
         f"{paths[i]}: not closed (its process ended without closing the trace): counted up to its last "
         "aggregate checkpoint; --source events counts every event that reached the file"
         for i in indices if not records[i]["closed"]]
-    return dict(base, whole=False, steps=None, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
+    return dict(base, whole=False, steps=info, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
                 rank_rows=base.get("rank_rows") or [[] for _ in RANK_COLUMNS],
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},
                          "rows": kernel_stats} if "kernel" in views else None,
                 samples=samples if step_samples else None)
+
+
+def _add(totals, key, stats):
+    """Adds the (count, timed count, ns, min, max) ``stats`` of a group row to ``totals[key]``,
+    as summary.merge() would: the min and max of rows that enter the sketch (a timed count)."""
+    count, timed, ns, lo, hi = stats
+    old = totals.get(key)
+    if old is None:
+        totals[key] = [count, timed, ns, lo, hi]
+        return
+    if timed and old[1]:
+        old[3], old[4] = min(old[3], lo), max(old[4], hi)
+    elif timed:
+        old[3], old[4] = lo, hi
+    old[0] += count
+    old[1] += timed
+    old[2] += ns
 
 
 def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):

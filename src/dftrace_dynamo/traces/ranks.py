@@ -45,6 +45,7 @@ from .steps import quantile
 
 FUNCTIONAL = "function._c10d_functional."  # op events of functional collectives (events.comm)
 PARTS = ("wait", "comm", "data", "compute", "other")  # in the order an instant is counted
+PART_KEYS = tuple(f"{c}_us" for c in PARTS)  # the rows' fields
 NOISE_FACTOR, MIN_SHARE = 3.0, 0.05
 
 
@@ -184,14 +185,14 @@ def analyse(con, paths, kinds, records, step_info, clocks=None):
         for j, s in enumerate(steady):
             lo, hi = bounds[i * len(steady) + j]
             row = {"rank": label[q], "step": s, "wall_us": hi - lo, "end_us": hi,
-                   **{f"{c}_us": v for c, v in zip(PARTS, split[i * len(steady) + j])},
+                   **dict(zip(PART_KEYS, split[i * len(steady) + j])),
                    "wait_caused_us": blame.get((q, s), 0.0)}
             own.append(row)
         rows += own
         entry = {"rank": label[q], "steps": len(own), "clock_offset_us": offsets[q]}
         if own:
-            entry.update({f"{c}_us": statistics.fmean(r[f"{c}_us"] for r in own) for c in ("wall", *PARTS)})
-            entry["wait_caused_us"] = statistics.fmean(r["wait_caused_us"] for r in own)
+            entry.update({key: statistics.fmean([r[key] for r in own]) for key in ("wall_us", *PART_KEYS)})
+            entry["wait_caused_us"] = statistics.fmean([r["wait_caused_us"] for r in own])
             entry["wait_caused_median_us"] = quantile([r["wait_caused_us"] for r in own], 0.5)
         peaks = [x[2].get(ARG_PEAK_RSS) for x in step_of[q].values() if x[2].get(ARG_PEAK_RSS) is not None]
         if peaks:

@@ -126,6 +126,23 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
     return {"processes": procs, "rows": rows, "warmup_keys": warm_keys, "include_warmup": include_warmup}
 
 
+def join(infos):
+    """The :func:`analyse` of several sets of files from the analyses of each (its rules are per
+    process, and a process's events are all in one file): processes, rows and warm-up steps in
+    process order, as one analysis of all would give them."""
+    infos = list(infos)
+    if len(infos) == 1:
+        return infos[0]
+
+    def by_proc(items, key):
+        return sorted((x for info in infos for x in info[items]), key=key)
+    return {"processes": by_proc("processes", tuple), "rows": by_proc("rows", lambda r: (r["file"], r["pid"])),
+            "warmup_keys": by_proc("warmup_keys", lambda k: k[:2]), "include_warmup": infos[0]["include_warmup"]}
+
+
+KEYS = tuple(f"{c}_us" for c in ("wall", *CATEGORIES))  # the times of a step row
+
+
 def _per_step(rows):
     """Rows of several processes merged per step number: the mean of each time."""
     by_step = {}
@@ -134,9 +151,9 @@ def _per_step(rows):
     out = []
     for step, group in sorted(by_step.items()):
         merged = {"step": step, "processes": len(group)}
-        for c in ("wall", *CATEGORIES):
-            merged[f"{c}_us"] = statistics.fmean(r[f"{c}_us"] for r in group)
-        merged["coverage"] = statistics.fmean(r["coverage"] for r in group)
+        for key in KEYS:
+            merged[key] = statistics.fmean([r[key] for r in group])
+        merged["coverage"] = statistics.fmean([r["coverage"] for r in group])
         merged["warmup"] = next((r["warmup"] for r in group if r["warmup"]), None)
         merged["recorded"] = any(r["recorded"] for r in group)
         out.append(merged)
@@ -157,8 +174,8 @@ def public(info, label):
     steady = [r for r in per_step if counted(r, info["include_warmup"])]
     stats = series_stats([r["wall_us"] for r in steady])
     if stats:
-        stats.update({f"{c}_mean_us": statistics.fmean(r[f"{c}_us"] for r in steady) for c in CATEGORIES})
-        stats["coverage"] = statistics.fmean(r["coverage"] for r in steady)
+        stats.update({f"{c}_mean_us": statistics.fmean([r[f"{c}_us"] for r in steady]) for c in CATEGORIES})
+        stats["coverage"] = statistics.fmean([r["coverage"] for r in steady])
     used_rows = {proc: [] for proc in info["processes"]}
     for r in info["rows"]:
         if counted(r, info["include_warmup"]):

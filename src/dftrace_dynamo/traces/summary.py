@@ -337,7 +337,7 @@ def _out_of_memory_in_one_line(function):
 
 @_out_of_memory_in_one_line
 def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, include_warmup=False,
-              all_runs=False, step_samples=False, engine=None, source="auto"):
+              all_runs=False, step_samples=False, engine=None, source="auto", processes=1):
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
     document): totals, ``steps`` (the step analysis, see :mod:`.steps`),
@@ -351,14 +351,15 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     parts and merges them; by default one scan here, with exact quantiles. ``source``:
     ``auto`` reads the aggregate records of the files (:mod:`.aggregates`) when every file has
     one that answers, else scans the events; ``events`` always scans them; ``aggregates``
-    never does (TraceError when it would have to)."""
+    never does (TraceError when it would have to). ``processes``: how many local processes read
+    the aggregate records (see :func:`.aggregates.partials`; None: one per core for many files)."""
     from . import aggregates
 
     views = list(dict.fromkeys(views))
     options = {"views": views, "module_depth": module_depth, "include_warmup": include_warmup,
                "step_samples": step_samples}
     if source != "events":
-        partials = aggregates.partials(paths, **options)
+        partials = aggregates.partials(paths, **options, processes=processes)
         if partials is not None:
             return merge(paths, partials, views, top, include_warmup, all_runs, step_samples,
                          {"source": "aggregates", "engine": "local", "quantiles": "sketch"})
@@ -381,7 +382,7 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
     the inputs; quantiles are then exact and the rank analysis is done here."""
     con, out, info = load(paths, indices, module_depth, include_warmup, progress, rank_rows=not whole)
     warm_filter = _warm_filter(con, info["warmup_keys"]) if not include_warmup else ""
-    out.update(whole=whole, steps=info if whole else None,
+    out.update(whole=whole, steps=info,
                groups=_groups(con, [v for v in views if v in OP_VIEWS], warm_filter, whole),
                kernels=_kernels(con, f"kind = {OP} {warm_filter}", whole) if "kernel" in views else None,
                samples=_step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter)
@@ -392,11 +393,11 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
     return out
 
 
-def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True):
+def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True, analyse=True):
     """Loads the files ``paths[i]``, i in ``indices``, into table ``ev`` of a new DuckDB connection.
     Returns (the connection, the views' common partial: warnings, runs, unparsed lines,
     evaluation slices, compile records, step slices and parts, the rank rows when there are
-    step slices and ``rank_rows``; the step analysis of these files)."""
+    step slices and ``rank_rows``; the step analysis of these files, None without ``analyse``)."""
     con = duckdb.connect()
     # rows in any order: the table is filled by both threads without keeping the file order
     # (queries that need an order say so), which makes loading it markedly faster
@@ -428,7 +429,7 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
             ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
             OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
         out["rank_rows"] = [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
-    return con, out, steps.analyse(slices, parts, records, KIND_NAMES, include_warmup)
+    return con, out, steps.analyse(slices, parts, records, KIND_NAMES, include_warmup) if analyse else None
 
 
 def merge(paths, partials, views, top, include_warmup=False, all_runs=False, step_samples=False, scan_info=None):
@@ -448,8 +449,7 @@ def merge(paths, partials, views, top, include_warmup=False, all_runs=False, ste
     if len(found) > 1 and not all_runs:
         raise TraceError(runs.mixed_message(found, paths))
     records, slices = rows("records"), rows("slices")
-    step_info = partials[0]["steps"] if whole else steps.analyse(
-        slices, [r for p in partials for r in p["parts"]], records, KIND_NAMES, include_warmup)
+    step_info = steps.join(p["steps"] for p in partials)
     groups = {}
     for p in partials:
         for kind, view, key, *stats in p["groups"]:
