@@ -31,8 +31,8 @@ from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
 from . import engines, kernels, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
-from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, RANK_COLUMNS, SAMPLE_VIEWS, load,
-                      warm_condition)
+from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, SAMPLE_VIEWS, load, rank_columns,
+                      rank_rows_of_columns, warm_condition)
 from .writer import compress
 
 NAME = AGGREGATES_RECORD
@@ -50,7 +50,7 @@ _GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of
 
 def compute(path):
     """The aggregate record (its ``args``) of the trace file ``path``, from a full scan."""
-    con, base, info = load([path], [0], rank_rows=True)
+    con, base, info = load([path], [0], rank_rows=False)
     groups = con.execute(f"""
         SELECT kind, name, module, phase, graph, pid, extra IS NOT NULL AND kind = {OP},
                CASE WHEN {warm_condition(info["warmup_keys"])} THEN step END, b, count(*), count(dur), sum({NS}),
@@ -63,6 +63,7 @@ def compute(path):
     names = dict(con.execute(f"SELECT pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY pid")
                  .fetchall())
     info_rows = kernels.view(con, f"kind = {OP}", None)
+    rank_rows = rank_columns(con) if base["slices"] else None
     con.close()
     views = {0b011: "op", 0b101: "module", 0b110: "phase"}  # grouping() bits of the columns left out
     return {
@@ -74,7 +75,7 @@ def compute(path):
         "samples": [[views[m], pid, step, name if m == 0b011 else module if m == 0b101 else phase, ns]
                     for m, pid, step, name, module, phase, ns in samples] if len(samples) <= MAX_SAMPLES else None,
         **{k: base[k] for k in ("runs", "unparsed", "evaluation", "records", "slices", "parts")},
-        "rank_rows": base.get("rank_rows"),
+        "rank_rows": rank_rows,
     }
 
 
@@ -121,7 +122,7 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
     if record["rank_rows"] is not None:
         columns = [list(c) for c in record["rank_rows"]]
         columns[1] = [i] * len(columns[1])  # the file column
-        out["rank_rows"] = columns
+        out["rank_rows"] = rank_rows_of_columns(columns)
     return out
 
 
@@ -230,7 +231,7 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
         "aggregate checkpoint; --source events counts every event that reached the file"
         for i in indices if not records[i]["closed"]]
     return dict(base, whole=False, steps=info, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
-                rank_rows=base.get("rank_rows") or [[] for _ in RANK_COLUMNS],
+                rank_rows=base.get("rank_rows"),
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},
                          "rows": kernel_stats} if "kernel" in views else None,
                 samples=samples if step_samples else None)

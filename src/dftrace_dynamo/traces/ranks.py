@@ -1,7 +1,7 @@
 """Who waits for whom in a multi-rank run, from the per-rank trace files.
 
-Input: the summary's DuckDB table ``ev`` (step slices, ``comm`` events, data,
-graph calls, ``backward``, ``optimizer``; functional collectives inside
+Input: what :func:`rows` reads of the summary's DuckDB table ``ev`` (step slices,
+``comm`` events, data, graph calls, ``backward``, ``optimizer``; functional collectives inside
 compiled graphs are ``comm`` events, and in traces of earlier versions op
 events named ``function._c10d_functional.*``, which count as communication too)
 and the compile records.
@@ -93,22 +93,45 @@ def _split(lo, hi, row, layer, start, end, layers):
                        minlength=n * (layers + 1)).reshape(n, layers + 1)
 
 
-def analyse(con, paths, kinds, records, step_info, clocks=None):
-    """The rank document (JSON-ready), or None with fewer than two processes with steps.
-    ``kinds``: the summary's kind numbers by name (step, comm, op, data, graph, backward, optimizer);
-    ``clocks``: the clock records known without reading the files (see :func:`.clock.offsets_us`)."""
+def rows(con, kinds):
+    """What :func:`analyse` reads of the summary's table ``ev`` (``kinds``: as there): the step
+    slices and the collectives (row tuples by process and time), the spans (data, graph calls,
+    ``backward``, optimizer: NumPy columns file, pid, step, kind, ts, dur). Small enough to send
+    from a worker: one slice per step, the spans as arrays."""
     k = kinds
     slices = con.execute(f"SELECT file, pid, step, ts, dur, extra FROM ev WHERE kind = {k['step']} "
                          "AND step IS NOT NULL ORDER BY file, pid, ts").fetchall()
-    procs = sorted({(f, p) for f, p, *_ in slices})
-    if len(procs) < 2:
-        return None
     comm = con.execute(f"""SELECT file, pid, step, name, ts, dur, extra FROM ev
         WHERE step IS NOT NULL AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
         ORDER BY file, pid, ts""").fetchall()
     spans = con.execute(f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
         WHERE step IS NOT NULL AND ts IS NOT NULL
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""").fetchnumpy()
+    return {"slices": slices, "comm": comm, "spans": {c: np.asarray(v) for c, v in spans.items()}}
+
+
+def join(parts):
+    """The :func:`rows` of disjoint sets of files as the rows of all of them."""
+    parts = [p for p in parts if p is not None]
+    if len(parts) < 2:
+        return parts[0] if parts else {"slices": [], "comm": [], "spans": {}}
+
+    def by_time(field, at):  # as ORDER BY file, pid, ts (NULLS LAST) would give them
+        return sorted((r for p in parts for r in p[field]), key=lambda r: (r[0], r[1], r[at] is None, r[at] or 0))
+    return {"slices": by_time("slices", 3), "comm": by_time("comm", 4),
+            "spans": {c: np.concatenate([p["spans"][c] for p in parts]) for c in parts[0]["spans"]}}
+
+
+def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
+    """The rank document (JSON-ready), or None with fewer than two processes with steps.
+    ``rank_rows``: what :func:`rows` reads; ``kinds``: the summary's kind numbers by name (step,
+    comm, op, data, graph, backward, optimizer); ``clocks``: the clock records known without
+    reading the files (see :func:`.clock.offsets_us`)."""
+    k = kinds
+    slices, comm, spans = rank_rows["slices"], rank_rows["comm"], rank_rows["spans"]
+    procs = sorted({(f, p) for f, p, *_ in slices})
+    if len(procs) < 2:
+        return None
     rank = {(f, p): rank_of(paths[f]) for f, p in procs}
     label = {key: _label(paths, *key, rank[key]) for key in procs}
     warm = {tuple(w) for w in step_info["warmup_keys"]}

@@ -54,7 +54,7 @@ SAMPLE_VIEWS = ("op", "module", "phase")  # views with per-step samples (step_sa
 KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops"}
 RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
               "optimizer": OPTIMIZER}
-RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # what ranks.analyse reads of ev
+RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # of ev, in version 1 aggregates
 # a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
 NS = "CAST(round(dur * 1000) AS BIGINT)"
 # table ev with column b: the sketch bucket of each op event's duration (NULL on other rows)
@@ -388,7 +388,7 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
                samples=_step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter)
                if step_samples else None)
     if whole and out["slices"]:
-        out["ranks"] = ranks.analyse(con, paths, RANK_KINDS, out["records"], info)
+        out["ranks"] = ranks.analyse(ranks.rows(con, RANK_KINDS), paths, RANK_KINDS, out["records"], info)
     con.close()
     return out
 
@@ -424,11 +424,8 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
         if slices else []
     out.update(records=records, slices=slices, parts=parts)
-    if slices and rank_rows:  # the events the rank analysis reads, as columns
-        rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
-            ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
-            OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
-        out["rank_rows"] = [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
+    if slices and rank_rows:  # the events the rank analysis reads
+        out["rank_rows"] = ranks.rows(con, RANK_KINDS)
     return con, out, steps.analyse(slices, parts, records, KIND_NAMES, include_warmup) if analyse else None
 
 
@@ -564,14 +561,27 @@ def _kernel_rows(partials, top):
 
 
 def _rank_analysis(paths, partials, records, step_info):
-    """The rank analysis over the partials' rank rows (a small table ``ev`` of their own)."""
+    """The rank analysis over the partials' rank rows."""
+    clocks = {i: args for p in partials for i, args in (p.get("clocks") or {}).items()}
+    return ranks.analyse(ranks.join(p.get("rank_rows") for p in partials), paths, RANK_KINDS, records, step_info,
+                         clocks)
+
+
+def rank_columns(con):
+    """The events of table ``ev`` the rank analysis reads, as columns (:data:`RANK_COLUMNS`)."""
+    rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
+        ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
+        OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
+
+
+def rank_rows_of_columns(columns):
+    """:func:`.ranks.rows` of the events in :func:`rank_columns` (a small table ``ev`` of their own)."""
     con = duckdb.connect()
-    columns = [[v for p in partials for v in p["rank_rows"][i]] for i in range(len(RANK_COLUMNS))]
-    con.execute(f"CREATE TABLE ev AS SELECT {', '.join(f'unnest(${i + 1}) AS {c}' for i, c in enumerate(RANK_COLUMNS))}",
-                columns)
     try:
-        clocks = {i: args for p in partials for i, args in (p.get("clocks") or {}).items()}
-        return ranks.analyse(con, paths, RANK_KINDS, records, step_info, clocks)
+        con.execute(f"CREATE TABLE ev AS SELECT {', '.join(f'unnest(${i + 1}) AS {c}' for i, c in enumerate(RANK_COLUMNS))}",
+                    columns)
+        return ranks.rows(con, RANK_KINDS)
     finally:
         con.close()
 
