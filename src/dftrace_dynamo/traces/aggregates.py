@@ -22,13 +22,14 @@ record from a full scan of the file and store it in it. The trace writer writes 
 records itself (csrc/aggregates.c): :func:`_from_writer` reads them.
 """
 
+import json
 import os
 import tempfile
 
 import orjson
 
 from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
-from . import engines, kernels, sketch, steps
+from . import clock, engines, kernels, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
 from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, SAMPLE_VIEWS, load, rank_columns,
@@ -39,6 +40,7 @@ NAME = AGGREGATES_RECORD
 VERSION = 1  # the records compute() makes
 WRITER_VERSION = 2  # the records the trace writer writes (csrc/aggregates.c)
 MARKER = b'"name":"' + NAME.encode() + b'"'
+EVENTS = b',"events":['  # the last key of a writer's record
 MAX_SAMPLES = 100_000  # per-step samples kept at most (else diff reads the events)
 # the record is looked for in the last SEARCH_MEMBERS members (plain text: SEARCH_BYTES) of a
 # file: a file without one (the common case) costs a summary only that much more decoding
@@ -149,7 +151,7 @@ def partials(paths, views, module_depth=None, include_warmup=False, step_samples
 def _share(paths, indices, options):
     """The partials of the files ``paths[i]``, i in ``indices``, from their aggregate records, or
     None when one has none or cannot answer."""
-    records = {i: read(paths[i]) for i in indices}
+    records = {i: read(paths[i], raw_events=True) for i in indices}
     if not all(records.values()):
         return None
     written = [i for i in indices if records[i].get("version") == WRITER_VERSION]
@@ -174,17 +176,19 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     and samples come from the record."""
     if any(not records[i]["complete"] or (step_samples and records[i]["samples"] is None) for i in indices):
         return None
+    events = {i: _events_text(records[i]["events"]) for i in indices}
     with tempfile.TemporaryDirectory(prefix="dftrace-aggregates-") as tmp:
         copies = list(paths)
         for i in indices:
-            copies[i] = os.path.join(tmp, f"{i}.pfw")
+            copies[i] = os.path.join(tmp, f"{i}.json")
             with open(copies[i], "wb") as f:
-                f.write(b"[\n" + b"\n".join(map(orjson.dumps, records[i]["events"])) + b"\n]\n")
-        con, base, _ = load(copies, indices, rank_rows=True, analyse=False)
+                f.write(events[i])
+        con, base, _ = load(copies, indices, rank_rows=True, analyse=False, layout="array")
     names = dict(((f, p), n) for f, p, n in con.execute(
         f"SELECT file, pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY ALL").fetchall())
     con.close()
-    pids = {i: int(next(iter(records[i]["events"]), {}).get("pid", 0)) for i in indices}  # one process per file
+    base["unparsed"] += 2 * len(indices)  # the '[' and ']' lines of the files, which merge() discounts
+    pids = {i: _first_pid(events[i]) for i in indices}  # one process per file
     parts = [r for r in base["parts"] if r[3] != OP] + [
         (i, pids[i], step, OP, bool(bwd), ns / 1000) for i in indices for step, bwd, ns in records[i]["op_steps"]]
     info = steps.analyse(base["slices"], parts, base["records"], KIND_NAMES, include_warmup)
@@ -224,8 +228,7 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                         if include_warmup or (i, pids[i], step) not in warm for view in SAMPLE_VIEWS if view in views]
     groups = [(*key, count, timed, ns, lo, hi, None, None) for key, (count, timed, ns, lo, hi) in totals.items()]
     groups += [(PROCESS_NAME, "process", key, None, 1, 0, 0, None, None, None, name) for key, name in names.items()]
-    clocks = {i: next((e.get("args") for e in records[i]["events"]
-                       if e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None) for i in indices}
+    clocks = {i: _clock(events[i]) for i in indices}
     warnings = base["warnings"] + [
         f"{paths[i]}: not closed (its process ended without closing the trace): counted up to its last "
         "aggregate checkpoint; --source events counts every event that reached the file"
@@ -235,6 +238,30 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},
                          "rows": kernel_stats} if "kernel" in views else None,
                 samples=samples if step_samples else None)
+
+
+def _events_text(events):
+    """The copied events of a record as the JSON text of their array."""
+    return events if isinstance(events, bytes) else orjson.dumps(events)
+
+
+def _first_pid(events):
+    """The ``pid`` of the first of the copied ``events`` (JSON array text); 0 without."""
+    for size in (1 << 16, len(events)):  # a first event longer than that is read whole
+        try:
+            first, _ = json.JSONDecoder().raw_decode(events[:size].decode("utf-8", "replace"), 1)
+        except ValueError:
+            continue
+        return int(first.get("pid", 0)) if isinstance(first, dict) else 0
+    return 0
+
+
+def _clock(events):
+    """The args of the first ``clock`` record among the copied ``events`` (JSON array text), or None."""
+    if clock.MARK not in events:  # no clock offset: the rank view aligns the ranks otherwise
+        return None
+    return next((e.get("args") for e in orjson.loads(events)
+                 if isinstance(e, dict) and e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None)
 
 
 def _add(totals, key, stats):
@@ -280,12 +307,13 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
                     return
 
 
-def read(path):
+def read(path, raw_events=False):
     """The last aggregate record (its ``args``) of the trace file ``path``, or None. In a closed
     file only the ``end`` record may follow it, else None: an event the record does not hold
     follows (the events are read, and checked, instead). A file that was not closed (its process
     was killed) is searched further back, up to :data:`KILLED_BYTES` from its end, for its last
-    checkpoint; the events after it are not counted, and the record says so (``"closed": False``)."""
+    checkpoint; the events after it are not counted, and the record says so (``"closed": False``).
+    ``raw_events``: a writer's record keeps its copied events as the JSON text of their array."""
     def last(budget, members):  # (text of the last member holding a record or None, text after it, closed)
         closed, after = None, b""
         for _, _, piece in _members_from_end(path, kind, budget, members):
@@ -308,11 +336,27 @@ def read(path):
     end = text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)
     if closed is not False and not all(_is_end(line) for line in (text[end:] + after).splitlines()):
         return None
-    line = text[text.rfind(b"\n", 0, at) + 1:end]
+    line = text[text.rfind(b"\n", 0, at) + 1:end].rstrip(b",\r")
     try:
-        return dict(orjson.loads(line.rstrip(b",\r"))["args"], closed=closed is not False)
+        return dict(raw_events and _without_events(line) or orjson.loads(line)["args"], closed=closed is not False)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
+
+
+def _without_events(line):
+    """The ``args`` of a writer's record ``line`` with its copied events left as the JSON text of
+    their array (the writer writes them last; parsing them is most of the cost of reading a
+    record, and DuckDB reads them anyway), or None when the line is not laid out so."""
+    at = line.find(EVENTS)
+    if at < 0 or not line.endswith(b"]}}"):
+        return None
+    try:  # the line up to the events, closed: parses only when they are a key of args
+        args = orjson.loads(line[:at] + b"}}")["args"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    if not isinstance(args, dict) or args.get("version") != WRITER_VERSION:
+        return None
+    return dict(args, events=line[at + len(EVENTS) - 1:-2])
 
 
 def _is_end(line):

@@ -275,13 +275,14 @@ def _repair(con, sources):
     return fixed, notes
 
 
-def _load(con, paths, indices, module_depth, progress, tmpdir):
+def _load(con, paths, indices, module_depth, progress, tmpdir, same_layout=None):
     """Scans the files ``paths[i]`` for i in ``indices`` into table ``ev`` (column ``file``: i);
-    returns the warnings (what could not be read)."""
+    returns the warnings (what could not be read). ``same_layout``: that of every file (else each
+    file's own, see :func:`.reader.check_trace`)."""
     sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
     for index in indices:
         path = paths[index]
-        layout, kind = check_trace(path), compression_of(path)
+        layout, kind = same_layout or check_trace(path), compression_of(path)
         directory = os.path.join(tmpdir, f"file={index}")
         os.mkdir(directory)
         pieces = _pieces(path, kind, directory)
@@ -393,11 +394,13 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
     return out
 
 
-def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True, analyse=True):
+def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True, analyse=True,
+         layout=None):
     """Loads the files ``paths[i]``, i in ``indices``, into table ``ev`` of a new DuckDB connection.
     Returns (the connection, the views' common partial: warnings, runs, unparsed lines,
     evaluation slices, compile records, step slices and parts, the rank rows when there are
-    step slices and ``rank_rows``; the step analysis of these files, None without ``analyse``)."""
+    step slices and ``rank_rows``; the step analysis of these files, None without ``analyse``).
+    ``layout``: that of every file (``"array"``: one JSON array), else found per file."""
     con = duckdb.connect()
     # rows in any order: the table is filled by both threads without keeping the file order
     # (queries that need an order say so), which makes loading it markedly faster
@@ -407,7 +410,7 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
     con.execute(f"SET enable_progress_bar = {bool(progress)}")
     con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
-        warnings = _load(con, paths, indices, module_depth, progress, tmpdir)
+        warnings = _load(con, paths, indices, module_depth, progress, tmpdir, layout)
     out = {"warnings": warnings,
            "runs": con.execute(runs.SQL.format(start=START)).fetchall(),
            "unparsed": con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0],
