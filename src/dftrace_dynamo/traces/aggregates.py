@@ -131,9 +131,10 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
 def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False, processes=1):
     """The partials of every file from its aggregate record, or None when some file has none
     or one cannot answer (the caller then scans the events). ``processes``: how many local
-    processes read the files, each its share of them into one partial (None: one per core
-    from :data:`PARALLEL_FILES` files up, else 1). They are spawned: the caller's main module
-    must be importable (a script calls this under ``if __name__ == "__main__":``)."""
+    processes read the files, this one and spawned ones, each its share of them into one
+    partial (None: one per core from :data:`PARALLEL_FILES` files up, else 1). Spawned: the
+    caller's main module must be importable (a script calls this under ``if __name__ ==
+    "__main__":``)."""
     options = (views, module_depth, include_warmup, step_samples)
     if processes is None:
         processes = (os.cpu_count() or 1) if len(paths) >= PARALLEL_FILES else 1
@@ -142,9 +143,10 @@ def partials(paths, views, module_depth=None, include_warmup=False, step_samples
     shares = [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]  # in file order
     if len(shares) == 1:
         out = [_share(paths, shares[0], options)]
-    else:
-        with engines.Processes(len(shares)) as pool:
-            out = pool.map(_share, [paths] * len(shares), shares, [options] * len(shares))
+    else:  # this process reads the first share while the others read theirs
+        with engines.Processes(len(shares) - 1) as pool:
+            rest = pool.map(_share, [paths] * (len(shares) - 1), shares[1:], [options] * (len(shares) - 1))
+            out = [_share(paths, shares[0], options), *rest]
     return None if None in out else [p for share in out for p in share]
 
 
@@ -183,7 +185,8 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
             copies[i] = os.path.join(tmp, f"{i}.json")
             with open(copies[i], "wb") as f:
                 f.write(events[i])
-        con, base, _ = load(copies, indices, rank_rows=True, analyse=False, layout="array")
+        # a few thousand events per file: one thread (the files' shares are read in parallel)
+        con, base, _ = load(copies, indices, rank_rows=True, analyse=False, layout="array", threads=1)
     names = dict(((f, p), n) for f, p, n in con.execute(
         f"SELECT file, pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY ALL").fetchall())
     con.close()
@@ -215,8 +218,18 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
             view_keys = {"op": (name,), "module": (_depth(module, module_depth),), "phase": (phase,),
                          "graph": (graph, phase), "process": (i, pids[i])}
             for view in names_of_views:
-                for bucket, *stats in rows:
-                    _add(totals, (kind, view, view_keys[view], bucket), stats)
+                for bucket, count, timed, ns, lo, hi in rows:
+                    key = (kind, view, view_keys[view], bucket)
+                    total = totals.get(key)
+                    if total is None:
+                        totals[key] = [count, timed, ns, lo, hi]
+                        continue
+                    # as merge() adds them: min and max of the rows that enter the sketch (timed)
+                    if timed:
+                        total[3:] = (min(total[3], lo), max(total[4], hi)) if total[1] else (lo, hi)
+                    total[0] += count
+                    total[1] += timed
+                    total[2] += ns
             if kernel:
                 kernel_stats += [(name, *row) for row in rows]
                 old = kernel_info.get(name, (None, set()))
@@ -262,23 +275,6 @@ def _clock(events):
         return None
     return next((e.get("args") for e in orjson.loads(events)
                  if isinstance(e, dict) and e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None)
-
-
-def _add(totals, key, stats):
-    """Adds the (count, timed count, ns, min, max) ``stats`` of a group row to ``totals[key]``,
-    as summary.merge() would: the min and max of rows that enter the sketch (a timed count)."""
-    count, timed, ns, lo, hi = stats
-    old = totals.get(key)
-    if old is None:
-        totals[key] = [count, timed, ns, lo, hi]
-        return
-    if timed and old[1]:
-        old[3], old[4] = min(old[3], lo), max(old[4], hi)
-    elif timed:
-        old[3], old[4] = lo, hi
-    old[0] += count
-    old[1] += timed
-    old[2] += ns
 
 
 def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):

@@ -88,8 +88,9 @@ class Processes:
                                                             mp_context=multiprocessing.get_context("spawn"))
 
     def map(self, function, *iterables):
-        """``function`` over the items of ``iterables``, in the workers; the results in order."""
-        return list(self._pool.map(function, *iterables))
+        """``function`` over the items of ``iterables``, in the workers: every task starts now, the
+        iterator returned gives the results in order (raising a task's error at its turn)."""
+        return self._pool.map(function, *iterables)
 
     def close(self):
         self._pool.shutdown()

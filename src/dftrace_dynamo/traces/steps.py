@@ -37,6 +37,10 @@ WARMUP_RULE = ("warm-up steps: those in which something compiled (Dynamo compile
                "backend or lazy backward compile) and those before the first step without compilation")
 
 
+KEYS = tuple(f"{c}_us" for c in ("wall", *CATEGORIES))  # the times of a step row
+INSIDE = KEYS[1:-1]  # the parts inside a step's slice (all but other)
+
+
 def quantile(values, q):
     """Linear interpolation between closest ranks (as DuckDB's quantile_cont)."""
     values = sorted(values)
@@ -98,9 +102,8 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
             name = "backward_graph" if backward_phase else "forward"
         elif name == "backward":
             has_backward.add((file, pid))
-        key = (file, pid, step)
-        sums.setdefault(key, {}).setdefault(name, 0.0)
-        sums[key][name] += total
+        got = sums.setdefault((file, pid, step), {})
+        got[name] = got.get(name, 0.0) + total
     compiled = _compiled_steps(slices, records)
     steps_of = {}
     for f, p, s in sorted(wall):
@@ -119,7 +122,7 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
                    "backward_us": got.get("backward" if proc in has_backward else "backward_graph", 0.0),
                    "optimizer_us": got.get("optimizer", 0.0), "ops_us": got.get("ops", 0.0),
                    "warmup": reasons.get(s), "recorded": s in recorded or not recorded}
-            inside = sum(row[f"{c}_us"] for c in CATEGORIES[:-1])
+            inside = sum([row[key] for key in INSIDE])
             row["other_us"] = max(row["wall_us"] - inside, 0.0)
             row["coverage"] = min(inside / row["wall_us"], 1.0) if row["wall_us"] else 0.0
             rows.append(row)
@@ -140,7 +143,6 @@ def join(infos):
             "warmup_keys": by_proc("warmup_keys", lambda k: k[:2]), "include_warmup": infos[0]["include_warmup"]}
 
 
-KEYS = tuple(f"{c}_us" for c in ("wall", *CATEGORIES))  # the times of a step row
 
 
 def _per_step(rows):

@@ -395,16 +395,19 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
 
 
 def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True, analyse=True,
-         layout=None):
+         layout=None, threads=None):
     """Loads the files ``paths[i]``, i in ``indices``, into table ``ev`` of a new DuckDB connection.
     Returns (the connection, the views' common partial: warnings, runs, unparsed lines,
     evaluation slices, compile records, step slices and parts, the rank rows when there are
     step slices and ``rank_rows``; the step analysis of these files, None without ``analyse``).
-    ``layout``: that of every file (``"array"``: one JSON array), else found per file."""
+    ``layout``: that of every file (``"array"``: one JSON array), else found per file; ``threads``:
+    DuckDB's (default: one per core)."""
     con = duckdb.connect()
     # rows in any order: the table is filled by both threads without keeping the file order
     # (queries that need an order say so), which makes loading it markedly faster
     con.execute("SET preserve_insertion_order = false")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
     # query_progress() needs DuckDB's progress tracking, not its printing (which, on a Dask
     # worker or without a terminal, would only add noise to standard error)
     con.execute(f"SET enable_progress_bar = {bool(progress)}")
