@@ -184,10 +184,11 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
         blame[(last_q, s)] = blame.get((last_q, s), 0.0) + statistics.median(others)
 
     # the rows: every process's steady steps, process after process; their intervals by layer (PARTS)
-    row_of = {(q, s): i * len(steady) + j for i, q in enumerate(procs) for j, s in enumerate(steady)}
-    ivs = [(row_of[(q, s)], 0, a, b) for (q, s), ivs in wait_iv.items() if (q, s) in row_of for a, b in ivs]
-    ivs += [(row_of[((f, p), s)], 1, ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)])
-            for f, p, s, name, ts, dur, extra in comm if ((f, p), s) in row_of]
+    proc_at, steady_of = {q: i for i, q in enumerate(procs)}, {s: j for j, s in enumerate(steady)}
+    ivs = [(proc_at[q] * len(steady) + steady_of[s], 0, a, b)
+           for (q, s), ivs in wait_iv.items() if s in steady_of for a, b in ivs]
+    ivs += [(proc_at[(f, p)] * len(steady) + steady_of[s], 1, ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)])
+            for f, p, s, name, ts, dur, extra in comm if s in steady_of]
     row, layer, start, end = (np.array(c, dtype) for c, dtype in
                               zip(zip(*ivs) if ivs else ([],) * 4, (np.int64, np.int64, float, float)))
     steady_at = np.searchsorted(steady, span_step)
@@ -236,23 +237,27 @@ def _steps_at(procs, step_of, starts, events):
     proc, step = np.full(n, -1), np.asarray(events["step"], np.int64).copy()
     if not n:
         return proc, step
-    pairs, inverse = np.unique(np.stack([events["file"], events["pid"]], axis=1), axis=0, return_inverse=True)
+    pids, pid_at = np.unique(events["pid"], return_inverse=True)
+    pairs, pair_at = np.unique(np.asarray(events["file"], np.int64) * len(pids) + pid_at.reshape(-1),
+                               return_inverse=True)
     index = {q: i for i, q in enumerate(procs)}
-    proc = np.array([index.get((int(f), int(p)), -1) for f, p in pairs])[inverse.reshape(-1)]
+    proc = np.array([index.get((int(k // len(pids)), int(pids[k % len(pids)])), -1) for k in pairs])[pair_at.reshape(-1)]
     ts = np.asarray(events["ts"], float)
+    # every process's slices by start (then step), one process after the other
+    at, slice_step, ends = (np.array(c, dtype) for c, dtype in zip(
+        zip(*[(t, s, step_of[q][s][1]) for q in procs for t, s in starts[q]]), (float, np.int64, float)))
+    first = np.cumsum([0] + [len(starts[q]) for q in procs])
     by_proc = np.argsort(proc, kind="stable")
     cuts = np.searchsorted(proc[by_proc], np.arange(-1, len(procs) + 1))
-    for i, q in enumerate(procs):
+    for i in range(len(procs)):
         own = by_proc[cuts[i + 1]:cuts[i + 2]]
         if not len(own):
             continue
-        at = np.array([t for t, _ in starts[q]], float)
-        slice_step = np.array([s for _, s in starts[q]], np.int64)
-        ends = np.array([step_of[q][s][1] for s in slice_step.tolist()], float)
-        j = np.searchsorted(at, ts[own], side="right") - 1  # the last slice starting at or before ts
+        lo = first[i]
+        j = np.searchsorted(at[lo:first[i + 1]], ts[own], side="right") - 1  # the last slice starting by ts
         inside = j >= 0
-        inside[inside] = ts[own][inside] < ends[j[inside]]
-        step[own[inside]] = slice_step[j[inside]]
+        inside[inside] = ts[own][inside] < ends[lo + j[inside]]
+        step[own[inside]] = slice_step[lo + j[inside]]
     return proc, step
 
 
