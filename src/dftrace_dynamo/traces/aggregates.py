@@ -78,6 +78,7 @@ def compute(path):
                     for m, pid, step, name, module, phase, ns in samples] if len(samples) <= MAX_SAMPLES else None,
         **{k: base[k] for k in ("runs", "unparsed", "evaluation", "records", "slices", "parts")},
         "rank_rows": rank_rows,
+        "clock": clock.record(path),  # the rank view then reads no file for it
     }
 
 
@@ -121,6 +122,8 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
                        for view, pid, step, key, ns in record["samples"]
                        if view in views and (include_warmup or (pid, step) not in warm)]
            if step_samples else None}
+    if "clock" in record:  # (records made before it was kept: the rank view reads the file for it)
+        out["clocks"] = {i: record["clock"]}
     if record["rank_rows"] is not None:
         columns = [list(c) for c in record["rank_rows"]]
         columns[1] = [i] * len(columns[1])  # the file column
