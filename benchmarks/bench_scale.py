@@ -15,6 +15,7 @@ of one ``time.perf_counter_ns()`` call. Another tree: ``PYTHONPATH=/tmp/before/s
 import argparse
 import glob
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -75,12 +76,16 @@ def main():
           f"{best / len(paths):.4f} s per file; CPU of this process {min(cpus):.2f} s")
     if not a.no_cli:
         load = os.getloadavg()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter_ns()
         p = subprocess.run([*CLI, "summary", "--format", "json", *paths], stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
         wall = (time.perf_counter_ns() - wall) / 1e9
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         assert p.returncode == 0 and "aggregate records" in p.stderr, p.stderr[-2000:]
-        print(f"command, end to end: {wall:.2f} s, {wall / len(paths):.4f} s per file; "
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # all its processes
+        print(f"command, end to end: {wall:.2f} s, {wall / len(paths):.4f} s per file; CPU of all its processes "
+              f"{cpu:.2f} s ({cpu / len(paths):.4f} s per file); largest resident set {after.ru_maxrss >> 10} MiB; "
               f"load average before {load}, after {os.getloadavg()}")
 
 
