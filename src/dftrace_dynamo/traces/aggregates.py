@@ -181,20 +181,21 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     and samples come from the record."""
     if any(not records[i]["complete"] or (step_samples and records[i]["samples"] is None) for i in indices):
         return None
-    events = {i: _events_text(records[i]["events"]) for i in indices}
+    pids, clocks = {}, {}  # one process per file; its clock record
     with tempfile.TemporaryDirectory(prefix="dftrace-aggregates-") as tmp:
         copies = list(paths)
-        for i in indices:
+        for i in indices:  # each file's copied events, kept in memory only until written
+            events = _events_text(records[i].pop("events"))
+            pids[i], clocks[i] = _first_pid(events), _clock(events)
             copies[i] = os.path.join(tmp, f"{i}.json")
             with open(copies[i], "wb") as f:
-                f.write(events[i])
+                f.write(events)
         # a few thousand events per file: one thread (the files' shares are read in parallel)
         con, base, _ = load(copies, indices, rank_rows=True, analyse=False, layout="array", threads=1)
     names = dict(((f, p), n) for f, p, n in con.execute(
         f"SELECT file, pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY ALL").fetchall())
     con.close()
     base["unparsed"] += 2 * len(indices)  # the '[' and ']' lines of the files, which merge() discounts
-    pids = {i: _first_pid(events[i]) for i in indices}  # one process per file
     parts = [r for r in base["parts"] if r[3] != OP] + [
         (i, pids[i], step, OP, bool(bwd), ns / 1000) for i in indices for step, bwd, ns in records[i]["op_steps"]]
     info = steps.analyse(base["slices"], parts, base["records"], KIND_NAMES, include_warmup)
@@ -244,7 +245,6 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                         if include_warmup or (i, pids[i], step) not in warm for view in SAMPLE_VIEWS if view in views]
     groups = [(*key, count, timed, ns, lo, hi, None, None) for key, (count, timed, ns, lo, hi) in totals.items()]
     groups += [(PROCESS_NAME, "process", key, None, 1, 0, 0, None, None, None, name) for key, name in names.items()]
-    clocks = {i: _clock(events[i]) for i in indices}
     warnings = base["warnings"] + [
         f"{paths[i]}: not closed (its process ended without closing the trace): counted up to its last "
         "aggregate checkpoint; --source events counts every event that reached the file"
