@@ -140,7 +140,7 @@ def partials(paths, views, module_depth=None, include_warmup=False, step_samples
     "__main__":``)."""
     options = (views, module_depth, include_warmup, step_samples)
     if processes is None:
-        processes = (os.cpu_count() or 1) if len(paths) >= PARALLEL_FILES else 1
+        processes = engines.cores() if len(paths) >= PARALLEL_FILES else 1
     processes = max(min(processes, len(paths)), 1)
     cuts = [len(paths) * w // processes for w in range(processes + 1)]
     shares = [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]  # in file order

@@ -77,13 +77,18 @@ class Dask:
         self.close()
 
 
+def cores():
+    """The cores this process may run on (``taskset``, cgroup cpusets), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class Processes:
     """Tasks spread over a pool of ``workers`` local processes (default: one per core), for the
     work per file that is the same for every file, such as reading many files' aggregate records.
     The workers are spawned (never forked: the caller may hold DuckDB's or Dask's threads)."""
 
     def __init__(self, workers=None):
-        self.workers = workers or os.cpu_count() or 1
+        self.workers = workers or cores()
         self._pool = concurrent.futures.ProcessPoolExecutor(self.workers,
                                                             mp_context=multiprocessing.get_context("spawn"))
 
