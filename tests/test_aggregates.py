@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 import perfetto_tp
-from dftrace_dynamo.traces import aggregates
+from dftrace_dynamo.traces import aggregates, clock
 from dftrace_dynamo.traces.diff import diff
 from dftrace_dynamo.traces.reader import TraceError, compression_of
 from dftrace_dynamo.traces.writer import compress
@@ -68,6 +68,14 @@ def test_aggregates_equal_the_full_scan_on_rank_files(ranks_agg, options):
     for view, rows in events["views"].items():  # counts and totals to the last bit
         assert [(r["key"], r["count"], r["total_us"]) for r in rows] == \
             [(r["key"], r["count"], r["total_us"]) for r in from_aggregates["views"][view]], view
+
+
+def test_the_rank_view_reads_no_file_for_its_clocks(ranks_agg, monkeypatch):
+    """A record keeps the file's clock record (or says there is none): the rank view takes it
+    from there instead of decompressing the file looking for one."""
+    monkeypatch.setattr(clock, "record", lambda path: pytest.fail(f"{path} read for its clock record"))
+    result = summarize(ranks_agg, top=None)
+    assert result["scan"]["source"] == "aggregates" and result["ranks"]["rows"]
 
 
 def test_diff_reads_the_aggregates(ranks_agg):

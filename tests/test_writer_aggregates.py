@@ -67,6 +67,15 @@ def test_rank_clocks_come_from_the_writer_aggregates(tmp_path, monkeypatch):
     assert_same(events, from_aggregates)
 
 
+def test_records_read_by_several_processes_give_the_same_summary(rank_files):
+    """Many files' records are read by a pool of processes, each its share of the files: the
+    summary is the one read in this process, to the last bit (groups, steps, ranks, samples)."""
+    here = summarize(rank_files, top=None, step_samples=True)
+    pooled = summarize(rank_files, top=None, step_samples=True, processes=2)
+    assert here["scan"]["source"] == "aggregates" and here["ranks"]["rows"] and here["step_samples"]["op"]
+    assert pooled == here
+
+
 def test_diff_reads_the_writer_aggregates(rank_files):
     events = diff(rank_files[:1], rank_files[1:], source="events")
     from_aggregates = diff(rank_files[:1], rank_files[1:])

@@ -55,7 +55,7 @@ def run(args):
     with engines.make(args.engine, args.scheduler, args.workers) as engine, \
             progress_bar(100, "summary", unit="%") as bar:
         result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update,
-                           args.include_warmup, args.all_runs, engine=engine, source=args.source)
+                           args.include_warmup, args.all_runs, engine=engine, source=args.source, processes=None)
     for note in result["warnings"]:
         warn("summary", note)
     note = engines.source_note(result["scan"], len(paths))

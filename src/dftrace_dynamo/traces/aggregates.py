@@ -22,34 +22,37 @@ record from a full scan of the file and store it in it. The trace writer writes 
 records itself (csrc/aggregates.c): :func:`_from_writer` reads them.
 """
 
+import json
 import os
 import tempfile
 
 import orjson
 
 from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
-from . import kernels, sketch, steps
+from . import clock, engines, kernels, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
-from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, RANK_COLUMNS, SAMPLE_VIEWS, load,
-                      warm_condition)
+from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, SAMPLE_VIEWS, load, rank_columns,
+                      rank_rows_of_columns, warm_condition)
 from .writer import compress
 
 NAME = AGGREGATES_RECORD
 VERSION = 1  # the records compute() makes
 WRITER_VERSION = 2  # the records the trace writer writes (csrc/aggregates.c)
 MARKER = b'"name":"' + NAME.encode() + b'"'
+EVENTS = b',"events":['  # the last key of a writer's record
 MAX_SAMPLES = 100_000  # per-step samples kept at most (else diff reads the events)
 # the record is looked for in the last SEARCH_MEMBERS members (plain text: SEARCH_BYTES) of a
 # file: a file without one (the common case) costs a summary only that much more decoding
 SEARCH_BYTES, SEARCH_MEMBERS = 8 << 20, 4
 KILLED_BYTES = 64 << 20  # searched for the last checkpoint of a file that was not closed
+PARALLEL_FILES = 16  # from this many files up, partials(processes=None) uses one process per core
 _GROUP_KEYS = ("name", "module", "phase", "graph")  # then pid; the view keys of a group
 
 
 def compute(path):
     """The aggregate record (its ``args``) of the trace file ``path``, from a full scan."""
-    con, base, info = load([path], [0], rank_rows=True)
+    con, base, info = load([path], [0], rank_rows=False)
     groups = con.execute(f"""
         SELECT kind, name, module, phase, graph, pid, extra IS NOT NULL AND kind = {OP},
                CASE WHEN {warm_condition(info["warmup_keys"])} THEN step END, b, count(*), count(dur), sum({NS}),
@@ -62,6 +65,7 @@ def compute(path):
     names = dict(con.execute(f"SELECT pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY pid")
                  .fetchall())
     info_rows = kernels.view(con, f"kind = {OP}", None)
+    rank_rows = rank_columns(con) if base["slices"] else None
     con.close()
     views = {0b011: "op", 0b101: "module", 0b110: "phase"}  # grouping() bits of the columns left out
     return {
@@ -73,7 +77,8 @@ def compute(path):
         "samples": [[views[m], pid, step, name if m == 0b011 else module if m == 0b101 else phase, ns]
                     for m, pid, step, name, module, phase, ns in samples] if len(samples) <= MAX_SAMPLES else None,
         **{k: base[k] for k in ("runs", "unparsed", "evaluation", "records", "slices", "parts")},
-        "rank_rows": base.get("rank_rows"),
+        "rank_rows": rank_rows,
+        "clock": clock.record(path),  # the rank view then reads no file for it
     }
 
 
@@ -110,30 +115,53 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
     warm = {tuple(w) for w in record["warmup"]}
     out = {"whole": False, "warnings": [], "runs": [(i, *record["runs"][0][1:])] if record["runs"] else [],
            "unparsed": record["unparsed"], "evaluation": record["evaluation"], "records": records,
-           "slices": slices, "parts": parts, "steps": None, "groups": groups,
+           "slices": slices, "parts": parts, "steps": info, "groups": groups,
            "kernels": {"info": {k: (t, f, None) for k, t, f in record["kernels"]}, "rows": kernel_rows}
            if "kernel" in views else None,
            "samples": [(view, _depth(key, module_depth) if view == "module" else key, step, ns)
                        for view, pid, step, key, ns in record["samples"]
                        if view in views and (include_warmup or (pid, step) not in warm)]
            if step_samples else None}
+    if "clock" in record:  # (records made before it was kept: the rank view reads the file for it)
+        out["clocks"] = {i: record["clock"]}
     if record["rank_rows"] is not None:
         columns = [list(c) for c in record["rank_rows"]]
         columns[1] = [i] * len(columns[1])  # the file column
-        out["rank_rows"] = columns
+        out["rank_rows"] = rank_rows_of_columns(columns)
     return out
 
 
-def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False):
+def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False, processes=1):
     """The partials of every file from its aggregate record, or None when some file has none
-    or one cannot answer (the caller then scans the events)."""
+    or one cannot answer (the caller then scans the events). ``processes``: how many local
+    processes read the files, this one and spawned ones, each its share of them into one
+    partial (None: one per core from :data:`PARALLEL_FILES` files up, else 1). Spawned: the
+    caller's main module must be importable (a script calls this under ``if __name__ ==
+    "__main__":``)."""
     options = (views, module_depth, include_warmup, step_samples)
-    records = [read(path) for path in paths]
-    if not all(records):
+    if processes is None:
+        processes = engines.cores() if len(paths) >= PARALLEL_FILES else 1
+    processes = max(min(processes, len(paths)), 1)
+    cuts = [len(paths) * w // processes for w in range(processes + 1)]
+    shares = [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]  # in file order
+    if len(shares) == 1:
+        out = [_share(paths, shares[0], options)]
+    else:  # this process reads the first share while the others read theirs
+        with engines.Processes(len(shares) - 1) as pool:
+            rest = pool.map(_share, [paths] * (len(shares) - 1), shares[1:], [options] * (len(shares) - 1))
+            out = [_share(paths, shares[0], options), *rest]
+    return None if None in out else [p for share in out for p in share]
+
+
+def _share(paths, indices, options):
+    """The partials of the files ``paths[i]``, i in ``indices``, from their aggregate records, or
+    None when one has none or cannot answer."""
+    records = {i: read(paths[i], raw_events=True) for i in indices}
+    if not all(records.values()):
         return None
-    written = [i for i, r in enumerate(records) if r.get("version") == WRITER_VERSION]
+    written = [i for i in indices if records[i].get("version") == WRITER_VERSION]
     try:
-        out = [partial(paths, i, r, *options) for i, r in enumerate(records) if i not in written]
+        out = [partial(paths, i, records[i], *options) for i in indices if i not in written]
         if written:
             out.append(_from_writer(paths, written, records, *options))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a record not as documented
@@ -153,24 +181,29 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     and samples come from the record."""
     if any(not records[i]["complete"] or (step_samples and records[i]["samples"] is None) for i in indices):
         return None
+    pids, clocks = {}, {}  # one process per file; its clock record
     with tempfile.TemporaryDirectory(prefix="dftrace-aggregates-") as tmp:
         copies = list(paths)
-        for i in indices:
-            copies[i] = os.path.join(tmp, f"{i}.pfw")
+        for i in indices:  # each file's copied events, kept in memory only until written
+            events = _events_text(records[i].pop("events"))
+            pids[i], clocks[i] = _first_pid(events), _clock(events)
+            copies[i] = os.path.join(tmp, f"{i}.json")
             with open(copies[i], "wb") as f:
-                f.write(b"[\n" + b"\n".join(map(orjson.dumps, records[i]["events"])) + b"\n]\n")
-        con, base, _ = load(copies, indices, rank_rows=True)
+                f.write(events)
+        # a few thousand events per file: one thread (the files' shares are read in parallel)
+        con, base, _ = load(copies, indices, rank_rows=True, analyse=False, layout="array", threads=1)
     names = dict(((f, p), n) for f, p, n in con.execute(
         f"SELECT file, pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY ALL").fetchall())
     con.close()
-    pids = {i: int(next(iter(records[i]["events"]), {}).get("pid", 0)) for i in indices}  # one process per file
+    base["unparsed"] += 2 * len(indices)  # the '[' and ']' lines of the files, which merge() discounts
     parts = [r for r in base["parts"] if r[3] != OP] + [
         (i, pids[i], step, OP, bool(bwd), ns / 1000) for i in indices for step, bwd, ns in records[i]["op_steps"]]
     info = steps.analyse(base["slices"], parts, base["records"], KIND_NAMES, include_warmup)
     warm = set(info["warmup_keys"])
     if any((i, pids[i], s) in warm and s not in set(records[i]["apart"]) for i, _, s in warm):
         return None  # a warm-up step folded into the steady totals
-    groups, kernel_stats, kernel_info, samples = [], [], {}, []
+    # one row per view, group key and sketch bucket of all these files (what merge() adds up)
+    totals, kernel_stats, kernel_info, samples = {}, [], {}, []
     names_of_views = list(dict.fromkeys(["phase", "process", *(v for v in views if v in OP_VIEWS)]))
     for i in indices:
         keys = [(kind, kernel, name if name is not None else "(no name)", _text(module) or "(top level)",
@@ -188,7 +221,19 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                 rows += [(sketch.ZERO, 0, zero, 0, lo, hi)] if zero else []
             view_keys = {"op": (name,), "module": (_depth(module, module_depth),), "phase": (phase,),
                          "graph": (graph, phase), "process": (i, pids[i])}
-            groups += [(kind, view, view_keys[view], *row, None, None) for view in names_of_views for row in rows]
+            for view in names_of_views:
+                for bucket, count, timed, ns, lo, hi in rows:
+                    key = (kind, view, view_keys[view], bucket)
+                    total = totals.get(key)
+                    if total is None:
+                        totals[key] = [count, timed, ns, lo, hi]
+                        continue
+                    # as merge() adds them: min and max of the rows that enter the sketch (timed)
+                    if timed:
+                        total[3:] = (min(total[3], lo), max(total[4], hi)) if total[1] else (lo, hi)
+                    total[0] += count
+                    total[1] += timed
+                    total[2] += ns
             if kernel:
                 kernel_stats += [(name, *row) for row in rows]
                 old = kernel_info.get(name, (None, set()))
@@ -198,18 +243,41 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
                                 "phase": keys[gid][4]}[view], step, ns)
                         for gid, step, ns in records[i]["samples"]
                         if include_warmup or (i, pids[i], step) not in warm for view in SAMPLE_VIEWS if view in views]
+    groups = [(*key, count, timed, ns, lo, hi, None, None) for key, (count, timed, ns, lo, hi) in totals.items()]
     groups += [(PROCESS_NAME, "process", key, None, 1, 0, 0, None, None, None, name) for key, name in names.items()]
-    clocks = {i: next((e.get("args") for e in records[i]["events"]
-                       if e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None) for i in indices}
     warnings = base["warnings"] + [
         f"{paths[i]}: not closed (its process ended without closing the trace): counted up to its last "
         "aggregate checkpoint; --source events counts every event that reached the file"
         for i in indices if not records[i]["closed"]]
-    return dict(base, whole=False, steps=None, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
-                rank_rows=base.get("rank_rows") or [[] for _ in RANK_COLUMNS],
+    return dict(base, whole=False, steps=info, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
+                rank_rows=base.get("rank_rows"),
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},
                          "rows": kernel_stats} if "kernel" in views else None,
                 samples=samples if step_samples else None)
+
+
+def _events_text(events):
+    """The copied events of a record as the JSON text of their array."""
+    return events if isinstance(events, bytes) else orjson.dumps(events)
+
+
+def _first_pid(events):
+    """The ``pid`` of the first of the copied ``events`` (JSON array text); 0 without."""
+    for size in (1 << 16, len(events)):  # a first event longer than that is read whole
+        try:
+            first, _ = json.JSONDecoder().raw_decode(events[:size].decode("utf-8", "replace"), 1)
+        except ValueError:
+            continue
+        return int(first.get("pid", 0)) if isinstance(first, dict) else 0
+    return 0
+
+
+def _clock(events):
+    """The args of the first ``clock`` record among the copied ``events`` (JSON array text), or None."""
+    if clock.MARK not in events:  # no clock offset: the rank view aligns the ranks otherwise
+        return None
+    return next((e.get("args") for e in orjson.loads(events)
+                 if isinstance(e, dict) and e.get("name") == "clock" and e.get("cat") == CAT_DFTRACER), None)
 
 
 def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
@@ -238,12 +306,13 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
                     return
 
 
-def read(path):
+def read(path, raw_events=False):
     """The last aggregate record (its ``args``) of the trace file ``path``, or None. In a closed
     file only the ``end`` record may follow it, else None: an event the record does not hold
     follows (the events are read, and checked, instead). A file that was not closed (its process
     was killed) is searched further back, up to :data:`KILLED_BYTES` from its end, for its last
-    checkpoint; the events after it are not counted, and the record says so (``"closed": False``)."""
+    checkpoint; the events after it are not counted, and the record says so (``"closed": False``).
+    ``raw_events``: a writer's record keeps its copied events as the JSON text of their array."""
     def last(budget, members):  # (text of the last member holding a record or None, text after it, closed)
         closed, after = None, b""
         for _, _, piece in _members_from_end(path, kind, budget, members):
@@ -266,11 +335,27 @@ def read(path):
     end = text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)
     if closed is not False and not all(_is_end(line) for line in (text[end:] + after).splitlines()):
         return None
-    line = text[text.rfind(b"\n", 0, at) + 1:end]
+    line = text[text.rfind(b"\n", 0, at) + 1:end].rstrip(b",\r")
     try:
-        return dict(orjson.loads(line.rstrip(b",\r"))["args"], closed=closed is not False)
+        return dict(raw_events and _without_events(line) or orjson.loads(line)["args"], closed=closed is not False)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
+
+
+def _without_events(line):
+    """The ``args`` of a writer's record ``line`` with its copied events left as the JSON text of
+    their array (the writer writes them last; parsing them is most of the cost of reading a
+    record, and DuckDB reads them anyway), or None when the line is not laid out so."""
+    at = line.find(EVENTS)
+    if at < 0 or not line.endswith(b"]}}"):
+        return None
+    try:  # the line up to the events, closed: parses only when they are a key of args
+        args = orjson.loads(line[:at] + b"}}")["args"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    if not isinstance(args, dict) or args.get("version") != WRITER_VERSION:
+        return None
+    return dict(args, events=line[at + len(EVENTS) - 1:-2])
 
 
 def _is_end(line):

@@ -13,7 +13,10 @@ which the local scan reports). The workers must see the files at the same
 paths (a shared file system).
 """
 
+import concurrent.futures
 import contextlib
+import multiprocessing
+import os
 
 from .reader import TraceError
 
@@ -66,6 +69,36 @@ class Dask:
         for thing in self._own:
             thing.close()
         self._own = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def cores():
+    """The cores this process may run on (``taskset``, cgroup cpusets), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class Processes:
+    """Tasks spread over a pool of ``workers`` local processes (default: one per core), for the
+    work per file that is the same for every file, such as reading many files' aggregate records.
+    The workers are spawned (never forked: the caller may hold DuckDB's or Dask's threads)."""
+
+    def __init__(self, workers=None):
+        self.workers = workers or cores()
+        self._pool = concurrent.futures.ProcessPoolExecutor(self.workers,
+                                                            mp_context=multiprocessing.get_context("spawn"))
+
+    def map(self, function, *iterables):
+        """``function`` over the items of ``iterables``, in the workers: every task starts now, the
+        iterator returned gives the results in order (raising a task's error at its turn)."""
+        return self._pool.map(function, *iterables)
+
+    def close(self):
+        self._pool.shutdown()
 
     def __enter__(self):
         return self

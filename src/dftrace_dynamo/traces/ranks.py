@@ -1,7 +1,7 @@
 """Who waits for whom in a multi-rank run, from the per-rank trace files.
 
-Input: the summary's DuckDB table ``ev`` (step slices, ``comm`` events, data,
-graph calls, ``backward``, ``optimizer``; functional collectives inside
+Input: what :func:`rows` reads of the summary's DuckDB table ``ev`` (step slices,
+``comm`` events, data, graph calls, ``backward``, ``optimizer``; functional collectives inside
 compiled graphs are ``comm`` events, and in traces of earlier versions op
 events named ``function._c10d_functional.*``, which count as communication too)
 and the compile records.
@@ -36,6 +36,8 @@ import bisect
 import json
 import statistics
 
+import numpy as np
+
 from ..schema import ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS
 from . import clock, compiles
 from .reader import rank_of
@@ -43,6 +45,7 @@ from .steps import quantile
 
 FUNCTIONAL = "function._c10d_functional."  # op events of functional collectives (events.comm)
 PARTS = ("wait", "comm", "data", "compute", "other")  # in the order an instant is counted
+PART_KEYS = tuple(f"{c}_us" for c in PARTS)  # the rows' fields
 NOISE_FACTOR, MIN_SHARE = 3.0, 0.05
 
 
@@ -50,55 +53,94 @@ def _label(paths, file, pid, rank):
     return f"rank{rank}" if rank is not None else f"{paths[file].rsplit('/', 1)[-1].split('.')[0]} [pid {pid}]"
 
 
-def _union(intervals):
-    out = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        elif e > s:
-            out.append([s, e])
-    return out
+def _split(lo, hi, row, layer, start, end, layers):
+    """Per row r, the time of [lo[r], hi[r]] in each of ``layers`` layers (the intervals
+    [start, end) of that row and layer), an instant counted in the first layer that holds
+    it; the rest is the last column. The pieces between a row's consecutive distinct
+    boundaries (lo, hi and the interval ends between them) go, in time order, to the first
+    layer holding their midpoint: the same sums as adding them one by one, for all rows in a
+    few array passes instead of a set of points per row and step."""
+    n = len(lo)
+    ends_row, ends = np.concatenate([row, row]), np.concatenate([start, end])
+    inside = (lo[ends_row] < ends) & (ends < hi[ends_row])
+    prow = np.concatenate([np.arange(n), np.arange(n), ends_row[inside]])
+    pval = np.concatenate([lo, hi, ends[inside]])
+    order = np.lexsort((pval, prow))
+    prow, pval = prow[order], pval[order]
+    distinct = np.ones(len(prow), bool)
+    distinct[1:] = (prow[1:] != prow[:-1]) | (pval[1:] != pval[:-1])
+    prow, pval = prow[distinct], pval[distinct]
+    piece = np.flatnonzero(prow[1:] == prow[:-1])  # piece k: pval[k] to pval[k + 1]
+    a, b, prow = pval[piece], pval[piece + 1], prow[piece]
+    mid = (a + b) / 2
+    # layers holding each midpoint: +1 at an interval's start, -1 at its end, summed in time
+    # order (at equal times the ends before the midpoint); empty intervals hold nothing
+    real = end > start
+    m = int(real.sum())
+    at_row = np.concatenate([row[real], row[real], prow])
+    at = np.concatenate([start[real], end[real], mid])
+    is_mid = np.concatenate([np.zeros(2 * m, bool), np.ones(len(mid), bool)])
+    order = np.lexsort((is_mid, at, at_row))
+    mids = np.flatnonzero(is_mid[order])
+    which = np.full(len(mid), layers)
+    for i in reversed(range(layers)):
+        step = np.zeros(len(at), np.int64)
+        own = layer[real] == i
+        step[:m][own], step[m:2 * m][own] = 1, -1
+        held = np.cumsum(step[order])[mids] > 0
+        which[order[mids[held]] - 2 * m] = i
+    return np.bincount(prow * (layers + 1) + which, weights=b - a,
+                       minlength=n * (layers + 1)).reshape(n, layers + 1)
 
 
-def _split(lo, hi, layers):
-    """Time of [lo, hi] in each layer (a list of intervals), an instant counted in the first
-    layer that holds it; the rest is the last item."""
-    points = sorted({lo, hi, *(x for layer in layers for iv in layer for x in iv if lo < x < hi)})
-    merged = [_union(layer) for layer in layers]
-    out = [0.0] * (len(layers) + 1)
-    for a, b in zip(points, points[1:]):
-        mid = (a + b) / 2
-        for i, layer in enumerate(merged):
-            if any(s <= mid < e for s, e in layer):
-                out[i] += b - a
-                break
-        else:
-            out[-1] += b - a
-    return out
-
-
-def analyse(con, paths, kinds, records, step_info, clocks=None):
-    """The rank document (JSON-ready), or None with fewer than two processes with steps.
-    ``kinds``: the summary's kind numbers by name (step, comm, op, data, graph, backward, optimizer);
-    ``clocks``: the clock records known without reading the files (see :func:`.clock.offsets_us`)."""
+def rows(con, kinds):
+    """What :func:`analyse` reads of the summary's table ``ev`` (``kinds``: as there): the step
+    slices and the collectives (row tuples by process and time), the spans (data, graph calls,
+    ``backward``, optimizer: NumPy columns file, pid, step, kind, ts, dur). Small enough to send
+    from a worker: one slice per step, the spans as arrays."""
     k = kinds
     slices = con.execute(f"SELECT file, pid, step, ts, dur, extra FROM ev WHERE kind = {k['step']} "
                          "AND step IS NOT NULL ORDER BY file, pid, ts").fetchall()
-    procs = sorted({(f, p) for f, p, *_ in slices})
-    if len(procs) < 2:
-        return None
     comm = con.execute(f"""SELECT file, pid, step, name, ts, dur, extra FROM ev
         WHERE step IS NOT NULL AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
         ORDER BY file, pid, ts""").fetchall()
-    spans = con.execute(f"""SELECT file, pid, step, kind, ts, dur FROM ev WHERE step IS NOT NULL
-        AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""").fetchall()
+    spans = con.execute(f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
+        WHERE step IS NOT NULL AND ts IS NOT NULL
+        AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""").fetchnumpy()
+    return {"slices": slices, "comm": comm, "spans": {c: np.asarray(v) for c, v in spans.items()}}
+
+
+def join(parts):
+    """The :func:`rows` of disjoint sets of files as the rows of all of them."""
+    parts = [p for p in parts if p is not None]
+    if len(parts) < 2:
+        return parts[0] if parts else {"slices": [], "comm": [], "spans": {}}
+
+    def by_time(field, at):  # as ORDER BY file, pid, ts (NULLS LAST) would give them
+        return sorted((r for p in parts for r in p[field]), key=lambda r: (r[0], r[1], r[at] is None, r[at] or 0))
+    return {"slices": by_time("slices", 3), "comm": by_time("comm", 4),
+            "spans": {c: np.concatenate([p["spans"][c] for p in parts]) for c in parts[0]["spans"]}}
+
+
+def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
+    """The rank document (JSON-ready), or None with fewer than two processes with steps.
+    ``rank_rows``: what :func:`rows` reads; ``kinds``: the summary's kind numbers by name (step,
+    comm, op, data, graph, backward, optimizer); ``clocks``: the clock records known without
+    reading the files (see :func:`.clock.offsets_us`)."""
+    k = kinds
+    slices, comm, spans = rank_rows["slices"], rank_rows["comm"], rank_rows["spans"]
+    procs = sorted({(f, p) for f, p, *_ in slices})
+    if len(procs) < 2:
+        return None
     rank = {(f, p): rank_of(paths[f]) for f, p in procs}
     label = {key: _label(paths, *key, rank[key]) for key in procs}
     warm = {tuple(w) for w in step_info["warmup_keys"]}
 
-    step_of = {}  # (file, pid) -> step -> (ts, end, extra)
+    step_of, memory = {}, {}  # (file, pid) -> step -> (ts, end, memory args); extra -> memory args
     for f, p, s, ts, dur, extra in slices:
-        step_of.setdefault((f, p), {})[s] = (ts, ts + (dur or 0), _memory_args(extra))
+        if extra not in memory:
+            memory[extra] = _memory_args(extra)
+        step_of.setdefault((f, p), {})[s] = (ts, ts + (dur or 0), memory[extra])
     starts = {q: sorted((v[0], s) for s, v in steps.items()) for q, steps in step_of.items()}
 
     def step_at(q, ts, step):
@@ -112,8 +154,7 @@ def analyse(con, paths, kinds, records, step_info, clocks=None):
 
     comm = [(f, p, step_at((f, p), ts, s), *rest, ts, dur, extra) for f, p, s, *rest, ts, dur, extra in comm
             if (f, p) in step_of]
-    spans = [(f, p, step_at((f, p), ts, s), kind, ts, dur) for f, p, s, kind, ts, dur in spans
-             if (f, p) in step_of]
+    span_proc, span_step = _steps_at(procs, step_of, starts, spans)
     # collectives matched across ranks
     matched, seen = {}, {}
     for f, p, s, name, ts, dur, extra in comm:
@@ -127,7 +168,8 @@ def analyse(con, paths, kinds, records, step_info, clocks=None):
         offsets, how = _offsets(procs, matched), "aligned on collective completions"
     common = set.intersection(*(set(step_of[q]) for q in procs))
     # the first step holds the job's start-up (process group, first collectives): never steady
-    steady = sorted(s for s in common if not any((*q, s) in warm for q in procs) and s != min(common))
+    warm_steps = {s for f, p, s in warm if (f, p) in step_of}
+    steady = sorted(s for s in common if s not in warm_steps and s != min(common))
 
     wait_iv, blame = {}, {}  # (proc, step) -> wait intervals; (proc, step) -> wait charged
     for (group, name, s, n), members in matched.items():
@@ -141,29 +183,40 @@ def analyse(con, paths, kinds, records, step_info, clocks=None):
         others = [w for q, w in waits.items() if q != last_q]
         blame[(last_q, s)] = blame.get((last_q, s), 0.0) + statistics.median(others)
 
-    comm_iv, data_iv, compute_iv = {}, {}, {}
-    for f, p, s, name, ts, dur, extra in comm:
-        comm_iv.setdefault(((f, p), s), []).append((ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)]))
-    for f, p, s, kind, ts, dur in spans:
-        target = data_iv if kind == k["data"] else compute_iv
-        target.setdefault(((f, p), s), []).append((ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)]))
+    # the rows: every process's steady steps, process after process; their intervals by layer (PARTS)
+    proc_at, steady_of = {q: i for i, q in enumerate(procs)}, {s: j for j, s in enumerate(steady)}
+    ivs = [(proc_at[q] * len(steady) + steady_of[s], 0, a, b)
+           for (q, s), ivs in wait_iv.items() if s in steady_of for a, b in ivs]
+    ivs += [(proc_at[(f, p)] * len(steady) + steady_of[s], 1, ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)])
+            for f, p, s, name, ts, dur, extra in comm if s in steady_of]
+    row, layer, start, end = (np.array(c, dtype) for c, dtype in
+                              zip(zip(*ivs) if ivs else ([],) * 4, (np.int64, np.int64, float, float)))
+    steady_at = np.searchsorted(steady, span_step)
+    keep = steady_at < len(steady)
+    keep[keep] = np.asarray(steady)[steady_at[keep]] == span_step[keep]
+    shift = np.array([offsets[q] for q in procs])[span_proc[keep]]
+    row = np.concatenate([row, span_proc[keep] * len(steady) + steady_at[keep]])
+    layer = np.concatenate([layer, np.where(spans["kind"][keep] == k["data"], 2, 3)])
+    start = np.concatenate([start, spans["ts"][keep] - shift])
+    end = np.concatenate([end, (spans["ts"][keep] + spans["dur"][keep]) - shift])
+    bounds = [(step_of[q][s][0] - offsets[q], step_of[q][s][1] - offsets[q]) for q in procs for s in steady]
+    split = _split(np.array([b[0] for b in bounds], float), np.array([b[1] for b in bounds], float),
+                   row, layer, start, end, len(PARTS) - 1).tolist() if bounds else []
 
     rows, per_rank = [], []
-    for q in procs:
+    for i, q in enumerate(procs):
         own = []
-        for s in steady:
-            ts, end, _ = step_of[q][s]
-            lo, hi = ts - offsets[q], end - offsets[q]
-            parts = _split(lo, hi, [wait_iv.get((q, s), []), comm_iv.get((q, s), []), data_iv.get((q, s), []),
-                                    compute_iv.get((q, s), [])])
+        for j, s in enumerate(steady):
+            lo, hi = bounds[i * len(steady) + j]
             row = {"rank": label[q], "step": s, "wall_us": hi - lo, "end_us": hi,
-                   **{f"{c}_us": v for c, v in zip(PARTS, parts)}, "wait_caused_us": blame.get((q, s), 0.0)}
+                   **dict(zip(PART_KEYS, split[i * len(steady) + j])),
+                   "wait_caused_us": blame.get((q, s), 0.0)}
             own.append(row)
         rows += own
         entry = {"rank": label[q], "steps": len(own), "clock_offset_us": offsets[q]}
         if own:
-            entry.update({f"{c}_us": statistics.fmean(r[f"{c}_us"] for r in own) for c in ("wall", *PARTS)})
-            entry["wait_caused_us"] = statistics.fmean(r["wait_caused_us"] for r in own)
+            entry.update({key: statistics.fmean([r[key] for r in own]) for key in ("wall_us", *PART_KEYS)})
+            entry["wait_caused_us"] = statistics.fmean([r["wait_caused_us"] for r in own])
             entry["wait_caused_median_us"] = quantile([r["wait_caused_us"] for r in own], 0.5)
         peaks = [x[2].get(ARG_PEAK_RSS) for x in step_of[q].values() if x[2].get(ARG_PEAK_RSS) is not None]
         if peaks:
@@ -174,6 +227,38 @@ def analyse(con, paths, kinds, records, step_info, clocks=None):
             **_straggler(per_rank, rows), "skew": _skew(rows, steady),
             "memory": _memory(procs, label, step_of), "divergence": _divergence(procs, label, records),
             "collectives": sum(1 for m in matched.values() if len(m) > 1)}
+
+
+def _steps_at(procs, step_of, starts, events):
+    """(index in ``procs`` of each of the ``events``' process, -1 for a process without step
+    slices; the step of each event: that of its process's step slice holding its ``ts``, else
+    its own). ``events``: columns file, pid, step, ts."""
+    n = len(events["ts"])
+    proc, step = np.full(n, -1), np.asarray(events["step"], np.int64).copy()
+    if not n:
+        return proc, step
+    pids, pid_at = np.unique(events["pid"], return_inverse=True)
+    pairs, pair_at = np.unique(np.asarray(events["file"], np.int64) * len(pids) + pid_at.reshape(-1),
+                               return_inverse=True)
+    index = {q: i for i, q in enumerate(procs)}
+    proc = np.array([index.get((int(k // len(pids)), int(pids[k % len(pids)])), -1) for k in pairs])[pair_at.reshape(-1)]
+    ts = np.asarray(events["ts"], float)
+    # every process's slices by start (then step), one process after the other
+    at, slice_step, ends = (np.array(c, dtype) for c, dtype in zip(
+        zip(*[(t, s, step_of[q][s][1]) for q in procs for t, s in starts[q]]), (float, np.int64, float)))
+    first = np.cumsum([0] + [len(starts[q]) for q in procs])
+    by_proc = np.argsort(proc, kind="stable")
+    cuts = np.searchsorted(proc[by_proc], np.arange(-1, len(procs) + 1))
+    for i in range(len(procs)):
+        own = by_proc[cuts[i + 1]:cuts[i + 2]]
+        if not len(own):
+            continue
+        lo = first[i]
+        j = np.searchsorted(at[lo:first[i + 1]], ts[own], side="right") - 1  # the last slice starting by ts
+        inside = j >= 0
+        inside[inside] = ts[own][inside] < ends[lo + j[inside]]
+        step[own[inside]] = slice_step[lo + j[inside]]
+    return proc, step
 
 
 def _memory_args(extra):
@@ -211,7 +296,10 @@ def _straggler(per_rank, rows):
     timed = [r for r in per_rank if r["steps"]]
     if not timed:
         return {"straggler": None, "threshold_us": None, "noise_us": None}
-    noise = statistics.median(_mad_sigma([x["wall_us"] for x in rows if x["rank"] == r["rank"]]) for r in timed)
+    walls = {}
+    for x in rows:
+        walls.setdefault(x["rank"], []).append(x["wall_us"])
+    noise = statistics.median(_mad_sigma(walls.get(r["rank"], [])) for r in timed)
     median_step = statistics.median(x["wall_us"] for x in rows)
     threshold = max(NOISE_FACTOR * noise, MIN_SHARE * median_step)
     top = max(timed, key=lambda r: r["wait_caused_median_us"])
@@ -251,9 +339,11 @@ def _memory(procs, label, step_of):
 
 def _divergence(procs, label, records):
     """Ranks that compiled a different number of graphs, or recompiled in different steps."""
-    per = {}
+    per, of_proc = {}, {}
+    for r in records:
+        of_proc.setdefault((r["file"], r["pid"]), []).append(r)
     for q in procs:
-        own = [r for r in records if (r["file"], r["pid"]) == q]
+        own = of_proc.get(q, [])
         rep = compiles.report(own, lambda r: label[q])
         steps = sorted({r["step"] for r in own if compiles.kind_of(r) == "recompile" and r["step"] is not None})
         per[label[q]] = {"graphs_compiled": rep["graphs_compiled"], "recompile_steps": steps}

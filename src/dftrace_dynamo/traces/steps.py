@@ -37,6 +37,10 @@ WARMUP_RULE = ("warm-up steps: those in which something compiled (Dynamo compile
                "backend or lazy backward compile) and those before the first step without compilation")
 
 
+KEYS = tuple(f"{c}_us" for c in ("wall", *CATEGORIES))  # the times of a step row
+INSIDE = KEYS[1:-1]  # the parts inside a step's slice (all but other)
+
+
 def quantile(values, q):
     """Linear interpolation between closest ranks (as DuckDB's quantile_cont)."""
     values = sorted(values)
@@ -98,9 +102,8 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
             name = "backward_graph" if backward_phase else "forward"
         elif name == "backward":
             has_backward.add((file, pid))
-        key = (file, pid, step)
-        sums.setdefault(key, {}).setdefault(name, 0.0)
-        sums[key][name] += total
+        got = sums.setdefault((file, pid, step), {})
+        got[name] = got.get(name, 0.0) + total
     compiled = _compiled_steps(slices, records)
     steps_of = {}
     for f, p, s in sorted(wall):
@@ -119,11 +122,27 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
                    "backward_us": got.get("backward" if proc in has_backward else "backward_graph", 0.0),
                    "optimizer_us": got.get("optimizer", 0.0), "ops_us": got.get("ops", 0.0),
                    "warmup": reasons.get(s), "recorded": s in recorded or not recorded}
-            inside = sum(row[f"{c}_us"] for c in CATEGORIES[:-1])
+            inside = sum([row[key] for key in INSIDE])
             row["other_us"] = max(row["wall_us"] - inside, 0.0)
             row["coverage"] = min(inside / row["wall_us"], 1.0) if row["wall_us"] else 0.0
             rows.append(row)
     return {"processes": procs, "rows": rows, "warmup_keys": warm_keys, "include_warmup": include_warmup}
+
+
+def join(infos):
+    """The :func:`analyse` of several sets of files from the analyses of each (its rules are per
+    process, and a process's events are all in one file): processes, rows and warm-up steps in
+    process order, as one analysis of all would give them."""
+    infos = list(infos)
+    if len(infos) == 1:
+        return infos[0]
+
+    def by_proc(items, key):
+        return sorted((x for info in infos for x in info[items]), key=key)
+    return {"processes": by_proc("processes", tuple), "rows": by_proc("rows", lambda r: (r["file"], r["pid"])),
+            "warmup_keys": by_proc("warmup_keys", lambda k: k[:2]), "include_warmup": infos[0]["include_warmup"]}
+
+
 
 
 def _per_step(rows):
@@ -134,9 +153,9 @@ def _per_step(rows):
     out = []
     for step, group in sorted(by_step.items()):
         merged = {"step": step, "processes": len(group)}
-        for c in ("wall", *CATEGORIES):
-            merged[f"{c}_us"] = statistics.fmean(r[f"{c}_us"] for r in group)
-        merged["coverage"] = statistics.fmean(r["coverage"] for r in group)
+        for key in KEYS:
+            merged[key] = statistics.fmean([r[key] for r in group])
+        merged["coverage"] = statistics.fmean([r["coverage"] for r in group])
         merged["warmup"] = next((r["warmup"] for r in group if r["warmup"]), None)
         merged["recorded"] = any(r["recorded"] for r in group)
         out.append(merged)
@@ -157,8 +176,8 @@ def public(info, label):
     steady = [r for r in per_step if counted(r, info["include_warmup"])]
     stats = series_stats([r["wall_us"] for r in steady])
     if stats:
-        stats.update({f"{c}_mean_us": statistics.fmean(r[f"{c}_us"] for r in steady) for c in CATEGORIES})
-        stats["coverage"] = statistics.fmean(r["coverage"] for r in steady)
+        stats.update({f"{c}_mean_us": statistics.fmean([r[f"{c}_us"] for r in steady]) for c in CATEGORIES})
+        stats["coverage"] = statistics.fmean([r["coverage"] for r in steady])
     used_rows = {proc: [] for proc in info["processes"]}
     for r in info["rows"]:
         if counted(r, info["include_warmup"]):

@@ -54,7 +54,7 @@ SAMPLE_VIEWS = ("op", "module", "phase")  # views with per-step samples (step_sa
 KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops"}
 RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
               "optimizer": OPTIMIZER}
-RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # what ranks.analyse reads of ev
+RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # of ev, in version 1 aggregates
 # a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
 NS = "CAST(round(dur * 1000) AS BIGINT)"
 # table ev with column b: the sketch bucket of each op event's duration (NULL on other rows)
@@ -275,13 +275,14 @@ def _repair(con, sources):
     return fixed, notes
 
 
-def _load(con, paths, indices, module_depth, progress, tmpdir):
+def _load(con, paths, indices, module_depth, progress, tmpdir, same_layout=None):
     """Scans the files ``paths[i]`` for i in ``indices`` into table ``ev`` (column ``file``: i);
-    returns the warnings (what could not be read)."""
+    returns the warnings (what could not be read). ``same_layout``: that of every file (else each
+    file's own, see :func:`.reader.check_trace`)."""
     sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
     for index in indices:
         path = paths[index]
-        layout, kind = check_trace(path), compression_of(path)
+        layout, kind = same_layout or check_trace(path), compression_of(path)
         directory = os.path.join(tmpdir, f"file={index}")
         os.mkdir(directory)
         pieces = _pieces(path, kind, directory)
@@ -337,7 +338,7 @@ def _out_of_memory_in_one_line(function):
 
 @_out_of_memory_in_one_line
 def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, include_warmup=False,
-              all_runs=False, step_samples=False, engine=None, source="auto"):
+              all_runs=False, step_samples=False, engine=None, source="auto", processes=1):
     """Statistics for the trace files ``paths`` (already found, see
     :func:`.reader.find_traces`). Returns a dict (the ``--format json``
     document): totals, ``steps`` (the step analysis, see :mod:`.steps`),
@@ -351,14 +352,15 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     parts and merges them; by default one scan here, with exact quantiles. ``source``:
     ``auto`` reads the aggregate records of the files (:mod:`.aggregates`) when every file has
     one that answers, else scans the events; ``events`` always scans them; ``aggregates``
-    never does (TraceError when it would have to)."""
+    never does (TraceError when it would have to). ``processes``: how many local processes read
+    the aggregate records (see :func:`.aggregates.partials`; None: one per core for many files)."""
     from . import aggregates
 
     views = list(dict.fromkeys(views))
     options = {"views": views, "module_depth": module_depth, "include_warmup": include_warmup,
                "step_samples": step_samples}
     if source != "events":
-        partials = aggregates.partials(paths, **options)
+        partials = aggregates.partials(paths, **options, processes=processes)
         if partials is not None:
             return merge(paths, partials, views, top, include_warmup, all_runs, step_samples,
                          {"source": "aggregates", "engine": "local", "quantiles": "sketch"})
@@ -381,32 +383,37 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
     the inputs; quantiles are then exact and the rank analysis is done here."""
     con, out, info = load(paths, indices, module_depth, include_warmup, progress, rank_rows=not whole)
     warm_filter = _warm_filter(con, info["warmup_keys"]) if not include_warmup else ""
-    out.update(whole=whole, steps=info if whole else None,
+    out.update(whole=whole, steps=info,
                groups=_groups(con, [v for v in views if v in OP_VIEWS], warm_filter, whole),
                kernels=_kernels(con, f"kind = {OP} {warm_filter}", whole) if "kernel" in views else None,
                samples=_step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter)
                if step_samples else None)
     if whole and out["slices"]:
-        out["ranks"] = ranks.analyse(con, paths, RANK_KINDS, out["records"], info)
+        out["ranks"] = ranks.analyse(ranks.rows(con, RANK_KINDS), paths, RANK_KINDS, out["records"], info)
     con.close()
     return out
 
 
-def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True):
+def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True, analyse=True,
+         layout=None, threads=None):
     """Loads the files ``paths[i]``, i in ``indices``, into table ``ev`` of a new DuckDB connection.
     Returns (the connection, the views' common partial: warnings, runs, unparsed lines,
     evaluation slices, compile records, step slices and parts, the rank rows when there are
-    step slices and ``rank_rows``; the step analysis of these files)."""
+    step slices and ``rank_rows``; the step analysis of these files, None without ``analyse``).
+    ``layout``: that of every file (``"array"``: one JSON array), else found per file; ``threads``:
+    DuckDB's (default: one per core)."""
     con = duckdb.connect()
     # rows in any order: the table is filled by both threads without keeping the file order
     # (queries that need an order say so), which makes loading it markedly faster
     con.execute("SET preserve_insertion_order = false")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
     # query_progress() needs DuckDB's progress tracking, not its printing (which, on a Dask
     # worker or without a terminal, would only add noise to standard error)
     con.execute(f"SET enable_progress_bar = {bool(progress)}")
     con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
-        warnings = _load(con, paths, indices, module_depth, progress, tmpdir)
+        warnings = _load(con, paths, indices, module_depth, progress, tmpdir, layout)
     out = {"warnings": warnings,
            "runs": con.execute(runs.SQL.format(start=START)).fetchall(),
            "unparsed": con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0],
@@ -423,12 +430,9 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
         if slices else []
     out.update(records=records, slices=slices, parts=parts)
-    if slices and rank_rows:  # the events the rank analysis reads, as columns
-        rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
-            ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
-            OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
-        out["rank_rows"] = [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
-    return con, out, steps.analyse(slices, parts, records, KIND_NAMES, include_warmup)
+    if slices and rank_rows:  # the events the rank analysis reads
+        out["rank_rows"] = ranks.rows(con, RANK_KINDS)
+    return con, out, steps.analyse(slices, parts, records, KIND_NAMES, include_warmup) if analyse else None
 
 
 def merge(paths, partials, views, top, include_warmup=False, all_runs=False, step_samples=False, scan_info=None):
@@ -448,8 +452,7 @@ def merge(paths, partials, views, top, include_warmup=False, all_runs=False, ste
     if len(found) > 1 and not all_runs:
         raise TraceError(runs.mixed_message(found, paths))
     records, slices = rows("records"), rows("slices")
-    step_info = partials[0]["steps"] if whole else steps.analyse(
-        slices, [r for p in partials for r in p["parts"]], records, KIND_NAMES, include_warmup)
+    step_info = steps.join(p["steps"] for p in partials)
     groups = {}
     for p in partials:
         for kind, view, key, *stats in p["groups"]:
@@ -564,14 +567,27 @@ def _kernel_rows(partials, top):
 
 
 def _rank_analysis(paths, partials, records, step_info):
-    """The rank analysis over the partials' rank rows (a small table ``ev`` of their own)."""
+    """The rank analysis over the partials' rank rows."""
+    clocks = {i: args for p in partials for i, args in (p.get("clocks") or {}).items()}
+    return ranks.analyse(ranks.join(p.get("rank_rows") for p in partials), paths, RANK_KINDS, records, step_info,
+                         clocks)
+
+
+def rank_columns(con):
+    """The events of table ``ev`` the rank analysis reads, as columns (:data:`RANK_COLUMNS`)."""
+    rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
+        ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
+        OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
+
+
+def rank_rows_of_columns(columns):
+    """:func:`.ranks.rows` of the events in :func:`rank_columns` (a small table ``ev`` of their own)."""
     con = duckdb.connect()
-    columns = [[v for p in partials for v in p["rank_rows"][i]] for i in range(len(RANK_COLUMNS))]
-    con.execute(f"CREATE TABLE ev AS SELECT {', '.join(f'unnest(${i + 1}) AS {c}' for i, c in enumerate(RANK_COLUMNS))}",
-                columns)
     try:
-        clocks = {i: args for p in partials for i, args in (p.get("clocks") or {}).items()}
-        return ranks.analyse(con, paths, RANK_KINDS, records, step_info, clocks)
+        con.execute(f"CREATE TABLE ev AS SELECT {', '.join(f'unnest(${i + 1}) AS {c}' for i, c in enumerate(RANK_COLUMNS))}",
+                    columns)
+        return ranks.rows(con, RANK_KINDS)
     finally:
         con.close()
 
