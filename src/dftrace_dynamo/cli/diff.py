@@ -3,10 +3,9 @@ against each row's own step-to-step variation."""
 
 import csv
 import io
-import json
 import sys
 
-from ..traces.report import fmt_ms
+from ..traces.report import fmt_ms, to_json
 from ._common import progress_bar, warn
 
 FORMATS = ("table", "csv", "json")
@@ -136,7 +135,7 @@ def run(args):
         note = engines.source_note(result["scan"][side], len(paths))
         if note:
             print(f"dftrace-dynamo diff: {side.upper()}: {note}", file=sys.stderr)
-    render = {"table": to_table, "csv": to_csv, "json": lambda r: json.dumps(r, indent=1) + "\n"}[args.format]
+    render = {"table": to_table, "csv": to_csv, "json": to_json}[args.format]
     sys.stdout.write(render(result))
     if result["verdict"]["fail"]:
         print(f"dftrace-dynamo diff: {result['verdict']['text']}", file=sys.stderr)
