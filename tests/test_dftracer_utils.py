@@ -3,6 +3,7 @@ counts the same events per name as our summary, and our readers take the parts t
 ``dftracer_split`` cuts a trace into. Traces from the C writer (tests/scripts/stepgen.py)
 and from a real traced training loop (tests/scripts/steps_train.py)."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -84,6 +85,23 @@ def test_the_parts_dftracer_split_writes_are_read(trace, request, tmp_path):
     assert p.returncode == 0 and p.stdout.count(": OK (") == len(parts), p.stdout + p.stderr
     dftracer_validate(parts[0])
     assert our_counts(*parts) == our_counts(*traces(source))
+
+
+def test_a_part_cut_after_a_pause_joins_its_run(stepgen_ranks, tmp_path):
+    """dftracer_split cuts files into parts by size and keeps the start record (with the run
+    id) in the first part only; a part cut where the job paused between steps (a checkpoint
+    save) overlaps no other part in time, and still belongs to its process's run."""
+    source = traces(stepgen_ranks)[0]
+    with gzip.open(source, "rt") as f:
+        events = [json.loads(line) for line in f.read().splitlines() if line.startswith("{")]
+    cut = max(i for i, e in enumerate(events) if e["name"] == "step 10") + 1
+    for e in events[cut:]:
+        if "ts" in e:
+            e["ts"] += 1_000_000  # a 1 s pause before step 11
+    parts = [tmp_path / "part-1.pfw", tmp_path / "part-2.pfw"]
+    for path, part in zip(parts, (events[:cut], events[cut:])):
+        path.write_text("[\n" + "\n".join(json.dumps(e, separators=(",", ":")) for e in part) + "\n]\n")
+    assert our_counts(*parts) == our_counts(source)
 
 
 @pytest.mark.xfail(strict=True, reason="our dur is in us with a fractional part (ns precision); dftracer_stats "

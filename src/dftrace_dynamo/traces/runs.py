@@ -6,7 +6,9 @@ same ``run_id`` (written when ``DFTRACER_RUN_ID`` is set, as ``dftrace-dynamo
 run`` does). Files without a ``run_id`` (traces written outside ``run``,
 older traces, pydftracer's, and the parts ``dftracer_split`` writes, which
 keep the ``start`` record in one part only) join the run with a ``run_id``
-whose time span they overlap, directly or through other such files; the others are grouped by time: the processes of
+whose time span they overlap, directly or through other such files, or, failing
+that, the run of a file of the same process (pid) that began before them (a split
+part after a pause between steps overlaps nothing); the others are grouped by time: the processes of
 one job run at the same time, while running a script again starts after the
 previous run ended, so files whose time spans (first to last event) overlap,
 directly or through other files, are one run.
@@ -14,9 +16,10 @@ directly or through other files, are one run.
 
 import datetime
 
-# per input: first and last event time, and the start record's args as JSON text (table ev, see summary)
-SQL = """SELECT file, min(ts), max(ts + coalesce(dur, 0)), any_value(extra) FILTER (WHERE kind = {start})
-FROM ev WHERE ts IS NOT NULL GROUP BY file ORDER BY file"""
+# per input: first and last event time, the start record's args as JSON text (table ev, see summary)
+# and a pid of the file's events
+SQL = """SELECT file, min(ts), max(ts + coalesce(dur, 0)), any_value(extra) FILTER (WHERE kind = {start}),
+any_value(pid) FILTER (WHERE pid >= 0) FROM ev WHERE ts IS NOT NULL GROUP BY file ORDER BY file"""
 
 
 def _when(ts_us):
@@ -28,24 +31,28 @@ def _when(ts_us):
 
 def find_runs(paths, rows):
     """Runs as ``[{"label", "files": [input index...], "start_us"}]`` in start order,
-    from ``rows`` of :data:`SQL`."""
+    from ``rows`` of :data:`SQL` (rows without the pid column are read too)."""
     runs, by_id, timed = [], {}, []
-    for file, first, last, start in rows:
+    for file, first, last, start, *pid in rows:
+        pid = pid[0] if pid else None
         run_id = (start or {}).get("run_id")
         if run_id:
             if run_id not in by_id:
-                by_id[run_id] = {"label": f"run {run_id}", "files": [], "start_us": first}
+                by_id[run_id] = {"label": f"run {run_id}", "files": [], "start_us": first, "pids": set()}
                 runs.append(by_id[run_id])
             run = by_id[run_id]
             run["files"].append(file)
+            run["pids"].add(pid)
             run["start_us"], run["end_us"] = min(run["start_us"], first), max(run.get("end_us", last), last)
         else:
-            timed.append((first, last, file))
+            timed.append((first, last, file, pid))
     by_time = []
-    for first, last, file in sorted(timed):  # a file without run_id during a run with one belongs to it
-        run = next((r for r in runs if first <= r["end_us"] and last >= r["start_us"]), None)
+    for first, last, file, pid in sorted(timed):  # a file without run_id during a run with one belongs to it
+        run = (next((r for r in runs if first <= r["end_us"] and last >= r["start_us"]), None)
+               or next((r for r in runs if pid is not None and pid in r["pids"] and first >= r["start_us"]), None))
         if run:
             run["files"].append(file)
+            run["pids"].add(pid)
             run["end_us"] = max(run["end_us"], last)
         else:
             by_time.append((first, last, file))
@@ -64,6 +71,7 @@ def find_runs(paths, rows):
         r["label"] = r["label"] or f"run started {_when(r['start_us'])}"
         r["files"].sort()
         r.pop("end_us", None)
+        r.pop("pids", None)
     return runs
 
 

@@ -447,8 +447,8 @@ def merge(paths, partials, views, top, include_warmup=False, all_runs=False, ste
                       else r[0])
 
     warnings = [w for p in partials for w in p["warnings"]]
-    found = runs.find_runs(paths, [(f, first, last, json.loads(start) if start else None)
-                                   for f, first, last, start in rows("runs")])
+    found = runs.find_runs(paths, [(f, first, last, json.loads(start) if start else None, *pid)
+                                   for f, first, last, start, *pid in rows("runs")])
     if len(found) > 1 and not all_runs:
         raise TraceError(runs.mixed_message(found, paths))
     records, slices = rows("records"), rows("slices")
