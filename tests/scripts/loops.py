@@ -8,8 +8,8 @@ generator step; an iteration is one generator step), ``validate`` (3 epochs of t
 ``no_grad`` validation pass after each), ``marked`` (``dftrace_dynamo.step()`` after
 ``optimizer.step()``). Each iteration sleeps ``SLEEP_S`` so that its time is well above
 the noise of a shared machine. The truth file holds ``iterations`` (start times, ns, of each
-iteration and the end of the last one) and, for ``validate``, ``evals`` ((start, end) of
-each validation pass).
+iteration and the end of the last one; for ``marked``, the time of each mark instead) and,
+for ``validate``, ``evals`` ((start, end) of each validation pass).
 """
 import argparse
 import json
@@ -96,11 +96,11 @@ def marked(n, marks):
     model = torch.compile(mlp(), backend=create_backend())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     for _ in range(n):
-        marks.append(time.monotonic_ns())
         opt.zero_grad()
         model(torch.randn(8, 16)).pow(2).mean().backward()
         opt.step()
-        dftrace_dynamo.step()  # the iteration ends here
+        marks.append(time.monotonic_ns())  # the step ends here, not at the loop's top
+        dftrace_dynamo.step()
         time.sleep(SLEEP_S)
 
 
