@@ -7,6 +7,7 @@ re-taken anywhere (benchmarks/results_overhead.rst, results_writer.rst)::
     python3 benchmarks/callgrind_costs.py ops --workload mlp --level aten --slices
     python3 benchmarks/callgrind_costs.py writer --compression 1
     python3 benchmarks/callgrind_costs.py ops --level inductor
+    python3 benchmarks/callgrind_costs.py ops --level inductor --model resnet --functions 25
 
 The script re-runs itself under ``valgrind --tool=callgrind --separate-threads=yes
 --instr-atstart=no``: compiling and warming up run uninstrumented; a small helper
@@ -27,7 +28,13 @@ the boundaries folded into interceptors count in csrc/callwrap.c and core.h).
 At ``--level inductor`` the sections call a chain of small matmuls (bench_inductor.py's
 kernel case, one extern ``mm`` kernel each) compiled with ``backend="dftrace",
 options={"level": "inductor"}`` and with plain ``backend="inductor"``: the calling thread's
-cost per kernel call.
+cost per kernel call. ``--model resnet`` calls bench_inductor.py's residual model instead
+(6 blocks of LayerNorm, Linear(128, 256), GELU, Linear(256, 128), batch 32, inference;
+one model compiled both ways, as there): the extra instructions per forward call, also
+as a share of plain Inductor's, and the writer thread's per forward call. ``--no-record``
+switches op recording off for the traced sections (``_core.set_ops_on(False)``): what
+tracing costs when it records nothing. ``--functions K`` also lists the K functions whose
+own instructions differ most (both threads' sections, calling thread).
 
 ``writer``: ``_core.record`` of events shaped like the backend's op events, then a
 flush: the writer thread's instructions per event and the bytes per event in the file.
@@ -55,6 +62,7 @@ SRC = [os.path.join(ROOT, "src")]  # the build measured (--src)
 HELPER_C = r"""
 #include <valgrind/callgrind.h>
 void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
 void cg_zero(void) { CALLGRIND_ZERO_STATS; }
 void cg_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
 """
@@ -81,14 +89,15 @@ class Dump:
     total: int
     by_line: dict  # (file, line) -> self instructions
     by_obj: dict   # shared object -> self instructions
+    by_fn: dict    # function -> self instructions
 
 
 def read_dump(path):
     """Self cost per (source file, line) and per object of one callgrind output file."""
     names = {"fl": {}, "fn": {}, "ob": {}}
-    by_line, by_obj = collections.Counter(), collections.Counter()
+    by_line, by_obj, by_fn = collections.Counter(), collections.Counter(), collections.Counter()
     label, thread, total = "", 0, 0
-    fl = fi = ob = ""
+    fl = fi = ob = fn = ""
     line = 0
     skip_next = False  # the cost line after calls= is the callee's inclusive cost
     with open(path) as f:
@@ -113,7 +122,7 @@ def read_dump(path):
                 elif key == "ob":
                     ob = name
                 elif key == "fn":
-                    fi = fl
+                    fi, fn = fl, name
                 continue
             if key == "calls":
                 skip_next = True
@@ -142,7 +151,8 @@ def read_dump(path):
                 continue
             by_line[fi, line] += cost
             by_obj[os.path.basename(ob)] += cost
-    return Dump(thread, label, total, dict(by_line), dict(by_obj))
+            by_fn[fn] += cost
+    return Dump(thread, label, total, dict(by_line), dict(by_obj), dict(by_fn))
 
 
 def read_dumps(out_dir):
@@ -235,6 +245,11 @@ def writer_thread(by_thread):
 
 def section(cg, label, body, n, flush=None, path=None):
     """Runs body(n) and body(2n) in counted sections; returns the file growth of each."""
+    # once uncounted first: what runs once per section on its first runs (quickening,
+    # specializing, the allocator's growth) would otherwise count in the first section only
+    body(n)
+    if flush:
+        flush()
     grown = []
     for reps in (n, 2 * n):
         size0 = os.path.getsize(path) if path else 0
@@ -259,25 +274,29 @@ def run_ops(args, cg, tmp):
 
     torch.set_num_threads(1)
     dftrace_dynamo.initialize_log(os.path.join(tmp, "cg"))
-    if args.level == "inductor":  # bench_inductor's kernel case: one extern mm kernel per matmul
-        from bench_inductor import Chain  # noqa: E402
+    if args.level == "inductor":
+        import bench_inductor  # noqa: E402
 
         torch.manual_seed(0)
-        fn, inputs, train, n_ops = Chain(args.chain), (torch.randn(4, 4),), False, args.chain
+        train, spans = False, 0
+        if args.model == "resnet":  # bench_inductor's resnet case: per forward call
+            fn = torch.nn.Sequential(*(bench_inductor.Residual() for _ in range(6)))
+            inputs, n_ops = (torch.randn(32, 128),), 1
+            traced, base = bench_inductor.compile_pair(fn)
+        else:  # its kernel case: one extern mm kernel per matmul
+            fn, inputs, n_ops = bench_inductor.Chain(args.chain), (torch.randn(4, 4),), args.chain
+            base = torch.compile(copy.deepcopy(fn), backend="inductor")
+            traced = torch.compile(fn, backend="dftrace", options={"level": "inductor"})
     else:
         fn, inputs, train, _ = workload(args.workload)
         n_ops = ops_per_call(fn, inputs, args.level, train)
-    if args.level == "inductor":
-        base = torch.compile(copy.deepcopy(fn), backend="inductor")
-        traced = torch.compile(fn, backend="dftrace", options={"level": "inductor"})
-        spans = 0
-    elif args.slices:
-        base, _ = compile_with_slices(fn, inputs, train, args.level, False)
-        traced, spans = compile_with_slices(fn, inputs, train, args.level, True)
-    else:
-        base = torch.compile(fn, backend="eager" if args.level == "torch" else "aot_eager")
-        traced = torch.compile(fn, backend=create_backend(level=args.level))
-        spans = 0
+        if args.slices:
+            base, _ = compile_with_slices(fn, inputs, train, args.level, False)
+            traced, spans = compile_with_slices(fn, inputs, train, args.level, True)
+        else:
+            base = torch.compile(fn, backend="eager" if args.level == "torch" else "aot_eager")
+            traced = torch.compile(fn, backend=create_backend(level=args.level))
+            spans = 0
     for _ in range(3):
         run(base, inputs, train)
         run(traced, inputs, train)
@@ -291,8 +310,11 @@ def run_ops(args, cg, tmp):
     cg.cg_start()
     section(cg, "base", body(base), args.calls, _core.flush, path)
     before = _core.stats()["recorded"]
+    _core.set_ops_on(not args.no_record)
     grown = section(cg, "traced", body(traced), args.calls, _core.flush, path)
-    events = (_core.stats()["recorded"] - before) / (3 * args.calls)  # events per call, over N + 2N calls
+    _core.set_ops_on(True)
+    events = (_core.stats()["recorded"] - before) / (4 * args.calls)  # events per call, over N (uncounted) + N + 2N calls
+    cg.cg_stop()  # all threads: the writer thread's count ends with the last flush, close() left out
     dftrace_dynamo.finalize()
     print(f"META ops={n_ops} spans={spans} events={events} bytes={(grown[1] - grown[0]) / args.calls} "
           f"recorded_before={recorded}")
@@ -347,6 +369,9 @@ def valgrind(argv, tmp, extra):
         return {k: float(v) for k, v in (kv.split("=") for kv in meta.split()[1:])}, read_dumps(tmp)
     env = dict(os.environ, DFTRACER_ENABLE="1", PYTHONPATH=os.pathsep.join(
         [SRC[0], os.environ.get("PYTHONPATH", "")]))
+    # valgrind runs no AVX-512: Inductor's C++ kernels (and their cache entries) are built for AVX2
+    env.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+    env.setdefault("TORCHINDUCTOR_CPP_MARCH", "x86-64-v3")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     meta = next((ln for ln in proc.stdout.splitlines() if ln.startswith("META ")), None)
     if proc.returncode != 0 or meta is None:
@@ -363,23 +388,41 @@ def report_ops(argv, args):
     base, base_parts = diff_parts(dumps[f"base:{n}"][1], dumps[f"base:{2 * n}"][1], n)
     traced, traced_parts = diff_parts(dumps[f"traced:{n}"][1], dumps[f"traced:{2 * n}"][1], n)
     what = "module slices on vs off" if args.slices else "traced vs untraced"
-    unit, per = ("module call", spans) if args.slices else ("kernel call" if args.level == "inductor" else "op", ops)
-    name = f"chain of {args.chain} matmuls" if args.level == "inductor" else args.workload
-    print(f"{name} at level {args.level}, {what}: {ops:.0f} ops/call, {spans:.0f} module calls/call, "
-          f"{events:.0f} events/call, N={n} calls")
-    print(f"calling thread: {(traced - base) / per:.0f} instructions per {unit} "
-          f"(untraced{', slices off' if args.slices else ''}: {base / ops:.0f} per op), by part:")
+    what += ", op recording off" if args.no_record else ""
+    model = args.level == "inductor" and args.model == "resnet"
+    unit, per = ("module call", spans) if args.slices else (
+        "forward call" if model else "kernel call" if args.level == "inductor" else "op", ops)
+    name = ("residual model (6 blocks, batch 32)" if model else f"chain of {args.chain} matmuls"
+            if args.level == "inductor" else args.workload)
+    print(f"{name} at level {args.level}, {what}: {'' if model else f'{ops:.0f} ops/call, '}"
+          f"{spans:.0f} module calls/call, {events:.0f} events/call, N={n} calls")
+    if model:
+        print(f"calling thread: {traced - base:.0f} instructions per forward call "
+              f"({100 * (traced - base) / base:+.2f} % of plain Inductor's {base:.0f}), by part:")
+    else:
+        print(f"calling thread: {(traced - base) / per:.0f} instructions per {unit} "
+              f"(untraced{', slices off' if args.slices else ''}: {base / ops:.0f} per op), by part:")
     by_part = {k: (traced_parts.get(k, 0) - base_parts.get(k, 0)) / per for k in traced_parts.keys() | base_parts.keys()}
     print_parts(by_part)
+    if args.functions:
+        by_fn = collections.Counter()
+        for d, sign in ((f"traced:{2 * n}", 1), (f"traced:{n}", -1), (f"base:{2 * n}", -1), (f"base:{n}", 1)):
+            for fn, cost in dumps[d][1].by_fn.items():
+                by_fn[fn] += sign * cost / (n * per)
+        print(f"  the {args.functions} functions whose own instructions differ most, per {unit}:")
+        for fn, v in sorted(by_fn.items(), key=lambda kv: -abs(kv[1]))[:args.functions]:
+            print(f"    {v:>9.1f}  {fn}")
     ours = sum(v for k, v in by_part.items() if k.startswith("csrc") or k in PART.values())
     print(f"  in _core: {ours:.0f}; without libc malloc (the allocator's state differs between runs: noise): "
           f"{(traced - base) / per - by_part.get('libc malloc', 0):.0f}")
     w = writer_thread(dumps["end"])
     if w is not None and events:
-        # the writer thread is not zeroed by the sections: its count runs from the first section
-        # to the end of the program (close() included), over the 3N traced calls' events
-        print(f"writer thread: {w.total / (3 * n * events):.0f} instructions per event (3N calls' events and "
-              f"close(); `writer` gives the exact figure), {meta['bytes'] / events:.1f} bytes per event")
+        # the writer thread is not zeroed by the sections (a client request zeroes and dumps the
+        # calling thread only): its count runs from the first section to the last flush, over the
+        # 4N traced calls' events
+        print(f"writer thread: {w.total / (4 * n * events):.0f} instructions per event (4N calls' events and "
+              f"6 flushes; `writer` gives the exact figure), {meta['bytes'] / events:.1f} bytes per event"
+              + (f"; {w.total / (4 * n):.0f} per forward call" if model else ""))
 
 
 def report_writer(argv, args):
@@ -402,6 +445,13 @@ def main(argv=None):
                    help="ops: inductor measures a chain of --chain small matmuls (bench_inductor.py's kernel "
                         "case) against plain backend='inductor', per kernel call; --workload is unused there")
     p.add_argument("--chain", type=int, default=24, help="ops at level inductor: matmuls (kernels) per call")
+    p.add_argument("--model", default="chain", choices=("chain", "resnet"),
+                   help="ops at level inductor: the chain of --chain matmuls (per kernel call) or bench_inductor.py's "
+                        "residual model (per forward call)")
+    p.add_argument("--no-record", action="store_true",
+                   help="ops: the traced sections run with op recording off (_core.set_ops_on(False))")
+    p.add_argument("--functions", type=int, default=0, metavar="K",
+                   help="ops: also list the K functions whose own instructions differ most (calling thread)")
     p.add_argument("--slices", action="store_true", help="ops: module slices on vs off instead of traced vs untraced")
     p.add_argument("--calls", type=int, default=20, help="ops: N, calls per section (N and 2N are differenced)")
     p.add_argument("--events", type=float, default=100000, help="writer: N events (N and 2N are differenced)")

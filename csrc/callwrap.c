@@ -428,7 +428,9 @@ typedef struct {
     PyObject *fn, *grad_fn, *cell;
     PyObject *dict; /* AOTAutograd marks boxed graphs with a _boxed_call attribute */
     PyObject *plain; /* the graph without interceptors, run when no op is recorded (or NULL) */
+    PyObject *probe; /* probe(grad) while dft_probe_on (step tracking's forward probe), or NULL */
     uint32_t site, phase;
+    int grad; /* grad_fn given as a bool: its value, no call per graph call; -1: call grad_fn */
 } GraphCall;
 
 /* The graph's module slices (span.c) open and close within the call: the
@@ -448,14 +450,23 @@ static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t na
     GraphCall *self = (GraphCall *)self_;
     if (!dft_ops_recording())
         return gc_untraced(self, args, nargsf, kwnames);
-    PyObject *g = PyObject_CallNoArgs(self->grad_fn);
-    if (!g)
-        return NULL;
-    int grad = PyObject_IsTrue(g);
-    Py_DECREF(g);
-    if (grad < 0)
-        return NULL;
-    if (!dft_ops_recording()) /* grad_fn ended a step into one outside the step windows */
+    int grad = self->grad;
+    if (grad < 0) {
+        PyObject *g = PyObject_CallNoArgs(self->grad_fn);
+        if (!g)
+            return NULL;
+        grad = PyObject_IsTrue(g);
+        Py_DECREF(g);
+        if (grad < 0)
+            return NULL;
+    }
+    if (self->probe && dft_probe_on) {
+        PyObject *p = PyObject_CallOneArg(self->probe, grad ? Py_True : Py_False);
+        if (!p)
+            return NULL;
+        Py_DECREF(p);
+    }
+    if (!dft_ops_recording()) /* grad_fn or probe ended a step into one outside the step windows */
         return gc_untraced(self, args, nargsf, kwnames);
     uint32_t phase = self->phase;
     if (phase == DFT_PHASE_FORWARD && !grad)
@@ -473,15 +484,19 @@ static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t na
 }
 
 static PyObject *gc_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *kwl[] = {"fn", "site", "cell", "phase", "grad_fn", "plain", NULL};
-    PyObject *fn, *cell, *grad_fn, *plain = Py_None;
+    static char *kwl[] = {"fn", "site", "cell", "phase", "grad_fn", "plain", "probe", NULL};
+    PyObject *fn, *cell, *grad_fn, *plain = Py_None, *probe = Py_None;
     unsigned long long site;
     unsigned int phase;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKOIO|O:GraphCall", kwl, &fn, &site, &cell, &phase,
-                                     &grad_fn, &plain))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKOIO|O$O:GraphCall", kwl, &fn, &site, &cell, &phase,
+                                     &grad_fn, &plain, &probe))
         return NULL;
     if (plain != Py_None && !PyCallable_Check(plain)) {
         PyErr_SetString(PyExc_TypeError, "plain must be callable or None");
+        return NULL;
+    }
+    if (probe != Py_None && !PyCallable_Check(probe)) {
+        PyErr_SetString(PyExc_TypeError, "probe must be callable or None");
         return NULL;
     }
     if (dft_check_site(site) < 0)
@@ -490,8 +505,8 @@ static PyObject *gc_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "phase must be one of PHASE_*, not %u", phase);
         return NULL;
     }
-    if (!PyCallable_Check(fn) || !PyCallable_Check(grad_fn)) {
-        PyErr_SetString(PyExc_TypeError, "fn and grad_fn must be callable");
+    if (!PyCallable_Check(fn) || !(PyBool_Check(grad_fn) || PyCallable_Check(grad_fn))) {
+        PyErr_SetString(PyExc_TypeError, "fn must be callable, grad_fn callable or a bool");
         return NULL;
     }
     GraphCall *self = (GraphCall *)type->tp_alloc(type, 0);
@@ -501,6 +516,8 @@ static PyObject *gc_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->fn = Py_NewRef(fn);
     self->grad_fn = Py_NewRef(grad_fn);
     self->plain = plain == Py_None ? NULL : Py_NewRef(plain);
+    self->probe = probe == Py_None ? NULL : Py_NewRef(probe);
+    self->grad = PyBool_Check(grad_fn) ? grad_fn == Py_True : -1;
     self->site = (uint32_t)site;
     self->phase = phase;
     if (get_cell(cell, &self->cell) < 0) {
@@ -516,6 +533,7 @@ static int gc_traverse(GraphCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->cell);
     Py_VISIT(self->dict);
     Py_VISIT(self->plain);
+    Py_VISIT(self->probe);
     return 0;
 }
 
@@ -525,6 +543,7 @@ static int gc_clear(GraphCall *self) {
     Py_CLEAR(self->cell);
     Py_CLEAR(self->dict);
     Py_CLEAR(self->plain);
+    Py_CLEAR(self->probe);
     return 0;
 }
 
@@ -548,9 +567,11 @@ PyTypeObject dft_GraphCallType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace_dynamo._core.GraphCall",
     .tp_basicsize = sizeof(GraphCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "GraphCall(fn, site, cell, phase, grad_fn, plain=None): calls a compiled graph under "
-              "a (grad, phase) context and records the enclosing graph event; plain runs instead "
-              "when no op event is recorded.",
+    .tp_doc = "GraphCall(fn, site, cell, phase, grad_fn, plain=None, *, probe=None): calls a compiled "
+              "graph under a (grad, phase) context and records the enclosing graph event; plain runs "
+              "instead when no op event is recorded. grad_fn: the grad mode's function, or the mode "
+              "itself (a bool: no call per graph call). probe(grad) is called first while "
+              "set_forward_probe(True) is in effect.",
     .tp_new = gc_new,
     .tp_dealloc = (destructor)gc_dealloc,
     .tp_traverse = (traverseproc)gc_traverse,

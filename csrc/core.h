@@ -207,6 +207,8 @@ static inline int dft_ops_recording(void) {
 /* dft_step_tag: current step + 1 (0: none), copied into every record; read
  * and written with the GIL held (every push holds it). */
 extern uint32_t dft_step_tag;
+/* GraphCalls call their probe (step tracking outside a training step); GIL held. */
+extern int dft_probe_on;
 extern PyMethodDef dft_step_methods[];
 
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,

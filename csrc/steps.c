@@ -6,6 +6,7 @@
 
 /* Read and written with the GIL held (every push holds it). */
 uint32_t dft_step_tag;
+int dft_probe_on;
 
 static int get_step_arg(PyObject *o, uint32_t *tag) {
     if (o == Py_None) {
@@ -45,6 +46,14 @@ static PyObject *py_set_ops_on(PyObject *m, PyObject *o) {
         atomic_fetch_and(&dft_state, ~DFT_ST_OPS_OFF);
     else
         atomic_fetch_or(&dft_state, DFT_ST_OPS_OFF);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_forward_probe(PyObject *m, PyObject *o) {
+    int on = PyObject_IsTrue(o);
+    if (on < 0)
+        return NULL;
+    dft_probe_on = on;
     Py_RETURN_NONE;
 }
 
@@ -98,6 +107,9 @@ PyMethodDef dft_step_methods[] = {
     {"set_ops_on", py_set_ops_on, METH_O,
      "set_ops_on(flag): record op-level events (interceptors, graphs) or skip them."},
     {"ops_on", py_ops_on, METH_NOARGS, "Whether op-level events are recorded."},
+    {"set_forward_probe", py_set_forward_probe, METH_O,
+     "set_forward_probe(flag): graph calls with a probe call it (step tracking: forward work "
+     "outside a training step) or not."},
     {"step_slice", py_step_slice, METH_VARARGS,
      "step_slice(n, start_ns, end_ns, args=None): record the slice 'step n' (cat step)."},
     {"counter", py_counter, METH_VARARGS,

@@ -176,6 +176,28 @@ def test_graphcall_exception_restores_context(tmp_path, site):
     assert ev[1]["args"] == {"hhash": HHASH, "node": "n", "grad_enabled": 0}
 
 
+def test_constant_grad_and_probe_only_while_armed(tmp_path, site):
+    probed = []
+    op = _core.Interceptor(abs, site, None)
+    g = _core.GraphCall(lambda: op(1), site, None, _core.PHASE_FORWARD, False, probe=probed.append)
+
+    def run():
+        g()  # inside a training step: no probe call
+        _core.set_forward_probe(True)
+        try:
+            g()
+        finally:
+            _core.set_forward_probe(False)
+        g()
+
+    _, ev = recorded(tmp_path, run)
+    assert probed == [False]
+    # grad_fn=False: a forward graph without grad records as inference, and so do its ops
+    assert [(e["args"]["grad_enabled"], e["args"].get("phase")) for e in ev] == [(0, "inference")] * 6
+    with pytest.raises(TypeError, match="probe must be callable"):
+        _core.GraphCall(lambda: 1, site, None, _core.PHASE_FORWARD, True, probe=3)
+
+
 def test_grad_fn_error_propagates(tmp_path, site):
     def bad():
         raise RuntimeError("grad")

@@ -28,7 +28,7 @@ import copy
 import functools
 import itertools
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -120,20 +120,16 @@ def _copy(gm: torch.fx.GraphModule) -> Optional[Callable[[], torch.fx.GraphModul
     return lambda: torch.fx.GraphModule(attrs, graph)
 
 
-def _constant(value: bool) -> Callable[[], bool]:
-    return (lambda: True) if value else (lambda: False)
-
-
-def _aot_grad_fn(phase: str, grad: bool) -> Callable[[], bool]:
+def _aot_grad_fn(phase: str, grad: bool) -> Union[Callable[[], bool], bool]:
     """grad_enabled of an AOT graph's events. The forward runs inside autograd.Function.forward
-    (grad off): its grad_enabled is the user's mode ``grad``, a constant; backward reads the
-    mode the autograd engine set."""
-    return torch.is_grad_enabled if phase == PHASE_BACKWARD else _constant(grad)
+    (grad off): its grad_enabled is the user's mode ``grad``, a constant (``GraphCall`` takes it
+    as is, no call per graph call); backward reads the mode the autograd engine set."""
+    return torch.is_grad_enabled if phase == PHASE_BACKWARD else grad
 
 
-def _probed(phase: str, grad_fn: Callable[[], bool]) -> Callable[[], bool]:
+def _probe(phase: str) -> Optional[Callable[[bool], None]]:
     """A forward graph's calls tell step tracking whether training or evaluation runs."""
-    return grad_fn if phase == PHASE_BACKWARD else steps.grad_probe(grad_fn)
+    return None if phase == PHASE_BACKWARD else steps.forward_probe
 
 
 def _check_level(level) -> None:
@@ -246,7 +242,7 @@ class TracerBackend:
         if again:  # backward time; no probe: this is no new forward work for step tracking
             call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[PHASE_BACKWARD], grad_fn)
         else:
-            call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], _probed(phase, grad_fn), plain)
+            call = _core.GraphCall(forward, site, self.tags.cell, _PHASE[phase], grad_fn, plain, probe=_probe(phase))
         if boxed:  # AOTAutograd then passes its argument list as is
             call._boxed_call = True
         if twin is not None:
@@ -304,7 +300,8 @@ class TracerBackend:
 
         def wrap(fn, phase, args):
             site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH, args)
-            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _probed(phase, _aot_grad_fn(phase, grad)))
+            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _aot_grad_fn(phase, grad),
+                                   probe=_probe(phase))
 
         def notify(fx_g, inputs, phase):
             self._notify_aot(fx_g, inputs, graph_id, "inductor", phase, start)
@@ -320,7 +317,8 @@ class TracerBackend:
         compiled = inner(gm, example_inputs, **kwargs)
         site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH,
                                  {ARG_GRAPH: graph_id, ARG_LEVEL: "torch", "inner": self._inner_name()})
-        return _core.GraphCall(compiled, site, self.tags.cell, _PHASE[phase], _probed(phase, torch.is_grad_enabled))
+        return _core.GraphCall(compiled, site, self.tags.cell, _PHASE[phase], torch.is_grad_enabled,
+                               probe=_probe(phase))
 
 
 def create_backend(name=None, epoch=None, step=None, image_idx=None, image_size=None, enable=True,

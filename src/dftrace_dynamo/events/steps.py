@@ -103,12 +103,19 @@ _lock = threading.RLock()
 _local = threading.local()  # per thread: backward depth, optimizer step starts
 
 
+def _set_mode(mode: int) -> None:
+    """Outside a training step, graph calls call their probe (``forward_probe``), in C."""
+    if (mode != TRAIN) != (_state.mode != TRAIN):
+        _core.set_forward_probe(mode != TRAIN)
+    _state.mode = mode
+
+
 def _fail(exc: BaseException) -> None:
     """Step tracking stops for good (one message); the traced program is not affected."""
     if not _state.broken:
         _state.broken = True
         _state.ops = False
-        _state.mode = TRAIN
+        _set_mode(TRAIN)
         _core.set_ops_on(True)
         config.get()
         config.log.error("step tracking is off: %s: %s (the trace goes on without step slices)",
@@ -123,7 +130,7 @@ def _recorded() -> int:
 def _begin(now: int) -> None:
     """The current step starts at ``now``: its number goes into every record; window on or off."""
     _state.start_ns = now
-    _state.mode = TRAIN
+    _set_mode(TRAIN)
     _state.stepped, _state.joined = {}, False
     _enter(_state.number)
     _state.recorded_at = _recorded()
@@ -221,7 +228,7 @@ def _evaluation(now: int) -> None:
             return
         if _state.mode == COMPLETE:
             _finish(_boundary(now))  # a step on each side of an evaluation: never one step
-            _state.mode = EVAL
+            _set_mode(EVAL)
             _core.set_step(None)  # evaluation belongs to no step
         if _state.mode == EVAL:
             _flush()
@@ -248,7 +255,7 @@ def _join(optimizer) -> None:
         _state.known.add(id(optimizer))
         _state.most, _state.joined = {}, True
         if _state.mode == COMPLETE:
-            _state.mode = TRAIN
+            _set_mode(TRAIN)
             _core.set_ops_on(_state.ops)
             _flush()
 
@@ -266,7 +273,8 @@ def _optimizer_stepped(optimizer, now: int) -> None:
         if any(n > 2 * _state.most[k] for k, n in stepped.items() if k in _state.most):
             _state.known = set(stepped)  # an optimizer that stopped stepping leaves
         if all(k in stepped for k in _state.known):
-            _state.mode, _state.complete_ns = COMPLETE, now
+            _set_mode(COMPLETE)
+            _state.complete_ns = now
             _state.thread = threading.get_ident()
             _arm_next()
 
@@ -319,7 +327,7 @@ def _on_close() -> None:
                 elif _state.ended and _recorded() > _state.recorded_at:
                     _write(_state.number, _state.start_ns, now)
             _state.start_ns = None
-            _state.mode = TRAIN
+            _set_mode(TRAIN)
             _state.ops = False
             _core.set_step(None)
             _core.set_ops_on(True)
@@ -419,16 +427,11 @@ def _forward(grad: bool) -> None:
             _fail(exc)
 
 
-def grad_probe(grad_fn):
-    """``grad_fn`` of a forward graph call (``GraphCall`` calls it once per call, in the step
-    windows) that also tells step tracking about the call. Costs one test inside a step."""
-    def probe():
-        grad = grad_fn()
-        if _state.mode != TRAIN:
-            _forward(grad)
-        return grad
-
-    return probe
+def forward_probe(grad: bool) -> None:
+    """The ``probe`` of a forward graph call: ``GraphCall`` calls it with the call's grad mode, in
+    the step windows, while no training step is in progress (``_set_mode``); inside a step a graph
+    call costs no Python call for it."""
+    _forward(grad)
 
 
 def compile_starts() -> None:
