@@ -61,17 +61,20 @@ def _split(lo, hi, row, layer, start, end, layers):
     layer holding their midpoint: the same sums as adding them one by one, for all rows in a
     few array passes instead of a set of points per row and step."""
     n = len(lo)
-    ends_row, ends, ends_layer = np.concatenate([row, row]), np.concatenate([start, end]), np.concatenate([layer, layer])
-    # +1 at an interval's start, -1 at its end; empty intervals hold nothing
+    ends_row, ends = np.concatenate([row, row]).astype(np.int32), np.concatenate([start, end])
+    # per interval end: 2 × its layer + 1 at an end, -1 where it holds nothing (an empty interval)
     real = end > start
-    sign = np.concatenate([real, -real.astype(np.int64)]).astype(np.int64)
+    code = np.concatenate([np.where(real, 2 * layer, -1), np.where(real, 2 * layer + 1, -1)])
     before = ends < lo[ends_row]
     within = ~before & (ends <= hi[ends_row])
     # each row's points by time: its bounds and the interval ends within them
-    prow = np.concatenate([np.arange(n), np.arange(n), ends_row[within]])
+    prow = np.concatenate([np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32), ends_row[within]])
     pval = np.concatenate([lo, hi, ends[within]])
-    order = np.lexsort((pval, prow))
+    key = np.empty(len(prow), complex)  # complex numbers sort by (real, imaginary): one stable
+    key.real, key.imag = prow, pval  # sort by (row, time), faster than np.lexsort's two
+    order = np.argsort(key, kind="stable")
     prow, pval = prow[order], pval[order]
+    code_at = np.concatenate([np.full(2 * n, -1), code[within]])[order]
     distinct = np.ones(len(prow), bool)
     distinct[1:] = (prow[1:] != prow[:-1]) | (pval[1:] != pval[:-1])
     last = np.append(np.flatnonzero(distinct)[1:], len(prow)) - 1  # of each distinct point, its last copy
@@ -86,15 +89,15 @@ def _split(lo, hi, row, layer, start, end, layers):
     row_start = np.searchsorted(prow, np.arange(n))  # each row's first point
     which = np.full(len(mid), layers)
     for i in reversed(range(layers)):
-        tag = np.where(ends_layer == i, sign, 0)
-        if not tag.any():
+        if not (layer[real] == i).any():
             continue
-        upto = np.cumsum(np.concatenate([np.zeros(2 * n, np.int64), tag[within]])[order])[last]
+        upto = np.cumsum((code_at == 2 * i).astype(np.int64) - (code_at == 2 * i + 1))[last]
         upto -= np.concatenate([[0], upto])[row_start][prow]  # from the row's start
-        held = (np.bincount(ends_row[before], tag[before], n)[prow[piece]] + upto[piece]
+        early = before & (code // 2 == i)
+        held = (np.bincount(ends_row[early], np.where(code[early] % 2, -1, 1), n)[prow[piece]] + upto[piece]
                 + onto_b * (upto[piece + 1] - upto[piece]))
         which[held > 0] = i
-    prow = prow[piece]
+    prow = prow[piece].astype(np.int64)
     return np.bincount(prow * (layers + 1) + which, weights=b - a,
                        minlength=n * (layers + 1)).reshape(n, layers + 1)
 
@@ -227,19 +230,17 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
     columns = {"wall_us": (hi - lo).ravel().tolist(), "end_us": hi.ravel().tolist(),
                **{key: split[:, c].tolist() for c, key in enumerate(PART_KEYS)},
                "wait_caused_us": caused.ravel().tolist()}
-    step_list = steady.tolist()
-    rows = [{"rank": label[i], "step": s, "wall_us": w, "end_us": e, "wait_us": a, "comm_us": c, "data_us": d,
-             "compute_us": u, "other_us": o, "wait_caused_us": x}
-            for i, s, w, e, a, c, d, u, o, x in zip(
-                np.repeat(np.arange(len(procs)), n_steady).tolist(), step_list * len(procs), *columns.values())]
-    per_rank = []
+    step_list, rows, per_rank = steady.tolist(), [], []
     for i in range(len(procs)):
+        own = {key: values[i * n_steady:(i + 1) * n_steady] for key, values in columns.items()}
+        rows += [{"rank": label[i], "step": s, "wall_us": w, "end_us": e, "wait_us": a, "comm_us": c, "data_us": d,
+                  "compute_us": u, "other_us": o, "wait_caused_us": x}
+                 for s, w, e, a, c, d, u, o, x in zip(step_list, *own.values())]
         entry = {"rank": label[i], "steps": n_steady, "clock_offset_us": offsets[i]}
         if n_steady:
-            own_rows = slice(i * n_steady, (i + 1) * n_steady)
-            entry.update({key: statistics.fmean(columns[key][own_rows]) for key in ("wall_us", *PART_KEYS)})
-            entry["wait_caused_us"] = statistics.fmean(columns["wait_caused_us"][own_rows])
-            entry["wait_caused_median_us"] = quantile(columns["wait_caused_us"][own_rows], 0.5)
+            entry.update({key: statistics.fmean(own[key]) for key in ("wall_us", *PART_KEYS)})
+            entry["wait_caused_us"] = statistics.fmean(own["wait_caused_us"])
+            entry["wait_caused_median_us"] = quantile(own["wait_caused_us"], 0.5)
         peaks = steps.memory(i, ARG_PEAK_RSS)
         if peaks:
             entry["peak_rss_max"] = max(peaks)
