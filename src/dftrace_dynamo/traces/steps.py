@@ -113,7 +113,7 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
     for f, p, s in sorted(wall):
         steps_of.setdefault((f, p), []).append(s)
     procs = list(steps_of)
-    rows, warm_keys = [], []
+    rows, warm_keys, series = [], [], []
     for proc, proc_steps in steps_of.items():
         reasons = _warmup(proc_steps, compiled.get(proc, {}))
         warm_keys += [(*proc, s) for s in reasons]
@@ -130,7 +130,18 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
             row["other_us"] = max(row["wall_us"] - inside, 0.0)
             row["coverage"] = min(inside / row["wall_us"], 1.0) if row["wall_us"] else 0.0
             rows.append(row)
-    return {"processes": procs, "rows": rows, "warmup_keys": warm_keys, "include_warmup": include_warmup}
+        series.append((proc, _series(rows[len(rows) - len(proc_steps):], include_warmup)))
+    return {"processes": procs, "rows": rows, "series": series, "warmup_keys": warm_keys,
+            "include_warmup": include_warmup}
+
+
+def _series(rows, include_warmup):
+    """The step-time statistics of one process's ``rows`` that count, and its median op time."""
+    own = [r for r in rows if counted(r, include_warmup)]
+    stats = series_stats([r["wall_us"] for r in own]) or {"steps": 0}
+    if own:
+        stats["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)
+    return stats
 
 
 def in_order(lists, key):
@@ -151,6 +162,7 @@ def join(infos):
         return infos[0]
     return {"processes": in_order((info["processes"] for info in infos), tuple),
             "rows": in_order((info["rows"] for info in infos), operator.itemgetter("file", "pid")),
+            "series": in_order((info["series"] for info in infos), operator.itemgetter(0)),
             "warmup_keys": in_order((info["warmup_keys"] for info in infos), operator.itemgetter(0, 1)),
             "include_warmup": infos[0]["include_warmup"]}
 
@@ -186,16 +198,7 @@ def public(info, label):
     if stats:
         stats.update({f"{c}_mean_us": statistics.fmean([r[f"{c}_us"] for r in steady]) for c in CATEGORIES})
         stats["coverage"] = statistics.fmean([r["coverage"] for r in steady])
-    of_proc = {proc: [] for proc in info["processes"]}
-    for proc, own in itertools.groupby(info["rows"], operator.itemgetter("file", "pid")):
-        of_proc[proc] += own
-    ranks = []
-    for proc, own in of_proc.items():
-        own = [r for r in own if counted(r, info["include_warmup"])]
-        row = dict(process=label(proc), **(series_stats([r["wall_us"] for r in own]) or {"steps": 0}))
-        if own:
-            row["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)
-        ranks.append(row)
+    ranks = [{"process": label(proc), **stats} for proc, stats in info["series"]]
     timed = [r for r in ranks if r["steps"]]
     spread = None
     if len(timed) > 1:  # who waits for whom, the straggler: traces.ranks
