@@ -122,7 +122,8 @@ def rows(con, kinds):
     columns: the step slices (file, pid, step, ts, dur, peak_rss, cuda_peak: NaN where absent) and
     the collectives (file, pid, step, name, ts, dur, group), by process and time; the spans
     (data, graph calls, ``backward``, optimizer: file, pid, step, kind, ts, dur). Small enough to
-    send from a worker: one slice per step, the spans as arrays; the args texts are read here."""
+    send from a worker: one slice per step, the spans as arrays; the args texts are read here,
+    and each collective's and span's step is that of its process's step slice holding it."""
     k = kinds
     slices = _columns(con, f"SELECT file, pid, step, ts, coalesce(dur, 0) AS dur, extra FROM ev "
                            f"WHERE kind = {k['step']} AND step IS NOT NULL AND ts IS NOT NULL ORDER BY file, pid, ts")
@@ -137,6 +138,9 @@ def rows(con, kinds):
     spans = _columns(con, f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
         WHERE step IS NOT NULL AND ts IS NOT NULL
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
+    # each event in the step whose slice holds it (per process: here, where its file is read)
+    steps = _Steps(slices)
+    comm["step"], spans["step"] = steps.step_at(comm), steps.step_at(spans)
     return {"slices": slices, "comm": comm, "spans": spans}
 
 
@@ -167,8 +171,8 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
         return None
     label = [_label(paths, f, p, rank_of(paths[f])) for f, p in procs]
     comm, spans = rank_rows["comm"], rank_rows["spans"]
-    comm_proc, comm_step = steps.of(comm)
-    span_proc, span_step = steps.of(spans)
+    comm_proc, comm_step = steps.index(comm), comm["step"]
+    span_proc, span_step = steps.index(spans), spans["step"]
     # collectives matched across ranks: (group, op, step, ordinal) -> process -> (start, end)
     matched, seen = {}, {}
     known = comm_proc >= 0
@@ -276,19 +280,21 @@ class _Steps:
         # every process's slices by start (then step), one process after the other
         self.by_start = np.lexsort((self.cols["step"], self.cols["ts"], self.proc))
 
-    def of(self, events):
-        """(index in :attr:`procs` of each of the ``events``' process, -1 for a process without step
-        slices; the step of each event: that of its process's step slice holding its ``ts``, else
-        its own). ``events``: columns file, pid, step, ts."""
-        n = len(events.get("ts", ()))
-        proc, step = np.full(n, -1), np.asarray(events.get("step", ()), np.int64).copy()
-        if not n:
-            return proc, step
+    def index(self, events):
+        """The index in :attr:`procs` of each of the ``events``' process, -1 for a process without
+        step slices. ``events``: columns file, pid."""
+        if not len(events["pid"]) or not self.procs:
+            return np.full(len(events["pid"]), -1)
         pids = np.unique(np.concatenate([[p for _, p in self.procs], events["pid"]]))
         known = np.array([f for f, _ in self.procs], np.int64) * len(pids) + np.searchsorted(pids, [p for _, p in self.procs])
         wanted = np.asarray(events["file"], np.int64) * len(pids) + np.searchsorted(pids, events["pid"])
         at = np.minimum(np.searchsorted(known, wanted), len(known) - 1)
-        proc = np.where(known[at] == wanted, at, -1)
+        return np.where(known[at] == wanted, at, -1)
+
+    def step_at(self, events):
+        """The step of each of the ``events``: that of its process's step slice holding its ``ts``,
+        else its own. ``events``: columns file, pid, step, ts."""
+        proc, step = self.index(events), np.asarray(events["step"], np.int64).copy()
         ts = np.asarray(events["ts"], float)
         at, slice_step, ends = (x[self.by_start] for x in (self.cols["ts"], self.cols["step"], self.end))
         by_proc = np.argsort(proc, kind="stable")
@@ -302,7 +308,7 @@ class _Steps:
             inside = j >= 0
             inside[inside] = ts[own][inside] < ends[lo + j[inside]]
             step[own[inside]] = slice_step[lo + j[inside]]
-        return proc, step
+        return step
 
     def common(self):
         """The steps every process has, in order."""
