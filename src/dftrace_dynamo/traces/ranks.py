@@ -103,7 +103,7 @@ def _split(lo, hi, row, layer, start, end, layers):
 
 
 def _columns(con, sql):
-    """The result of ``sql`` as NumPy columns (file and pid as int64)."""
+    """The result of ``sql`` as NumPy columns (file, pid and step as int64)."""
     out = {}
     for c, v in con.execute(sql).fetchnumpy().items():  # (tolist: None where a text is NULL)
         out[c] = np.array(v.tolist(), object) if v.dtype == object else np.asarray(v)
@@ -119,7 +119,7 @@ def _parsed(texts, parse):
 
 def rows(con, kinds):
     """What :func:`analyse` reads of the summary's table ``ev`` (``kinds``: as there), as NumPy
-    columns: the step slices (file, pid, step, ts, dur, peak_rss, cuda_peak: NaN where absent) and
+    columns: the step slices (file, pid, step, ts, dur and the memory args: NaN where absent) and
     the collectives (file, pid, step, name, ts, dur, group), by process and time; the spans
     (data, graph calls, ``backward``, optimizer: file, pid, step, kind, ts, dur). Small enough to
     send from a worker: one slice per step, the spans as arrays; the args texts are read here,
