@@ -32,7 +32,7 @@ run's own step-to-step noise (1.4826 × the median absolute deviation of the
 step times, median over the ranks), and at least 5 % of the median step.
 """
 
-import bisect
+import itertools
 import json
 import statistics
 
@@ -61,64 +61,100 @@ def _split(lo, hi, row, layer, start, end, layers):
     layer holding their midpoint: the same sums as adding them one by one, for all rows in a
     few array passes instead of a set of points per row and step."""
     n = len(lo)
-    ends_row, ends = np.concatenate([row, row]), np.concatenate([start, end])
-    inside = (lo[ends_row] < ends) & (ends < hi[ends_row])
-    prow = np.concatenate([np.arange(n), np.arange(n), ends_row[inside]])
-    pval = np.concatenate([lo, hi, ends[inside]])
-    order = np.lexsort((pval, prow))
+    ends_row, ends = np.concatenate([row, row]).astype(np.int32), np.concatenate([start, end])
+    # per interval end: 2 × its layer + 1 at an end, -1 where it holds nothing (an empty interval)
+    real = end > start
+    code = np.concatenate([np.where(real, 2 * layer, -1), np.where(real, 2 * layer + 1, -1)])
+    before = ends < lo[ends_row]
+    within = ~before & (ends <= hi[ends_row])
+    # each row's points by time: its bounds and the interval ends within them
+    prow = np.concatenate([np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32), ends_row[within]])
+    pval = np.concatenate([lo, hi, ends[within]])
+    key = np.empty(len(prow), complex)  # complex numbers sort by (real, imaginary): one stable
+    key.real, key.imag = prow, pval  # sort by (row, time), faster than np.lexsort's two
+    order = np.argsort(key, kind="stable")
     prow, pval = prow[order], pval[order]
+    code_at = np.concatenate([np.full(2 * n, -1), code[within]])[order]
     distinct = np.ones(len(prow), bool)
     distinct[1:] = (prow[1:] != prow[:-1]) | (pval[1:] != pval[:-1])
+    last = np.append(np.flatnonzero(distinct)[1:], len(prow)) - 1  # of each distinct point, its last copy
     prow, pval = prow[distinct], pval[distinct]
     piece = np.flatnonzero(prow[1:] == prow[:-1])  # piece k: pval[k] to pval[k + 1]
-    a, b, prow = pval[piece], pval[piece + 1], prow[piece]
+    a, b = pval[piece], pval[piece + 1]
     mid = (a + b) / 2
-    # layers holding each midpoint: +1 at an interval's start, -1 at its end, summed in time
-    # order (at equal times the ends before the midpoint); empty intervals hold nothing
-    real = end > start
-    m = int(real.sum())
-    at_row = np.concatenate([row[real], row[real], prow])
-    at = np.concatenate([start[real], end[real], mid])
-    is_mid = np.concatenate([np.zeros(2 * m, bool), np.ones(len(mid), bool)])
-    order = np.lexsort((is_mid, at, at_row))
-    mids = np.flatnonzero(is_mid[order])
+    # the layers holding each midpoint: the starts minus the ends up to it, those at its time
+    # included: before the row's start, then from it up to a, and at b where the midpoint
+    # rounds onto b (what adding the points in time order would count)
+    onto_b = mid == b
+    row_start = np.searchsorted(prow, np.arange(n))  # each row's first point
     which = np.full(len(mid), layers)
     for i in reversed(range(layers)):
-        step = np.zeros(len(at), np.int64)
-        own = layer[real] == i
-        step[:m][own], step[m:2 * m][own] = 1, -1
-        held = np.cumsum(step[order])[mids] > 0
-        which[order[mids[held]] - 2 * m] = i
+        if not (layer[real] == i).any():
+            continue
+        upto = np.cumsum((code_at == 2 * i).astype(np.int64) - (code_at == 2 * i + 1))[last]
+        upto -= np.concatenate([[0], upto])[row_start][prow]  # from the row's start
+        early = before & (code // 2 == i)
+        held = (np.bincount(ends_row[early], np.where(code[early] % 2, -1, 1), n)[prow[piece]] + upto[piece]
+                + onto_b * (upto[piece + 1] - upto[piece]))
+        which[held > 0] = i
+    prow = prow[piece].astype(np.int64)
     return np.bincount(prow * (layers + 1) + which, weights=b - a,
                        minlength=n * (layers + 1)).reshape(n, layers + 1)
 
 
+def _columns(con, sql):
+    """The result of ``sql`` as NumPy columns (file, pid and step as int64)."""
+    out = {}
+    for c, v in con.execute(sql).fetchnumpy().items():  # (tolist: None where a text is NULL)
+        out[c] = np.array(v.tolist(), object) if v.dtype == object else np.asarray(v)
+        out[c] = out[c].astype(np.int64) if c in ("file", "pid", "step") else out[c]
+    return out
+
+
+def _parsed(texts, parse):
+    """``parse`` of each of ``texts``, each distinct text parsed once."""
+    seen = {}
+    return [seen[t] if t in seen else seen.setdefault(t, parse(t)) for t in texts]
+
+
 def rows(con, kinds):
-    """What :func:`analyse` reads of the summary's table ``ev`` (``kinds``: as there): the step
-    slices and the collectives (row tuples by process and time), the spans (data, graph calls,
-    ``backward``, optimizer: NumPy columns file, pid, step, kind, ts, dur). Small enough to send
-    from a worker: one slice per step, the spans as arrays."""
+    """What :func:`analyse` reads of the summary's table ``ev`` (``kinds``: as there), as NumPy
+    columns: the step slices (file, pid, step, ts, dur and the memory args: NaN where absent) and
+    the collectives (file, pid, step, name, ts, dur, group), by process and time; the spans
+    (data, graph calls, ``backward``, optimizer: file, pid, step, kind, ts, dur). Small enough to
+    send from a worker: one slice per step, the spans as arrays; the args texts are read here,
+    and each collective's and span's step is that of its process's step slice holding it."""
     k = kinds
-    slices = con.execute(f"SELECT file, pid, step, ts, dur, extra FROM ev WHERE kind = {k['step']} "
-                         "AND step IS NOT NULL ORDER BY file, pid, ts").fetchall()
-    comm = con.execute(f"""SELECT file, pid, step, name, ts, dur, extra FROM ev
-        WHERE step IS NOT NULL AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
-        ORDER BY file, pid, ts""").fetchall()
-    spans = con.execute(f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
+    slices = _columns(con, f"SELECT file, pid, step, ts, coalesce(dur, 0) AS dur, extra FROM ev "
+                           f"WHERE kind = {k['step']} AND step IS NOT NULL AND ts IS NOT NULL ORDER BY file, pid, ts")
+    memory = _parsed(slices.pop("extra").tolist(), _memory_args)
+    for key in (ARG_PEAK_RSS, ARG_CUDA_PEAK):
+        slices[key] = np.array([m.get(key, np.nan) for m in memory], float)
+    comm = _columns(con, f"""SELECT file, pid, step, name, ts, coalesce(dur, 0) AS dur, extra FROM ev
         WHERE step IS NOT NULL AND ts IS NOT NULL
-        AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""").fetchnumpy()
-    return {"slices": slices, "comm": comm, "spans": {c: np.asarray(v) for c, v in spans.items()}}
+        AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
+        ORDER BY file, pid, ts""")
+    comm["group"] = np.array(_parsed(comm.pop("extra").tolist(), _group), object)
+    spans = _columns(con, f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
+        WHERE step IS NOT NULL AND ts IS NOT NULL
+        AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
+    # each event in the step whose slice holds it (per process: here, where its file is read)
+    steps = _Steps(slices)
+    comm["step"], spans["step"] = steps.step_at(comm), steps.step_at(spans)
+    return {"slices": slices, "comm": comm, "spans": spans}
 
 
 def join(parts):
     """The :func:`rows` of disjoint sets of files as the rows of all of them."""
     parts = [p for p in parts if p is not None]
     if len(parts) < 2:
-        return parts[0] if parts else {"slices": [], "comm": [], "spans": {}}
+        return parts[0] if parts else None
 
-    def by_time(field, at):  # as ORDER BY file, pid, ts (NULLS LAST) would give them
-        return sorted((r for p in parts for r in p[field]), key=lambda r: (r[0], r[1], r[at] is None, r[at] or 0))
-    return {"slices": by_time("slices", 3), "comm": by_time("comm", 4),
+    def by_time(field):  # as ORDER BY file, pid, ts would give them
+        columns = {c: np.concatenate([p[field][c] for p in parts]) for c in parts[0][field]}
+        order = np.lexsort((columns["ts"], columns["pid"], columns["file"]))
+        return {c: v[order] for c, v in columns.items()}
+    return {"slices": by_time("slices"), "comm": by_time("comm"),
             "spans": {c: np.concatenate([p["spans"][c] for p in parts]) for c in parts[0]["spans"]}}
 
 
@@ -127,138 +163,168 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
     ``rank_rows``: what :func:`rows` reads; ``kinds``: the summary's kind numbers by name (step,
     comm, op, data, graph, backward, optimizer); ``clocks``: the clock records known without
     reading the files (see :func:`.clock.offsets_us`)."""
-    k = kinds
-    slices, comm, spans = rank_rows["slices"], rank_rows["comm"], rank_rows["spans"]
-    procs = sorted({(f, p) for f, p, *_ in slices})
+    if rank_rows is None:
+        return None
+    steps = _Steps(rank_rows["slices"])
+    procs = steps.procs
     if len(procs) < 2:
         return None
-    rank = {(f, p): rank_of(paths[f]) for f, p in procs}
-    label = {key: _label(paths, *key, rank[key]) for key in procs}
-    warm = {tuple(w) for w in step_info["warmup_keys"]}
-
-    step_of, memory = {}, {}  # (file, pid) -> step -> (ts, end, memory args); extra -> memory args
-    for f, p, s, ts, dur, extra in slices:
-        if extra not in memory:
-            memory[extra] = _memory_args(extra)
-        step_of.setdefault((f, p), {})[s] = (ts, ts + (dur or 0), memory[extra])
-    starts = {q: sorted((v[0], s) for s, v in steps.items()) for q, steps in step_of.items()}
-
-    def step_at(q, ts, step):
-        """The step slice of process q that holds the instant ts (else the event's step)."""
-        i = bisect.bisect_right(starts[q], (ts, float("inf"))) - 1
-        if i >= 0:
-            s = starts[q][i][1]
-            if ts < step_of[q][s][1]:
-                return s
-        return step
-
-    comm = [(f, p, step_at((f, p), ts, s), *rest, ts, dur, extra) for f, p, s, *rest, ts, dur, extra in comm
-            if (f, p) in step_of]
-    span_proc, span_step = _steps_at(procs, step_of, starts, spans)
-    # collectives matched across ranks
+    label = [_label(paths, f, p, rank_of(paths[f])) for f, p in procs]
+    comm, spans = rank_rows["comm"], rank_rows["spans"]
+    comm_proc, comm_step = steps.index(comm), comm["step"]
+    span_proc, span_step = steps.index(spans), spans["step"]
+    # collectives matched across ranks: (group, op, step, ordinal) -> process -> (start, end)
     matched, seen = {}, {}
-    for f, p, s, name, ts, dur, extra in comm:
-        group = (json.loads(extra) if extra else {}).get(ARG_GROUP) or "graph"
-        n = seen[(f, p, s, group, name)] = seen.get((f, p, s, group, name), -1) + 1
-        matched.setdefault((group, name, s, n), {})[(f, p)] = (ts, ts + (dur or 0))
+    known = comm_proc >= 0
+    for q, s, name, ts, dur, group in zip(comm_proc[known].tolist(), comm_step[known].tolist(),
+                                          *(comm[c][known].tolist() for c in ("name", "ts", "dur", "group"))):
+        n = seen[(q, s, group, name)] = seen.get((q, s, group, name), -1) + 1
+        matched.setdefault((group, name, s, n), {})[q] = (ts, ts + dur)
     measured = clock.offsets_us(paths, clocks)
     if all(f in measured for f, _ in procs):
-        offsets, how = {q: measured[q[0]][0] for q in procs}, "measured offsets to rank 0 (process-group setup)"
+        offsets, how = [measured[f][0] for f, _ in procs], "measured offsets to rank 0 (process-group setup)"
     else:
-        offsets, how = _offsets(procs, matched), "aligned on collective completions"
-    common = set.intersection(*(set(step_of[q]) for q in procs))
+        offsets, how = _offsets(len(procs), matched), "aligned on collective completions"
+    shift = np.array(offsets, float)
     # the first step holds the job's start-up (process group, first collectives): never steady
-    warm_steps = {s for f, p, s in warm if (f, p) in step_of}
-    steady = sorted(s for s in common if s not in warm_steps and s != min(common))
+    index = {q: i for i, q in enumerate(procs)}
+    warm = {s for f, p, s in step_info["warmup_keys"] if (f, p) in index}
+    common = steps.common()
+    steady = [s for s in common[1:].tolist() if s not in warm]
 
-    wait_iv, blame = {}, {}  # (proc, step) -> wait intervals; (proc, step) -> wait charged
+    wait_iv, blame = [], {}  # (proc, step, start, end) of the waits; (proc, step) -> wait charged
     for (group, name, s, n), members in matched.items():
         if len(members) < 2:
             continue
         arrive = {q: members[q][0] - offsets[q] for q in members}
         last_q = max(arrive, key=arrive.get)
         waits = {q: min(arrive[last_q] - arrive[q], members[q][1] - members[q][0]) for q in members}
-        for q, w in waits.items():
-            wait_iv.setdefault((q, s), []).append((arrive[q], arrive[q] + w))
+        wait_iv += [(q, s, arrive[q], arrive[q] + w) for q, w in waits.items()]
         others = [w for q, w in waits.items() if q != last_q]
         blame[(last_q, s)] = blame.get((last_q, s), 0.0) + statistics.median(others)
 
     # the rows: every process's steady steps, process after process; their intervals by layer (PARTS)
-    proc_at, steady_of = {q: i for i, q in enumerate(procs)}, {s: j for j, s in enumerate(steady)}
-    ivs = [(proc_at[q] * len(steady) + steady_of[s], 0, a, b)
-           for (q, s), ivs in wait_iv.items() if s in steady_of for a, b in ivs]
-    ivs += [(proc_at[(f, p)] * len(steady) + steady_of[s], 1, ts - offsets[(f, p)], ts + (dur or 0) - offsets[(f, p)])
-            for f, p, s, name, ts, dur, extra in comm if s in steady_of]
-    row, layer, start, end = (np.array(c, dtype) for c, dtype in
-                              zip(zip(*ivs) if ivs else ([],) * 4, (np.int64, np.int64, float, float)))
-    steady_at = np.searchsorted(steady, span_step)
-    keep = steady_at < len(steady)
-    keep[keep] = np.asarray(steady)[steady_at[keep]] == span_step[keep]
-    shift = np.array([offsets[q] for q in procs])[span_proc[keep]]
-    row = np.concatenate([row, span_proc[keep] * len(steady) + steady_at[keep]])
-    layer = np.concatenate([layer, np.where(spans["kind"][keep] == k["data"], 2, 3)])
-    start = np.concatenate([start, spans["ts"][keep] - shift])
-    end = np.concatenate([end, (spans["ts"][keep] + spans["dur"][keep]) - shift])
-    bounds = [(step_of[q][s][0] - offsets[q], step_of[q][s][1] - offsets[q]) for q in procs for s in steady]
-    split = _split(np.array([b[0] for b in bounds], float), np.array([b[1] for b in bounds], float),
-                   row, layer, start, end, len(PARTS) - 1).tolist() if bounds else []
+    lo, hi = (x - shift[:, None] for x in steps.table(steady))
+    n_steady, steady = len(steady), np.array(steady, np.int64)
 
-    rows, per_rank = [], []
-    for i, q in enumerate(procs):
-        own = []
-        for j, s in enumerate(steady):
-            lo, hi = bounds[i * len(steady) + j]
-            row = {"rank": label[q], "step": s, "wall_us": hi - lo, "end_us": hi,
-                   **dict(zip(PART_KEYS, split[i * len(steady) + j])),
-                   "wait_caused_us": blame.get((q, s), 0.0)}
-            own.append(row)
-        rows += own
-        entry = {"rank": label[q], "steps": len(own), "clock_offset_us": offsets[q]}
-        if own:
-            entry.update({key: statistics.fmean([r[key] for r in own]) for key in ("wall_us", *PART_KEYS)})
-            entry["wait_caused_us"] = statistics.fmean([r["wait_caused_us"] for r in own])
-            entry["wait_caused_median_us"] = quantile([r["wait_caused_us"] for r in own], 0.5)
-        peaks = [x[2].get(ARG_PEAK_RSS) for x in step_of[q].values() if x[2].get(ARG_PEAK_RSS) is not None]
+    def row_of(proc, step):  # the row of each (proc, step), -1 outside the steady steps
+        at = np.searchsorted(steady, step)
+        inside = at < n_steady
+        inside[inside] = steady[at[inside]] == step[inside]
+        return np.where(inside & (proc >= 0), proc * n_steady + at, -1)
+    wq, ws, wa, wb = (np.array(c, dtype) for c, dtype in
+                      zip(zip(*wait_iv) if wait_iv else ([],) * 4, (np.int64, np.int64, float, float)))
+    layer = np.concatenate([np.zeros(len(wq), np.int64), np.ones(len(comm_proc), np.int64),
+                            np.where(spans["kind"] == kinds["data"], 2, 3)])
+    row = np.concatenate([row_of(wq, ws), row_of(comm_proc, comm_step), row_of(span_proc, span_step)])
+    by = np.concatenate([wq, comm_proc, span_proc])
+    start = np.concatenate([wa, comm["ts"], spans["ts"]]).astype(float)
+    end = np.concatenate([wb, comm["ts"] + comm["dur"], spans["ts"] + spans["dur"]]).astype(float)
+    own = row >= 0
+    moved = np.ones(len(row), bool)
+    moved[:len(wq)] = False  # the waits are on the aligned clock already
+    start[own & moved] -= shift[by[own & moved]]
+    end[own & moved] -= shift[by[own & moved]]
+    split = _split(lo.ravel(), hi.ravel(), row[own], layer[own], start[own], end[own], len(PARTS) - 1)
+    caused = np.zeros(lo.shape)
+    for (q, s), w in blame.items():
+        j = np.searchsorted(steady, s)
+        if j < n_steady and steady[j] == s:
+            caused[q, j] = w
+    columns = {"wall_us": (hi - lo).ravel().tolist(), "end_us": hi.ravel().tolist(),
+               **{key: split[:, c].tolist() for c, key in enumerate(PART_KEYS)},
+               "wait_caused_us": caused.ravel().tolist()}
+    step_list, rows, per_rank = steady.tolist(), [], []
+    for i in range(len(procs)):
+        own = {key: values[i * n_steady:(i + 1) * n_steady] for key, values in columns.items()}
+        rows += [{"rank": label[i], "step": s, "wall_us": w, "end_us": e, "wait_us": a, "comm_us": c, "data_us": d,
+                  "compute_us": u, "other_us": o, "wait_caused_us": x}
+                 for s, w, e, a, c, d, u, o, x in zip(step_list, *own.values())]
+        entry = {"rank": label[i], "steps": n_steady, "clock_offset_us": offsets[i]}
+        if n_steady:
+            entry.update({key: statistics.fmean(own[key]) for key in ("wall_us", *PART_KEYS)})
+            entry["wait_caused_us"] = statistics.fmean(own["wait_caused_us"])
+            entry["wait_caused_median_us"] = quantile(own["wait_caused_us"], 0.5)
+        peaks = steps.memory(i, ARG_PEAK_RSS)
         if peaks:
             entry["peak_rss_max"] = max(peaks)
             entry["peak_rss_median"] = quantile(peaks, 0.5)
         per_rank.append(entry)
+    walls = hi - lo
     return {"ranks": per_rank, "rows": rows, "clock": how,
-            **_straggler(per_rank, rows), "skew": _skew(rows, steady),
-            "memory": _memory(procs, label, step_of), "divergence": _divergence(procs, label, records),
+            **_straggler(per_rank, label, walls), "skew": _skew(hi, step_list),
+            "memory": _memory(steps, label), "divergence": _divergence(procs, label, records),
             "collectives": sum(1 for m in matched.values() if len(m) > 1)}
 
 
-def _steps_at(procs, step_of, starts, events):
-    """(index in ``procs`` of each of the ``events``' process, -1 for a process without step
-    slices; the step of each event: that of its process's step slice holding its ``ts``, else
-    its own). ``events``: columns file, pid, step, ts."""
-    n = len(events["ts"])
-    proc, step = np.full(n, -1), np.asarray(events["step"], np.int64).copy()
-    if not n:
-        return proc, step
-    pids, pid_at = np.unique(events["pid"], return_inverse=True)
-    pairs, pair_at = np.unique(np.asarray(events["file"], np.int64) * len(pids) + pid_at.reshape(-1),
-                               return_inverse=True)
-    index = {q: i for i, q in enumerate(procs)}
-    proc = np.array([index.get((int(k // len(pids)), int(pids[k % len(pids)])), -1) for k in pairs])[pair_at.reshape(-1)]
-    ts = np.asarray(events["ts"], float)
-    # every process's slices by start (then step), one process after the other
-    at, slice_step, ends = (np.array(c, dtype) for c, dtype in zip(
-        zip(*[(t, s, step_of[q][s][1]) for q in procs for t, s in starts[q]]), (float, np.int64, float)))
-    first = np.cumsum([0] + [len(starts[q]) for q in procs])
-    by_proc = np.argsort(proc, kind="stable")
-    cuts = np.searchsorted(proc[by_proc], np.arange(-1, len(procs) + 1))
-    for i in range(len(procs)):
-        own = by_proc[cuts[i + 1]:cuts[i + 2]]
-        if not len(own):
-            continue
-        lo = first[i]
-        j = np.searchsorted(at[lo:first[i + 1]], ts[own], side="right") - 1  # the last slice starting by ts
-        inside = j >= 0
-        inside[inside] = ts[own][inside] < ends[lo + j[inside]]
-        step[own[inside]] = slice_step[lo + j[inside]]
-    return proc, step
+class _Steps:
+    """The step slices of every process (:func:`rows`' ``slices``): per process and step the
+    last slice (in time order) of that step."""
+
+    def __init__(self, slices):
+        n = len(slices.get("ts", ()))
+        order = np.lexsort((np.arange(n), slices["step"], slices["pid"], slices["file"])) if n else np.arange(0)
+        last = np.ones(n, bool)
+        if n:
+            same = [slices[c][order] for c in ("file", "pid", "step")]
+            last[:-1] = ~((same[0][1:] == same[0][:-1]) & (same[1][1:] == same[1][:-1]) & (same[2][1:] == same[2][:-1]))
+        # by process, then step
+        self.cols = {c: v[order[last]] for c, v in slices.items()}
+        f, p = self.cols["file"], self.cols["pid"]
+        first = np.ones(len(f), bool)
+        first[1:] = (f[1:] != f[:-1]) | (p[1:] != p[:-1])
+        self.procs = list(zip(f[first].tolist(), p[first].tolist()))
+        self.proc = np.cumsum(first) - 1
+        self.cuts = np.append(np.flatnonzero(first), len(f))
+        self.end = self.cols["ts"] + self.cols["dur"]
+        # every process's slices by start (then step), one process after the other
+        self.by_start = np.lexsort((self.cols["step"], self.cols["ts"], self.proc))
+
+    def index(self, events):
+        """The index in :attr:`procs` of each of the ``events``' process, -1 for a process without
+        step slices. ``events``: columns file, pid."""
+        if not len(events["pid"]) or not self.procs:
+            return np.full(len(events["pid"]), -1)
+        pids = np.unique(np.concatenate([[p for _, p in self.procs], events["pid"]]))
+        known = np.array([f for f, _ in self.procs], np.int64) * len(pids) + np.searchsorted(pids, [p for _, p in self.procs])
+        wanted = np.asarray(events["file"], np.int64) * len(pids) + np.searchsorted(pids, events["pid"])
+        at = np.minimum(np.searchsorted(known, wanted), len(known) - 1)
+        return np.where(known[at] == wanted, at, -1)
+
+    def step_at(self, events):
+        """The step of each of the ``events``: that of its process's step slice holding its ``ts``,
+        else its own. ``events``: columns file, pid, step, ts."""
+        proc, step = self.index(events), np.asarray(events["step"], np.int64).copy()
+        ts = np.asarray(events["ts"], float)
+        at, slice_step, ends = (x[self.by_start] for x in (self.cols["ts"], self.cols["step"], self.end))
+        by_proc = np.argsort(proc, kind="stable")
+        cuts = np.searchsorted(proc[by_proc], np.arange(-1, len(self.procs) + 1))
+        for i in range(len(self.procs)):
+            own = by_proc[cuts[i + 1]:cuts[i + 2]]
+            if not len(own):
+                continue
+            lo, hi = self.cuts[i], self.cuts[i + 1]
+            j = np.searchsorted(at[lo:hi], ts[own], side="right") - 1  # the last slice starting by ts
+            inside = j >= 0
+            inside[inside] = ts[own][inside] < ends[lo + j[inside]]
+            step[own[inside]] = slice_step[lo + j[inside]]
+        return step
+
+    def common(self):
+        """The steps every process has, in order."""
+        steps, count = np.unique(self.cols["step"], return_counts=True)
+        return steps[count == len(self.procs)]
+
+    def table(self, steps):
+        """(start, end) of the slices of ``steps`` (which every process has), process by step."""
+        keep = np.isin(self.cols["step"], steps)
+        shape = (len(self.procs), len(steps))
+        return self.cols["ts"][keep].reshape(shape), self.end[keep].reshape(shape)
+
+    def memory(self, i, key):
+        """The memory arg ``key`` of the slices of process ``i`` that have it (ints), in step order."""
+        values = self.cols[key][self.cuts[i]:self.cuts[i + 1]]
+        return [int(v) for v in values[~np.isnan(values)].tolist()]
 
 
 def _memory_args(extra):
@@ -273,34 +339,44 @@ def _memory_args(extra):
     return out
 
 
-def _offsets(procs, matched):
-    """(file, pid) -> clock offset (µs) from the lowest process, from the collectives' ends."""
-    ref = procs[0]
-    diffs = {q: [] for q in procs}
+def _group(extra):
+    """The process group of a collective (its ``extra`` text)."""
+    return (json.loads(extra) if extra else {}).get(ARG_GROUP) or "graph"
+
+
+def _offsets(count, matched):
+    """Clock offset (µs) of each of ``count`` processes from the lowest one, from the collectives' ends."""
+    diffs = [[] for _ in range(count)]
     for members in matched.values():
-        if ref in members:
+        if 0 in members:
             for q, (_, end) in members.items():
-                diffs[q].append(end - members[ref][1])
-    return {q: statistics.median(d) if d else 0.0 for q, d in diffs.items()}
+                diffs[q].append(end - members[0][1])
+    return [statistics.median(d) if d else 0.0 for d in diffs]
+
+
+def _median(values):
+    """statistics.median of the NumPy array ``values`` (not empty)."""
+    values, mid = np.sort(values), len(values) // 2
+    return float(values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2)
 
 
 def _mad_sigma(values):
     if len(values) < 2:
         return 0.0
-    med = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - med) for v in values)
+    return 1.4826 * _median(np.abs(values - _median(values)))
 
 
-def _straggler(per_rank, rows):
-    """The straggler (or None), the threshold and the noise it comes from."""
+def _straggler(per_rank, label, walls):
+    """The straggler (or None), the threshold and the noise it comes from. ``walls``: the step
+    times, a row per process (``label``: its rank) and a column per steady step."""
     timed = [r for r in per_rank if r["steps"]]
     if not timed:
         return {"straggler": None, "threshold_us": None, "noise_us": None}
-    walls = {}
-    for x in rows:
-        walls.setdefault(x["rank"], []).append(x["wall_us"])
-    noise = statistics.median(_mad_sigma(walls.get(r["rank"], [])) for r in timed)
-    median_step = statistics.median(x["wall_us"] for x in rows)
+    of_rank = {}
+    for i, name in enumerate(label):
+        of_rank.setdefault(name, []).append(i)
+    noise = statistics.median(_mad_sigma(walls[of_rank[r["rank"]]].ravel()) for r in timed)
+    median_step = _median(walls.ravel())
     threshold = max(NOISE_FACTOR * noise, MIN_SHARE * median_step)
     top = max(timed, key=lambda r: r["wait_caused_median_us"])
     straggler = None
@@ -310,29 +386,32 @@ def _straggler(per_rank, rows):
     return {"straggler": straggler, "threshold_us": threshold, "noise_us": noise}
 
 
-def _skew(rows, steady):
-    """Step-end skew across ranks (max - min of the aligned step ends), per steady step."""
-    ends = {}
-    for r in rows:
-        ends.setdefault(r["step"], []).append(r["end_us"])
-    per_step = [{"step": s, "skew_us": max(ends[s]) - min(ends[s])} for s in steady]
+def _skew(ends, steady):
+    """Step-end skew across ranks (max - min of the aligned step ends), per steady step. ``ends``:
+    a row per process, a column per steady step."""
+    per_step = [{"step": s, "skew_us": v} for s, v in zip(steady, (ends.max(0) - ends.min(0)).tolist())]
     values = [x["skew_us"] for x in per_step]
     return {"median_us": quantile(values, 0.5), "max_us": max(values) if values else None, "steps": per_step}
 
 
-def _memory(procs, label, step_of):
+def _memory(steps, label):
     """Peak resident memory (and CUDA max allocated) per step, each rank's and the largest."""
-    steps = sorted({s for q in procs for s in step_of[q]})
+    rss, cuda = steps.cols[ARG_PEAK_RSS], steps.cols[ARG_CUDA_PEAK]
+    if np.isnan(rss).all():
+        return []
+    order = np.lexsort((steps.proc, steps.cols["step"]))  # by step, then process
+    step, proc, rss, cuda = (x[order].tolist() for x in (steps.cols["step"], steps.proc, rss, cuda))
     out = []
-    for s in steps:
-        by_rank = {label[q]: step_of[q][s][2].get(ARG_PEAK_RSS) for q in procs if s in step_of[q]}
-        by_rank = {r: v for r, v in by_rank.items() if v is not None}
+    for s, at in itertools.groupby(range(len(step)), step.__getitem__):
+        at = list(at)
+        by_rank = {label[proc[k]]: rss[k] for k in at}  # (NaN: none)
+        by_rank = {r: int(v) for r, v in by_rank.items() if v == v}
         if not by_rank:
             continue
         row = {"step": s, "peak_rss_max": max(by_rank.values()), "peak_rss": by_rank}
-        cuda = [step_of[q][s][2].get(ARG_CUDA_PEAK) for q in procs if s in step_of[q]]
-        if any(c is not None for c in cuda):
-            row["cuda_max_allocated_max"] = max(c for c in cuda if c is not None)
+        peaks = [int(cuda[k]) for k in at if cuda[k] == cuda[k]]
+        if peaks:
+            row["cuda_max_allocated_max"] = max(peaks)
         out.append(row)
     return out
 
@@ -342,13 +421,12 @@ def _divergence(procs, label, records):
     per, of_proc = {}, {}
     for r in records:
         of_proc.setdefault((r["file"], r["pid"]), []).append(r)
-    for q in procs:
+    for i, q in enumerate(procs):
         own = of_proc.get(q, [])
-        rep = compiles.report(own, lambda r: label[q])
+        rep = compiles.report(own, lambda r: label[i])
         steps = sorted({r["step"] for r in own if compiles.kind_of(r) == "recompile" and r["step"] is not None})
-        per[label[q]] = {"graphs_compiled": rep["graphs_compiled"], "recompile_steps": steps}
+        per[label[i]] = {"graphs_compiled": rep["graphs_compiled"], "recompile_steps": steps}
     kinds = {(v["graphs_compiled"], tuple(v["recompile_steps"])) for v in per.values()}
     if len(kinds) < 2:
         return None
     return per
-

@@ -28,6 +28,9 @@ nothing compiled. A compile event belongs to the step slice of its process
 that contains its start; outside every slice, to its ``args.step``.
 """
 
+import itertools
+import math
+import operator
 import statistics
 
 from ..schema import STEP_PARTS as CATEGORIES
@@ -56,6 +59,7 @@ def series_stats(values):
     """min, p10, p25, median, p75, p90, max, mean of step times (µs); None when empty."""
     if not values:
         return None
+    values = sorted(values)  # (once: quantile's sorts then find them in order)
     out = {"steps": len(values), "min_us": min(values), "max_us": max(values),
            "mean_us": statistics.fmean(values)}
     for name, q in (("p10_us", 0.1), ("p25_us", 0.25), ("median_us", 0.5), ("p75_us", 0.75), ("p90_us", 0.9)):
@@ -109,7 +113,7 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
     for f, p, s in sorted(wall):
         steps_of.setdefault((f, p), []).append(s)
     procs = list(steps_of)
-    rows, warm_keys = [], []
+    rows, warm_keys, series = [], [], []
     for proc, proc_steps in steps_of.items():
         reasons = _warmup(proc_steps, compiled.get(proc, {}))
         warm_keys += [(*proc, s) for s in reasons]
@@ -126,7 +130,27 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
             row["other_us"] = max(row["wall_us"] - inside, 0.0)
             row["coverage"] = min(inside / row["wall_us"], 1.0) if row["wall_us"] else 0.0
             rows.append(row)
-    return {"processes": procs, "rows": rows, "warmup_keys": warm_keys, "include_warmup": include_warmup}
+        series.append((proc, _series(rows[len(rows) - len(proc_steps):], include_warmup)))
+    return {"processes": procs, "rows": rows, "series": series, "warmup_keys": warm_keys,
+            "include_warmup": include_warmup}
+
+
+def _series(rows, include_warmup):
+    """The step-time statistics of one process's ``rows`` that count, and its median op time."""
+    own = [r for r in rows if counted(r, include_warmup)]
+    stats = series_stats([r["wall_us"] for r in own]) or {"steps": 0}
+    if own:
+        stats["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)
+    return stats
+
+
+def in_order(lists, key):
+    """The items of ``lists`` sorted by ``key``, equal keys in list order (what a stable sort of
+    their concatenation gives), moving each list's runs of equal keys as blocks: the lists
+    are each in key order, or nearly."""
+    blocks = sorted(((k, list(run)) for items in lists for k, run in itertools.groupby(items, key)),
+                    key=operator.itemgetter(0))
+    return [item for _, run in blocks for item in run]
 
 
 def join(infos):
@@ -136,28 +160,24 @@ def join(infos):
     infos = list(infos)
     if len(infos) == 1:
         return infos[0]
-
-    def by_proc(items, key):
-        return sorted((x for info in infos for x in info[items]), key=key)
-    return {"processes": by_proc("processes", tuple), "rows": by_proc("rows", lambda r: (r["file"], r["pid"])),
-            "warmup_keys": by_proc("warmup_keys", lambda k: k[:2]), "include_warmup": infos[0]["include_warmup"]}
-
-
+    return {"processes": in_order((info["processes"] for info in infos), tuple),
+            "rows": in_order((info["rows"] for info in infos), operator.itemgetter("file", "pid")),
+            "series": in_order((info["series"] for info in infos), operator.itemgetter(0)),
+            "warmup_keys": in_order((info["warmup_keys"] for info in infos), operator.itemgetter(0, 1)),
+            "include_warmup": infos[0]["include_warmup"]}
 
 
 def _per_step(rows):
     """Rows of several processes merged per step number: the mean of each time."""
-    by_step = {}
-    for r in rows:
-        by_step.setdefault(r["step"], []).append(r)
     out = []
-    for step, group in sorted(by_step.items()):
-        merged = {"step": step, "processes": len(group)}
-        for key in KEYS:
-            merged[key] = statistics.fmean([r[key] for r in group])
-        merged["coverage"] = statistics.fmean([r["coverage"] for r in group])
-        merged["warmup"] = next((r["warmup"] for r in group if r["warmup"]), None)
-        merged["recorded"] = any(r["recorded"] for r in group)
+    fields = operator.itemgetter(*KEYS, "coverage", "warmup", "recorded")
+    for step, group in itertools.groupby(sorted(rows, key=operator.itemgetter("step")), operator.itemgetter("step")):
+        *times, warmup, recorded = zip(*map(fields, group))
+        merged = {"step": step, "processes": len(warmup)}
+        # (statistics.fmean: math.fsum over the count)
+        merged.update((key, math.fsum(values) / len(values)) for key, values in zip((*KEYS, "coverage"), times))
+        merged["warmup"] = next((w for w in warmup if w), None)
+        merged["recorded"] = any(recorded)
         out.append(merged)
     return out
 
@@ -178,16 +198,7 @@ def public(info, label):
     if stats:
         stats.update({f"{c}_mean_us": statistics.fmean([r[f"{c}_us"] for r in steady]) for c in CATEGORIES})
         stats["coverage"] = statistics.fmean([r["coverage"] for r in steady])
-    used_rows = {proc: [] for proc in info["processes"]}
-    for r in info["rows"]:
-        if counted(r, info["include_warmup"]):
-            used_rows[(r["file"], r["pid"])].append(r)
-    ranks = []
-    for proc, own in used_rows.items():
-        row = dict(process=label(proc), **(series_stats([r["wall_us"] for r in own]) or {"steps": 0}))
-        if own:
-            row["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)
-        ranks.append(row)
+    ranks = [{"process": label(proc), **stats} for proc, stats in info["series"]]
     timed = [r for r in ranks if r["steps"]]
     spread = None
     if len(timed) > 1:  # who waits for whom, the straggler: traces.ranks

@@ -31,6 +31,7 @@ import functools
 import json
 import math
 import mmap
+import operator
 import os
 import tempfile
 import threading
@@ -442,16 +443,15 @@ def merge(paths, partials, views, top, include_warmup=False, all_runs=False, ste
     (what was read, where), by default that of the local or the Dask engine."""
     whole = len(partials) == 1 and partials[0]["whole"]
 
-    def rows(field):  # the partials' rows, in input order (each partial's own order kept)
-        return sorted((r for p in partials for r in p[field]), key=lambda r: r["file"] if isinstance(r, dict)
-                      else r[0])
+    def rows(field, file=operator.itemgetter(0)):  # the partials' rows, in input order (each partial's own order kept)
+        return steps.in_order((p[field] for p in partials), file)
 
     warnings = [w for p in partials for w in p["warnings"]]
     found = runs.find_runs(paths, [(f, first, last, json.loads(start) if start else None, *pid)
                                    for f, first, last, start, *pid in rows("runs")])
     if len(found) > 1 and not all_runs:
         raise TraceError(runs.mixed_message(found, paths))
-    records, slices = rows("records"), rows("slices")
+    records, slices = rows("records", operator.itemgetter("file")), rows("slices")
     step_info = steps.join(p["steps"] for p in partials)
     groups = {}
     for p in partials:
