@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import perfetto_tp
-from backend_support import graphs, ops, run_python
+from backend_support import graphs, ops, run_py, run_python
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from tracefile import dftracer_validate, read_events, traces
 
@@ -319,3 +319,39 @@ def test_torch_cond_branch_kernels_are_traced_with_their_own_provenance(rec):
     # source would be a branch's, whose nodes share names with call's first addmm)
     assert true_branch[3:] == [("extern_kernels.addmm", "a", ["z"]), ("extern_kernels.addmm", "b", ["z2"])]
     assert false_branch[3:] == true_branch[3:]
+
+
+NESTED = """
+import sys
+import torch
+sys.path.insert(0, {tests!r})
+from test_backend_modules import Nested
+import dftrace_dynamo
+from dftrace_dynamo import create_backend
+
+dftrace_dynamo.initialize_log("trace")
+torch.manual_seed(0)
+model = torch.compile(Nested(), backend=create_backend(level="inductor"))
+for _ in range(2):
+    model(torch.randn(4, 8)).sum().backward()
+dftrace_dynamo.finalize()
+"""
+
+
+def test_a_kernel_a_post_grad_pass_made_names_its_module_as_from_the_cache(tmp_path):
+    """The backward addmm Inductor's pattern matcher makes of the twice-called block's weight
+    gradients (mm + the accumulating add) has no module stack of its own: compiled afresh, it
+    names the block as when the same graph is loaded from the FX graph cache."""
+    found = []
+    for run in ("cold", "cached"):
+        cwd = tmp_path / run
+        cwd.mkdir()
+        run_py(NESTED.format(tests=os.path.dirname(os.path.abspath(__file__))), cwd, timeout=600,
+               env={"DFTRACER_ENABLE": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+                    "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"})
+        (path,) = traces(cwd)
+        found.append(sorted({(k["name"], k["args"]["phase"], k["args"].get("module"))
+                             for k in kernels(read_events(path))}))
+    cold, cached = found
+    assert ("extern_kernels.addmm", "backward", "twice.block.0") in cold
+    assert cold == cached

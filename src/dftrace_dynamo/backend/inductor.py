@@ -46,6 +46,15 @@ def _nodes_by_name(gm: torch.fx.GraphModule) -> dict:
     return {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
 
 
+def module_stacks(gm: torch.fx.GraphModule) -> dict:
+    """{subgraph attribute name ("" for ``gm``): {node name: module stack}}, taken before
+    Inductor's post-grad passes rewrite the graphs in place."""
+    graphs = {"": gm, **{n: m for n, m in gm.named_children() if isinstance(m, torch.fx.GraphModule)}}
+    return {key: {n.name: sites.module_stack(n) for n in g.graph.nodes
+                  if n.op == "call_function" and n.target is not operator.getitem}
+            for key, g in graphs.items()}
+
+
 def _aten_op(node: torch.fx.Node) -> Optional[str]:
     op = node.meta.get("original_aten")
     if isinstance(op, torch._ops.OpOverload):
@@ -63,11 +72,14 @@ def _source_node(node: torch.fx.Node) -> str:
 
 
 def kernel_args(by_name: dict, graph_id: int, kind: str, post_grad: list, with_metadata: bool,
-                comment: Callable[[], tuple]) -> tuple[dict, tuple]:
+                comment: Callable[[], tuple], before: dict) -> tuple[dict, tuple]:
     """Static args of one kernel call site from the post-grad nodes it fused (``by_name``:
     the graph's nodes by name), or, without them, from Inductor's comment (``comment()``:
     source nodes and ATen ops); and the module calls all those ops ran in (outermost
-    first): the kernel's ``module`` is the innermost."""
+    first): the kernel's ``module`` is the innermost. Where the post-grad nodes share no
+    module call (a node a post-grad pass made has no module stack), the source nodes of the
+    comment name them as in ``before`` (the module stacks by node name before the passes), as
+    for a graph loaded from the FX graph cache, where no pass runs."""
     nodes = [by_name[n] for n in post_grad if n in by_name]
     args: dict[str, Any] = {
         ARG_GRAPH: graph_id, ARG_KERNEL_TYPE: kind,
@@ -79,6 +91,8 @@ def kernel_args(by_name: dict, graph_id: int, kind: str, post_grad: list, with_m
         nodes = [by_name[n] for n in args["source_nodes"] if n in by_name]
     # getitem only picks an output of a multi-output op (and has no module stack of its own)
     stack = _common_stack([sites.module_stack(n) for n in nodes if n.target is not operator.getitem])
+    if not stack and post_grad:
+        stack = _common_stack([before[n] for n in comment()[0] if n in before])
     if stack and stack[-1][1]:
         args[ARG_MODULE] = stack[-1][1]
     if with_metadata and nodes:
@@ -259,11 +273,12 @@ def _handle_of(handles: list, used: set, callee: str, expr: ast.expr, fdef: ast.
 
 
 def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: bool,
-               module_slices: bool, device_timer=None, backward: bool = False) -> int:
+               module_slices: bool, before: dict, device_timer=None, backward: bool = False) -> int:
     """Gives ``compiled`` (a ``CompiledFxGraph``) its own ``call`` whose kernel calls
     are intercepted (and, with ``module_slices``, framed by module slices; with
     ``device_timer``, a ``cuda_events.DeviceTimer``, bracketed by CUDA events; in a ``backward``
-    graph, the module whose forward hooks frame its forward calls gets slices too); returns
+    graph, the module whose forward hooks frame its forward calls gets slices too; ``before``:
+    :func:`module_stacks` of ``gm`` before it was compiled); returns
     the number of call sites. The generated module's other functions with kernel calls
     (the branches of ``torch.cond``, loop bodies) get copies too, which ``call`` then
     calls. Raises if the compiled graph is not a Python wrapper module (CUDA graphs,
@@ -289,6 +304,7 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
         return sub if isinstance(sub, torch.fx.GraphModule) else gm
 
     by_name = {id(d): _nodes_by_name(graph_of(d)) for d in (call_def, *subgraphs)}
+    stacks_before = {id(d): before.get("" if graph_of(d) is gm else d.name, {}) for d in (call_def, *subgraphs)}
     used: set = set()
     stacks, kernels = [], []
     for name, callee, expr, fdef in finder.found:
@@ -296,7 +312,7 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
         target = _resolve(expr, module_globals)
         event, kind = _kernel_kind(callee, target)
         args, stack = kernel_args(by_name[id(fdef)], graph_id, kind, mapping.get(key, []), with_metadata,
-                                  lambda: _comment_provenance(lines, expr.lineno))
+                                  lambda: _comment_provenance(lines, expr.lineno), stacks_before[id(fdef)])
         stacks.append(stack)
         site = _core.intern_site(event, CAT_KERNEL, args)
         if device_timer is not None:
@@ -361,13 +377,17 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
         backward = bool(kwargs.get("is_backward"))
         phase = PHASE_BACKWARD if backward else PHASE_INFERENCE if kwargs.get("is_inference") else PHASE_FORWARD
         notify(aot_gm, inputs, phase)
+        try:  # (what fails here fails again in instrument, which reports it)
+            before = module_stacks(aot_gm)
+        except Exception:
+            before = {}
         with _provenance(backward, aot_gm):
             compiled = compile_fx_inner(aot_gm, inputs, **kwargs)
         args = {ARG_GRAPH: graph_id, ARG_LEVEL: "inductor"}
         timer = cuda_events.DeviceTimer(f"graph {graph_id} {phase}", graph_id) if cuda_events.wanted(inputs) else None
         try:
-            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices, timer,
-                                         backward)
+            args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices, before,
+                                         timer, backward)
         except Exception as e:  # never break the user's program: the graph event still records
             _warn_once(type(e).__name__, f"graph {graph_id} {phase}: kernels are not traced, only "
                        f"the graph call ({type(e).__name__}: {e})")
