@@ -14,7 +14,7 @@ blocks (thread CPU time, median of the paired differences per op, with the IQR):
 - ``traced``: the same, recording (two clock reads and one ring push per op).
 
 Also printed: the cost of one ``rdtsc`` and one ``clock_gettime`` read in C on this core
-(compiled here with ``cc``), and of ``time.perf_counter_ns()`` from Python (the load).
+(compiled here with ``cc``, as ``callgrind_costs.py`` does its helper), and of ``time.perf_counter_ns()`` from Python (the load).
 The trace goes to a temporary directory.
 """
 
@@ -25,7 +25,6 @@ import ctypes
 import operator
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_overhead import ELEM_LAYERS, clock_call_ns  # noqa: E402
+from callgrind_costs import c_library  # noqa: E402
 
 CLOCKS_C = r"""
 #include <stdint.h>
@@ -47,11 +47,7 @@ double gettime_ns(int n) { volatile uint64_t s = 0; uint64_t a = mono(); for (in
 
 def clock_reads(tmp):
     """(ns per rdtsc, ns per clock_gettime) read in a C loop, best of 5."""
-    src, lib = os.path.join(tmp, "clocks.c"), os.path.join(tmp, "clocks.so")
-    with open(src, "w") as f:
-        f.write(CLOCKS_C)
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", src, "-o", lib], check=True)
-    c = ctypes.CDLL(lib)
+    c = c_library(tmp, "clocks", CLOCKS_C, "-O2")
     c.rdtsc_ns.restype = c.gettime_ns.restype = ctypes.c_double
     return min(c.rdtsc_ns(1_000_000) for _ in range(5)), min(c.gettime_ns(1_000_000) for _ in range(5))
 

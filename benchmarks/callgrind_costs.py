@@ -68,13 +68,18 @@ void cg_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
 """
 
 
+def c_library(tmp, name, source, opt="-O1"):
+    """ctypes handle on ``source`` (C) compiled with ``cc`` into ``tmp``."""
+    src, lib = os.path.join(tmp, f"{name}.c"), os.path.join(tmp, f"{name}.so")
+    with open(src, "w") as f:
+        f.write(source)
+    subprocess.run(["cc", opt, "-shared", "-fPIC", src, "-o", lib], check=True)
+    return ctypes.CDLL(lib)
+
+
 def helper(tmp):
     """ctypes handle on the client-request helper (no-ops outside valgrind)."""
-    src, lib = os.path.join(tmp, "cg.c"), os.path.join(tmp, "cg.so")
-    with open(src, "w") as f:
-        f.write(HELPER_C)
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", src, "-o", lib], check=True)
-    return ctypes.CDLL(lib)
+    return c_library(tmp, "cg", HELPER_C)
 
 
 # ---- reading callgrind output ------------------------------------------------------------

@@ -354,16 +354,10 @@ def _offsets(count, matched):
     return [statistics.median(d) if d else 0.0 for d in diffs]
 
 
-def _median(values):
-    """statistics.median of the NumPy array ``values`` (not empty)."""
-    values, mid = np.sort(values), len(values) // 2
-    return float(values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2)
-
-
 def _mad_sigma(values):
     if len(values) < 2:
         return 0.0
-    return 1.4826 * _median(np.abs(values - _median(values)))
+    return 1.4826 * float(np.median(np.abs(values - np.median(values))))
 
 
 def _straggler(per_rank, label, walls):
@@ -376,7 +370,7 @@ def _straggler(per_rank, label, walls):
     for i, name in enumerate(label):
         of_rank.setdefault(name, []).append(i)
     noise = statistics.median(_mad_sigma(walls[of_rank[r["rank"]]].ravel()) for r in timed)
-    median_step = _median(walls.ravel())
+    median_step = float(np.median(walls))
     threshold = max(NOISE_FACTOR * noise, MIN_SHARE * median_step)
     top = max(timed, key=lambda r: r["wait_caused_median_us"])
     straggler = None
