@@ -97,16 +97,19 @@ def diff(*args):
     return json.loads(p.stdout), p, cli("diff", *args)
 
 
-def check_method_numbers(d):
+def check_method_numbers(d, margin=5):
     """Every row carries the test's numbers, consistent with each other."""
     assert d["per"] == "step" and d["method"]["steps"] == [STEPS - 1, STEPS - 1]
+    assert d["method"]["margin"] == margin and d["method"]["resolution_us"] == 0.1
     assert d["method"]["rows"] == len(d["rows"]) and d["method"]["row_confidence"] == pytest.approx(
         1 - 0.05 / len(d["rows"]))
     for r in d["rows"]:
         assert r["samples"] == [STEPS - 1, STEPS - 1], r
         low, high = r["interval_us"]
         assert low <= r["change_us"] <= high and 0 <= r["p_value"] <= 1 and 0 <= r["prob_new_greater"] <= 1, r
-        assert r["within_noise"] == (low <= 0 <= high), r
+        events = max(r["base_count_per_step"] or 0, r["new_count_per_step"] or 0)
+        assert r["floor_us"] == pytest.approx(max(margin / 100 * r["base_median_us"], 0.1 * events)), r
+        assert r["within_noise"] == (low <= r["floor_us"] and -r["floor_us"] <= high), r
     assert {(r["view"], r["key"]) for r in d["rows"]} >= {("step", "time"), ("phase", "forward"), ("phase", "backward")}
 
 
@@ -169,6 +172,25 @@ def test_the_interval_holds_the_injected_cost(pairs, name):
     # beyond noise, the culprit is found in its module (the step-level noise once hid it)
     assert d["step_time"]["within_noise"] and not rows[("module", "layers.1")]["within_noise"]
     assert d["verdict"]["text"].startswith("changed beyond noise: ") and "module layers.1 +" in d["verdict"]["text"]
+
+
+def test_a_row_is_beyond_noise_only_when_its_interval_clears_its_floor(pairs):
+    base, new, module = pairs["stepgen-slowed-0"]
+    row = next(r for r in diff(base, new)[0]["rows"] if (r["view"], r["key"]) == ("module", module))
+    clears = 100 * row["interval_us"][0] / row["base_median_us"]  # the margin its interval clears
+    assert 0.1 * row["base_count_per_step"] < (clears - 1) / 100 * row["base_median_us"], row
+    for margin, beyond in ((0, True), (clears - 1, True), (clears + 1, False)):
+        d, p, table = diff(base, new, "--margin", str(margin), "--fail-above", "0")
+        check_method_numbers(d, margin)
+        check_verdict_and_exit_status_agree(d, p, table)
+        got = next(r for r in d["rows"] if (r["view"], r["key"]) == ("module", module))
+        assert got["interval_us"] == row["interval_us"] and got["within_noise"] is not beyond, got
+        # --fail-above 0: fails exactly when some row grew beyond noise
+        assert d["verdict"]["fail"] == any(r["change_us"] > 0 and not r["within_noise"] for r in d["rows"])
+        assert (f"module {module}" in d["verdict"]["rows"]) is beyond
+    for bad in ("-1", "nan", "inf"):
+        assert_bad_input(cli("diff", base, new, "--margin", bad), "--margin must be a percentage of at least 0")
+    assert_bad_input(cli("diff", base, new, "--fail-above", "-5"), "--fail-above must be a percentage of at least 0")
 
 
 def test_a_big_regression_is_found_in_the_op_and_the_step_time(tmp_path):

@@ -11,7 +11,7 @@ from ._common import progress_bar, warn
 FORMATS = ("table", "csv", "json")
 _CSV = ("section", "view", "key", "base_count_per_step", "new_count_per_step", "base_us_per_step",
         "new_us_per_step", "change_us", "change", "interval_low_us", "interval_high_us", "base_samples",
-        "new_samples", "p_value", "within_noise")
+        "new_samples", "p_value", "floor_us", "within_noise")
 
 
 def register(subparsers):
@@ -24,7 +24,9 @@ def register(subparsers):
                     "from step to step: its time in each steady step on both sides, compared with a "
                     "Mann-Whitney U test; the change is the Hodges-Lehmann shift with its confidence "
                     "interval, corrected for the number of rows (95% confidence for the whole comparison). "
-                    "A row changed beyond noise when its interval excludes zero. Without step slices on both "
+                    "A row changed beyond noise when its interval lies outside its floor: the larger of --margin "
+                    "percent of its BASE median time per step (what differs from run to run, which one run's "
+                    "steps cannot show) and 0.1 us per event per step. Without step slices on both "
                     "sides the runs are compared per trace, and nothing is judged.")
     p.add_argument("base", metavar="BASE", help="trace file or directory of the reference run")
     p.add_argument("new", metavar="NEW", help="trace file or directory of the run to compare")
@@ -34,6 +36,10 @@ def register(subparsers):
     p.add_argument("--fail-above", type=float, metavar="PCT",
                    help="exit status 1 when some row's confidence interval lies entirely above +PCT%% of its "
                         "BASE median time per step: it grew by more than PCT%% (for CI; needs step slices)")
+    # the default is traces.diff.MARGIN, not imported here: the CLI starts without numpy
+    p.add_argument("--margin", type=float, metavar="PCT",
+                   help="a row changed beyond noise only when it moved by more than PCT%% of its BASE median "
+                        "time per step, with confidence (default 5; 0: when its interval excludes zero)")
     engines.add_arguments(p)
     p.set_defaults(func=run)
 
@@ -93,7 +99,9 @@ def to_table(result):
             out += ["", f"{title} ({what}; mean time per call)", head]
             out += [line(r, value) for r in result[key]]
     if judged:
-        out += ["", f"{result['within_noise']} rows changed within noise (their interval holds zero)"]
+        method = result["method"]
+        out += ["", f"{result['within_noise']} rows changed within noise (their interval reaches into their "
+                    f"floor: {method['margin']:g}% of BASE, at least {method['resolution_us']:g} us per event)"]
     return "\n".join(out) + "\n"
 
 
@@ -102,7 +110,7 @@ def _csv_row(section, r):
     n_base, n_new = r["samples"] or (None, None)
     return (section, r["view"], r["key"], r["base_count_per_step"], r["new_count_per_step"], r["base_us_per_step"],
             r["new_us_per_step"], r["change_us"], r["change"], low, high, n_base, n_new, r["p_value"],
-            r["within_noise"])
+            r["floor_us"], r["within_noise"])
 
 
 def to_csv(result):
@@ -119,7 +127,7 @@ def to_csv(result):
 
 def run(args):
     from dftrace_dynamo.traces import engines
-    from dftrace_dynamo.traces.diff import diff
+    from dftrace_dynamo.traces.diff import MARGIN, diff
     from dftrace_dynamo.traces.reader import TraceError, find_traces
 
     if args.top < 1:
@@ -128,7 +136,7 @@ def run(args):
     with engines.make(args.engine, args.scheduler, args.workers) as engine, \
             progress_bar(200, "diff", unit="%") as bar:
         result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update,
-                      args.fail_above, engine, args.source)
+                      args.fail_above, engine, args.source, MARGIN if args.margin is None else args.margin)
     for note in result["warnings"]:
         warn("diff", note)
     for side, paths in (("base", base), ("new", new)):

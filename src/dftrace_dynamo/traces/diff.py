@@ -12,14 +12,23 @@ all differences between a NEW step's and a BASE step's time, with the
 distribution-free confidence interval made of two order statistics of those
 differences (Hollander & Wolfe, normal approximation of the critical value).
 The intervals are Bonferroni-corrected, so that :data:`CONFIDENCE` holds for
-the whole comparison, every row at once. A row changed *beyond noise* when its
-interval excludes zero.
+the whole comparison, every row at once.
+
+Samples from one run cannot see what differs from run to run: where the
+allocator placed the buffers, which core's caches a process got, the
+tracer's own time inside each event. The same program run twice moves a row
+by a few percent this way, and the interval of a row that hardly varies from
+step to step is narrow enough to exclude zero. So a row changed *beyond
+noise* only when its interval lies entirely outside its *floor*, ±(the
+larger of ``margin`` % (default :data:`MARGIN`) of its BASE median time per
+step and :data:`RESOLUTION_US` per event per step).
 
 The verdict and the exit status follow one rule (:func:`_verdict`): with
-``fail_above`` PCT, the comparison fails when some row's whole interval lies
-above +PCT % of the row's BASE median time per step (it grew by more than
-PCT % with that confidence). Without step slices on both sides there are no samples:
-totals per trace are compared as raw deltas and nothing is judged.
+``fail_above`` PCT, the comparison fails when some row grew beyond noise and
+its whole interval lies above +PCT % of the row's BASE median time per step
+(it grew by more than PCT % with that confidence). Without step slices on both
+sides there are no samples: totals per trace are compared as raw deltas and
+nothing is judged.
 """
 
 import statistics
@@ -33,8 +42,10 @@ from .summary import SAMPLE_VIEWS, summarize
 
 VIEWS = SAMPLE_VIEWS
 CONFIDENCE = 0.95  # for all rows of a comparison together
-RULE = ("fails when some row's {:.0%} interval lies entirely above +PCT % of that row's BASE median time per step"
-        .format(CONFIDENCE))
+MARGIN = 5.0  # run-to-run variation of a row, in percent of its BASE median time per step
+RESOLUTION_US = 0.1  # the timing's resolution per event: the tracer's own time in it varies by this much
+RULE = ("fails when some row grew beyond noise (its {:.0%} interval above its floor) and its whole interval lies "
+        "above +PCT % of that row's BASE median time per step".format(CONFIDENCE))
 
 
 def _side(paths, include_warmup, progress, engine, source):
@@ -126,7 +137,7 @@ def _row(view, key, b, n):
     row["change"] = row["change_us"] / row["base_us_per_step"] if row["base_us_per_step"] else None
     row["only_in"] = "base" if n is None else "new" if b is None else None
     row.update(base_median_us=None, new_median_us=None, interval_us=None, interval=None, samples=None,
-               p_value=None, prob_new_greater=None, within_noise=None)
+               p_value=None, prob_new_greater=None, floor_us=None, within_noise=None)
     return row
 
 
@@ -140,9 +151,9 @@ def _per_trace_rows(base, new):
     return rows
 
 
-def _per_step_rows(base, new, include_warmup):
-    """Rows judged on their per-step samples (see the module docstring); also the
-    normal quantile of each row's interval."""
+def _per_step_rows(base, new, include_warmup, margin):
+    """Rows judged on their per-step samples and floor (see the module docstring); also
+    the normal quantile of each row's interval."""
     sides = _sides(base, new, include_warmup)
     steps = [len(_steady(side, include_warmup)) for side in (base, new)]
     z = statistics.NormalDist().inv_cdf(1 - (1 - CONFIDENCE) / len(sides) / 2)
@@ -157,11 +168,14 @@ def _per_step_rows(base, new, include_warmup):
         # step (tens of ms) would inflate a mean
         base_us = statistics.median(b_samples)
         lo, hi = test["interval_us"] or (float("-inf"), float("inf"))
+        events = max(row["base_count_per_step"] or 0.0, row["new_count_per_step"] or 0.0)
+        floor = max(margin / 100 * base_us, RESOLUTION_US * events)
         row.update(base_median_us=base_us, new_median_us=statistics.median(n_samples), change_us=test["shift_us"],
                    change=test["shift_us"] / base_us if base_us else None, interval_us=test["interval_us"],
                    interval=[lo / base_us, hi / base_us] if test["interval_us"] and base_us else None,
                    samples=[len(b_samples), len(n_samples)], p_value=test["p_value"],
-                   prob_new_greater=test["prob_new_greater"], within_noise=lo <= 0 <= hi)
+                   prob_new_greater=test["prob_new_greater"], floor_us=floor,
+                   within_noise=lo <= floor and -floor <= hi)
         rows.append(row)
     return rows, z
 
@@ -215,9 +229,13 @@ def _verdict(rows, per_step, fail_above, steps):
 
 
 def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None, fail_above=None, engine=None,
-         source="auto"):
-    """The comparison as a dict (the ``--format json`` document); ``engine``, ``source``: see
+         source="auto", margin=MARGIN):
+    """The comparison as a dict (the ``--format json`` document); ``margin``: the floor's
+    percent of a row's BASE median (see the module docstring); ``engine``, ``source``: see
     :func:`.summary.summarize` (``scan``: what each side read)."""
+    for name, value in (("--fail-above", fail_above), ("--margin", margin)):
+        if value is not None and not 0 <= value < float("inf"):
+            raise TraceError(f"{name} must be a percentage of at least 0, not {value!r}")
     # both sides at once: DuckDB runs without the GIL, so one side's Python work (cutting the
     # files into pieces, the step analysis) overlaps the other's scan
     with ThreadPoolExecutor(2) as pool:
@@ -231,7 +249,7 @@ def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None, fai
                          "against); one of them has none")
     step, z, steps = None, None, None
     if per_step:
-        rows, z = _per_step_rows(base, new, include_warmup)
+        rows, z = _per_step_rows(base, new, include_warmup, margin)
         step = dict(next(r for r in rows if (r["view"], r["key"]) == ("step", "time")), base=b_st, new=n_st)
         steps = [b_st["steps"], n_st["steps"]]
     else:
@@ -244,9 +262,11 @@ def diff(base_paths, new_paths, top=10, include_warmup=False, progress=None, fai
         "per": "step" if per_step else "trace",
         "method": {
             "test": "Mann-Whitney U; change: Hodges-Lehmann shift (median of the differences NEW step - "
-                    "BASE step) with its distribution-free interval, Bonferroni-corrected",
+                    "BASE step) with its distribution-free interval, Bonferroni-corrected; beyond noise: the "
+                    "interval clears the row's floor, max(margin % of BASE median, resolution_us x events per step)",
             "confidence": CONFIDENCE, "rows": len(judged), "row_confidence": 1 - (1 - CONFIDENCE) / len(judged)
-            if judged else None, "z": z, "steps": steps, "fail_above": fail_above, "rule": RULE},
+            if judged else None, "z": z, "steps": steps, "margin": margin, "resolution_us": RESOLUTION_US,
+            "fail_above": fail_above, "rule": RULE},
         "verdict": _verdict(judged, per_step, fail_above, steps),
         "step_time": step,
         "up": sorted((r for r in both if r["change_us"] > 0), key=lambda r: -r["change_us"])[:top],
