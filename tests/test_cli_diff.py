@@ -191,6 +191,9 @@ def test_a_row_is_beyond_noise_only_when_its_interval_clears_its_floor(pairs):
     for bad in ("-1", "nan", "inf"):
         assert_bad_input(cli("diff", base, new, "--margin", bad), "--margin must be a percentage of at least 0")
     assert_bad_input(cli("diff", base, new, "--fail-above", "-5"), "--fail-above must be a percentage of at least 0")
+    from dftrace_dynamo.traces.diff import MARGIN
+
+    assert f"(default {MARGIN:g}; 0: " in " ".join(cli("diff", "--help").stdout.split())
 
 
 def test_a_big_regression_is_found_in_the_op_and_the_step_time(tmp_path):

@@ -34,8 +34,9 @@ def register(subparsers):
     p.add_argument("--include-warmup", action="store_true", help="count warm-up steps too")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--fail-above", type=float, metavar="PCT",
-                   help="exit status 1 when some row's confidence interval lies entirely above +PCT%% of its "
-                        "BASE median time per step: it grew by more than PCT%% (for CI; needs step slices)")
+                   help="exit status 1 when some row grew beyond noise and its confidence interval lies entirely "
+                        "above +PCT%% of its BASE median time per step: it grew by more than PCT%% (for CI; needs "
+                        "step slices)")
     # the default is traces.diff.MARGIN, not imported here: the CLI starts without numpy
     p.add_argument("--margin", type=float, metavar="PCT",
                    help="a row changed beyond noise only when it moved by more than PCT%% of its BASE median "
