@@ -11,6 +11,7 @@ import torch.nn as nn
 from backend_support import ops
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import create_backend
+from dftrace_dynamo import naming
 from dftrace_dynamo.backend import sites
 
 INTERNAL = re.compile(r"_torchdynamo_inline|__self__|___stack|L__self__|_orig_mod|L\[")
@@ -74,6 +75,18 @@ def test_stacks_with_dynamo_internal_components_give_user_paths():
     assert [sites.module_of(n)[0] for n in nodes] == [names[-1] for _, names in STACKS]
 
 
+def test_graph_tools_name_the_same_modules_from_the_text():
+    """capture/profile/explore/draw read the stacks without the frame's objects."""
+    from dftrace_dynamo.graphs.names import module_stack
+
+    gm = stacked_graph([["L['self']", "L['self'].forward._torchdynamo_inline.__self__.head"],
+                        ["L['self'].forward._torchdynamo_inline.__self__.body", "L['self'].body[1]"],
+                        ["L['wrapped']._orig_mod.body._modules['1']"], ["L__self___body_0"]])
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [[path for path, _ in module_stack(n)] for n in nodes] == [["head"], ["body", "body.1"], ["body.1"],
+                                                                       ["body.0"]]
+
+
 @pytest.mark.parametrize("path, user", [
     ("forward._torchdynamo_inline.__self__.head", "head"),
     ("body.forward._torchdynamo_inline.__self__.0", "body.0"),
@@ -82,7 +95,7 @@ def test_stacks_with_dynamo_internal_components_give_user_paths():
     ("encoder.layer.0", "encoder.layer.0"),
 ])
 def test_user_path_drops_internal_components(path, user):
-    assert sites._user_path(path) == user
+    assert naming.user_path(path) == user
 
 
 @pytest.mark.parametrize("level", ["torch", "aten"])

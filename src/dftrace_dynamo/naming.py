@@ -1,7 +1,8 @@
 """Readable names for FX / Dynamo nodes and modules.
 
-One function, :func:`abbreviate`, used by the trace event names, the profile
-table and the graph explorer, so the same module gets the same name everywhere.
+Two functions, :func:`abbreviate` and :func:`user_path` (Dynamo's internal
+components dropped), used by the trace event names, the profile table and the
+graph explorer, so the same module gets the same name everywhere.
 
 Dynamo spells module paths in three ways depending on the torch version and on
 where the name comes from; all map to the dotted path that FX
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["abbreviate", "DEFAULT_MAX_LEN", "ELLIPSIS"]
+__all__ = ["abbreviate", "user_path", "DEFAULT_MAX_LEN", "ELLIPSIS"]
 
 DEFAULT_MAX_LEN = 48
 ELLIPSIS = "..."
@@ -45,6 +46,11 @@ _NEW_SEP = re.compile(r"_(?:modules|parameters|buffers)_")
 _NEW_LEAF = re.compile(r"^[lLgG]_(?P<root>[A-Za-z0-9_]+?)_$")
 _OLD_STYLE = re.compile(r"^[lLgG]__(?P<root>[A-Za-z0-9_]+?)__(?P<rest>_.*)?$")
 _MULTI_SEP = re.compile(r"_{3,}")
+# Dynamo-internal path components: a torch.compile'd submodule's OptimizedModule holds the user's
+# module as _orig_mod, a resume function's locals hold modules as ___stack0..., old-style mangled
+# roots (L__self__), and a compiled bound method (Lightning's forward) is reached as
+# <method>._torchdynamo_inline.__self__
+_INTERNAL = re.compile(r"^(?:_orig_mod|_torchdynamo_inline|__self__|_{3}stack\d+|[LG]__\w+__)$")
 
 
 def abbreviate(name: str, max_len: int | None = DEFAULT_MAX_LEN) -> str:
@@ -59,6 +65,18 @@ def abbreviate(name: str, max_len: int | None = DEFAULT_MAX_LEN) -> str:
     else:
         text = _from_mangled(text)
     return truncate(text, max_len)
+
+
+def user_path(path: str) -> str:
+    """A dotted module ``path`` without Dynamo-internal components
+    (``forward._torchdynamo_inline.__self__.head`` is ``head``: the module the method is bound to)."""
+    parts: list[str] = []
+    for part in path.split("."):
+        if part == "__self__" and parts[-1:] == ["_torchdynamo_inline"]:
+            del parts[-2:]
+        else:
+            parts.append(part)
+    return ".".join(part for part in parts if part and not _INTERNAL.match(part))
 
 
 def truncate(text: str, max_len: int | None) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 from torch.utils._pytree import tree_flatten
 
+from .. import naming
 from ..naming import abbreviate
 from ..schema import (ARG_BYTES, ARG_FLOPS, ARG_GRAPH, ARG_INPUT_DTYPES, ARG_INPUT_SHAPES, ARG_MODULE, ARG_MODULE_TYPE,
                       ARG_NODE, ARG_OP_TYPE, ARG_OUTPUT_DTYPES, ARG_OUTPUT_SHAPES, ARG_SOURCE, ARG_TARGET)
@@ -40,24 +41,7 @@ class UserPath(str):
     __slots__ = ()
 
 
-# Dynamo-internal path components: a torch.compile'd submodule's OptimizedModule holds the user's
-# module as _orig_mod, a resume function's locals hold modules as ___stack0..., old-style mangled
-# roots (L__self__), and a compiled bound method (Lightning's forward) is reached as
-# <method>._torchdynamo_inline.__self__
-_INTERNAL = re.compile(r"^(?:_orig_mod|_torchdynamo_inline|__self__|_{3}stack\d+|[LG]__\w+__)$")
 _ACCESSOR = re.compile(r"""\.(\w+)|\[(-?\d+)\]|\[(['"])([^'"]*)\3\]""")  # .name, [0], ['name']
-
-
-def _user_path(path: str) -> str:
-    """``path`` without Dynamo-internal components (``forward._torchdynamo_inline.__self__.head``
-    is ``head``: the module the method is bound to)."""
-    parts: list[str] = []
-    for part in path.split("."):
-        if part == "__self__" and parts[-1:] == ["_torchdynamo_inline"]:
-            del parts[-2:]
-        else:
-            parts.append(part)
-    return ".".join(part for part in parts if part and not _INTERNAL.match(part))
 
 
 def _walk(obj: Any, accessors: str) -> Any:
@@ -92,7 +76,7 @@ def register(module: torch.nn.Module) -> str:
     if path is not None:
         return path
     for sub_path, sub in module.named_modules():
-        sub_path = _user_path(sub_path)
+        sub_path = naming.user_path(sub_path)
         old = _paths.get(sub)
         if old is None or old == "" or sub_path.endswith("." + old):
             _paths[sub] = sub_path
@@ -131,7 +115,7 @@ def user_stacks(gm: torch.fx.GraphModule, f_locals: Optional[dict],
                 found = _paths.get(reached) if isinstance(reached, torch.nn.Module) else None
                 if found is None:
                     rest = abbreviate(text, max_len=None) if match.end() < len(text) else ""
-                    found = _user_path(".".join(part for part in (root, rest) if part))
+                    found = naming.user_path(".".join(part for part in (root, rest) if part))
             resolved[text] = found
         return resolved[text]
 
@@ -206,7 +190,7 @@ def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
         elif _ROOT_PATH.match(str(path)):
             name = mtype.lower()
         else:
-            name = _user_path(abbreviate(path, max_len=None)) or mtype.lower()
+            name = naming.user_path(abbreviate(path, max_len=None)) or mtype.lower()
         frames.append((str(key), name, mtype))
     return tuple(frames)
 
@@ -215,7 +199,7 @@ def module_of(node: torch.fx.Node, root: Optional[torch.nn.Module] = None) -> tu
     """(module path, module type) that issued the op; backward ops get their forward module."""
     if node.op == "call_module":
         mod = root.get_submodule(node.target) if root is not None else None
-        path = _user_path(abbreviate(node.target, max_len=None)) or None
+        path = naming.user_path(abbreviate(node.target, max_len=None)) or None
         return path, (type(mod).__name__ if mod is not None else None)
     stack = module_stack(node)
     if not stack:

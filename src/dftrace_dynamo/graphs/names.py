@@ -22,7 +22,7 @@ from typing import Iterable
 import torch
 import torch.fx
 
-from ..naming import abbreviate
+from ..naming import abbreviate, user_path
 
 __all__ = ["node_label", "module_stack", "module_path", "number_nodes", "weight_nodes"]
 
@@ -47,8 +47,9 @@ def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
     stack = []
     for path, mtype in (node.meta.get("nn_module_stack") or {}).values():
         # Dynamo's outermost entry is the compiled model itself (L['self']).
-        if not _BARE_ROOT.match(str(path)):
-            stack.append((abbreviate(path, max_len=None), getattr(mtype, "__name__", str(mtype).rsplit(".", 1)[-1])))
+        user = "" if _BARE_ROOT.match(str(path)) else user_path(abbreviate(path, max_len=None))
+        if user and (not stack or stack[-1][0] != user):  # a compiled method's module repeats its holder's
+            stack.append((user, getattr(mtype, "__name__", str(mtype).rsplit(".", 1)[-1])))
     if node.op == "call_module":
         path = str(node.target)
         if not stack or stack[-1][0] != path:
