@@ -373,6 +373,7 @@ static void hint_line(uint64_t key, uint64_t fam, const char *line, const char *
     h->fam = fam;
     h->at = (uint32_t)(line - dft_w.fmt.p);
     h->len = (uint32_t)(end - line);
+#pragma GCC unroll 6
     for (int i = 0; i < 6; i++)
         h->f[i] = (uint16_t)(f[i] - line);
 }
