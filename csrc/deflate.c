@@ -560,54 +560,14 @@ static ALWAYS_INLINE int hint_ok(const dft_line_hint *h, size_t end) { /* the li
            f[4] <= f[5] && f[5] + 8u <= h->len;
 }
 
-/* The line of hint h against the last earlier line of its key, which the
- * writer vouches is the same outside the id, ts and dur fields: one
- * back-reference per part, and the field's digits from the first that
- * differs as literals. Without one in the window, against the last line of
- * its fam: if the text around the fields is the same, the same again and
- * the end of the line (its args) sent as the bytes it shares at the start
- * and at the end with that line's, and literals between. Since lines of one
- * key are alike, that comparison is made once per pair of keys (pairs[]).
- * Returns the line's end, or 0 to encode it as any other line. */
-static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n,
-                                       const dft_line_hint *h) {
-    const uint16_t *f = h->f;
-    if (!hint_ok(h, n))
-        return 0;
-    uint64_t k = h->key * 0x9e3779b97f4a7c15ull, kf = h->fam * 0x9e3779b97f4a7c15ull;
-    uint64_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)], tag = d->pass << PASS_SHIFT;
-    uint64_t *fslot = &d->hfam[(kf >> 40) & (DFT_DEFLATE_KEYS - 1)];
-    const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
-    const dft_line_hint *rf = *fslot >> PASS_SHIFT == d->pass ? d->h + (*fslot - tag) - 1 : NULL;
-    *slot = *fslot = tag + (uint64_t)(h - d->h) + 1;
-    const unsigned char *a = s + h->at, *b;
-    size_t la = h->len - f[5], p = la, q = 0;
-    if (!r || r->key != h->key || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW) {
-        r = rf;
-        if (!r || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW || f[0] != r->f[0] ||
-            f[2] - f[1] != r->f[2] - r->f[1] || f[4] - f[3] != r->f[4] - r->f[3])
-            return 0;
-        size_t lb = r->len - r->f[5], mn = la < lb ? la : lb;
-        b = s + r->at;
-        __typeof__(d->pairs[0]) *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
-        if (c->key != h->key || c->ref != r->key || c->p > mn || c->q > mn - c->p) {
-            c->key = h->key;
-            c->ref = r->key;
-            c->same = same_over(a, b, f[0]) && same_over(a + f[1], b + r->f[1], f[2] - f[1]) &&
-                      same_over(a + f[3], b + r->f[3], f[4] - f[3]);
-            c->p = (uint16_t)prefix_in(a + f[5], b + r->f[5], mn);
-            c->q = (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
-        }
-        if (!c->same)
-            return 0;
-        p = c->p;
-        q = p == la && la == lb ? 0 : c->q;
-    } else if (f[0] != r->f[0] || f[2] - f[1] != r->f[2] - r->f[1] || f[4] - f[3] != r->f[4] - r->f[3] ||
-               la != r->len - r->f[5]) {
-        return 0;
-    }
-    const uint16_t *g = r->f;
-    b = s + r->at;
+/* The line of hint h against the earlier line of hint r, whose parts around
+ * the fields are the same: one back-reference per part, and the field's
+ * digits from the first that differs as literals. With split, the end of the
+ * line (its args) is the same but for the bytes [p, la - q) of its la. */
+static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const dft_line_hint *h,
+                                        const dft_line_hint *r, int split, size_t p, size_t q) {
+    const uint16_t *f = h->f, *g = r->f;
+    const unsigned char *a = s + h->at, *b = s + r->at;
     dist_t dd = {0, 0, 0, 0};
     unsigned dist = h->at - r->at;
     size_t at = h->at, m = f[0]; /* the match being extended: from at, m bytes */
@@ -622,11 +582,10 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
             m = 0;
             dist = (unsigned)(at - (r->at + g[k + 1]));
         }
-        if (k < 4)
-            m += f[k + 2] - fb;
+        m += (k < 4 ? f[k + 2] : split ? f[5] + p : h->len) - fb;
     }
-    m += p;
-    if (p < la || la != r->len - g[5]) { /* the args differ: literals between what both start and end with */
+    size_t la = h->len - f[5];
+    if (split && (p < la || la != r->len - g[5])) { /* literals between what both args start and end with */
         put_run(w, s, at, m, dist, &dd);
         put_lits(w, a + f[5] + p, la - p - q);
         at = h->at + h->len - q;
@@ -635,6 +594,52 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
     }
     put_run(w, s, at, m, dist, &dd);
     return h->at + h->len;
+}
+
+/* The line of hint h against the last earlier line of its key, which the
+ * writer vouches is the same outside the id, ts and dur fields
+ * (put_against). Without one in the window, against the last line of its
+ * fam, where the text around the fields is the same: the args as the bytes
+ * both lines' args start and end with, and literals between. Since lines of
+ * one key are alike, that comparison is made once per pair of keys
+ * (pairs[]). Returns the line's end, or 0 to encode it as any other line. */
+static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n,
+                                       const dft_line_hint *h) {
+    const uint16_t *f = h->f;
+    if (!hint_ok(h, n))
+        return 0;
+    uint64_t k = h->key * 0x9e3779b97f4a7c15ull, kf = h->fam * 0x9e3779b97f4a7c15ull;
+    uint64_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)], tag = d->pass << PASS_SHIFT;
+    uint64_t *fslot = &d->hfam[(kf >> 40) & (DFT_DEFLATE_KEYS - 1)], self = tag + (uint64_t)(h - d->h) + 1;
+    const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
+    *slot = self;
+    size_t la = h->len - f[5];
+    if (r && r->key == h->key && r->at + r->len <= h->at && h->at + h->len - r->at <= WINDOW) {
+        *fslot = self;
+        if (f[0] != r->f[0] || f[2] - f[1] != r->f[2] - r->f[1] || f[4] - f[3] != r->f[4] - r->f[3] ||
+            la != r->len - r->f[5])
+            return 0;
+        return put_against(w, s, h, r, 0, 0, 0);
+    }
+    r = *fslot >> PASS_SHIFT == d->pass ? d->h + (*fslot - tag) - 1 : NULL;
+    *fslot = self;
+    if (!r || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW || f[0] != r->f[0] ||
+        f[2] - f[1] != r->f[2] - r->f[1] || f[4] - f[3] != r->f[4] - r->f[3])
+        return 0;
+    const unsigned char *a = s + h->at, *b = s + r->at;
+    size_t lb = r->len - r->f[5], mn = la < lb ? la : lb;
+    __typeof__(d->pairs[0]) *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
+    if (c->key != h->key || c->ref != r->key || c->p > mn || c->q > mn - c->p) {
+        c->key = h->key;
+        c->ref = r->key;
+        c->same = same_over(a, b, f[0]) && same_over(a + f[1], b + r->f[1], f[2] - f[1]) &&
+                  same_over(a + f[3], b + r->f[3], f[4] - f[3]);
+        c->p = (uint16_t)prefix_in(a + f[5], b + r->f[5], mn);
+        c->q = (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
+    }
+    if (!c->same)
+        return 0;
+    return put_against(w, s, h, r, 1, c->p, c->p == la && la == lb ? 0 : c->q);
 }
 
 /* One block of every line of s[0..n) with the codes w->c; its symbols are counted in d. */
