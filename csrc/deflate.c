@@ -122,7 +122,7 @@ struct dft_deflate {
     uint32_t npair[256];               /* of them, the pairs sent at once (put_digits) */
     uint64_t pair[256];                /* the pairs' codes: bits | length << 32 */
     uint32_t acc_lit[NLIT], acc_dist[NDIST]; /* of the members since the codes were last made */
-    uint64_t acc_n;
+    uint64_t acc_n, made_n;                  /* their count; of all codes made so far */
     codes_t next;                      /* built from the symbols of the members before */
     int have_next;
 };
@@ -728,14 +728,17 @@ size_t dft_gzip_bound(size_t n) {
 
 /* Symbols counted before the codes are made again: making them costs ~80k
  * instructions, much per event where members are small (at least one a
- * second, whatever the event rate). */
+ * second, whatever the event rate). Until codes were made from FIRST_SYMBOLS
+ * (the file's first members: its header and compile events, unlike what
+ * follows) they are made after every member. */
 #define REMAKE_SYMBOLS (1u << 17)
+#define FIRST_SYMBOLS (1u << 15)
 
 /* A member is encoded with codes made for the symbols of the members before
- * it (those since the codes were last made, REMAKE_SYMBOLS at least; every
- * symbol possible: each counted once more), or fixed codes: for the first
- * member, or where fixed codes come out clearly shorter (the member differs
- * from the ones before: it is encoded again). */
+ * it (those since the codes were last made; every symbol possible: each
+ * counted once more), or fixed codes: for the first member, or where fixed
+ * codes come out clearly shorter (the member differs from the ones before:
+ * it is encoded again). */
 size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char *out) {
     const unsigned char *s = (const unsigned char *)text;
     static const unsigned char head[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff};
@@ -759,8 +762,9 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
         d->acc_n += d->nlit[i], d->acc_lit[i] += d->nlit[i];
     for (unsigned i = 0; i < NDIST; i++)
         d->acc_dist[i] += d->ndist[i];
-    if (d->have_next && d->acc_n < REMAKE_SYMBOLS)
+    if (d->have_next && d->made_n >= FIRST_SYMBOLS && d->acc_n < REMAKE_SYMBOLS)
         return (size_t)(o - out);
+    d->made_n += d->acc_n;
     for (unsigned i = 0; i < NLIT; i++)
         d->acc_lit[i]++;
     for (unsigned i = 0; i < NDIST; i++)
