@@ -623,23 +623,23 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
     }
     r = *fslot >> PASS_SHIFT == d->pass ? d->h + (*fslot - tag) - 1 : NULL;
     *fslot = self;
-    if (!r || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW || f[0] != r->f[0] ||
-        f[2] - f[1] != r->f[2] - r->f[1] || f[4] - f[3] != r->f[4] - r->f[3])
+    if (!r || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW)
         return 0;
-    const unsigned char *a = s + h->at, *b = s + r->at;
-    size_t lb = r->len - r->f[5], mn = la < lb ? la : lb;
     __typeof__(d->pairs[0]) *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
-    if (c->key != h->key || c->ref != r->key || c->p > mn || c->q > mn - c->p) {
+    if (c->key != h->key || c->ref != r->key) { /* the parts' lengths too are the same for every such pair */
+        const uint16_t *g = r->f;
+        const unsigned char *a = s + h->at, *b = s + r->at;
+        size_t lb = r->len - g[5], mn = la < lb ? la : lb;
         c->key = h->key;
         c->ref = r->key;
-        c->same = same_over(a, b, f[0]) && same_over(a + f[1], b + r->f[1], f[2] - f[1]) &&
-                  same_over(a + f[3], b + r->f[3], f[4] - f[3]);
-        c->p = (uint16_t)prefix_in(a + f[5], b + r->f[5], mn);
-        c->q = (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
+        c->same = f[0] == g[0] && f[2] - f[1] == g[2] - g[1] && f[4] - f[3] == g[4] - g[3] && same_over(a, b, f[0]) &&
+                  same_over(a + f[1], b + g[1], f[2] - f[1]) && same_over(a + f[3], b + g[3], f[4] - f[3]);
+        c->p = (uint16_t)prefix_in(a + f[5], b + g[5], mn);
+        c->q = c->p == la && la == lb ? 0 : (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
     }
     if (!c->same)
         return 0;
-    return put_against(w, s, h, r, 1, c->p, c->p == la && la == lb ? 0 : c->q);
+    return put_against(w, s, h, r, 1, c->p, c->q);
 }
 
 /* One block of every line of s[0..n) with the codes w->c; its symbols are counted in d. */
