@@ -429,11 +429,14 @@ static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_
 }
 
 /* One line from s[i], back-references into the earlier text at j where
- * they agree; returns the start of the next line. */
+ * they agree, up to the line's own start: past it the rest are literals (a
+ * long line compared with itself costs ~40 instructions a byte and saves
+ * little); returns the start of the next line. */
 static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i, size_t n, size_t j) {
     int nl;
     dist_t d = {0, 0, 0, 0};
-    while (j < i) {
+    const size_t start = i;
+    while (j < start) {
         size_t m = common(s + i, s + j, n - i, &nl);
         if (m >= 3 && i - j <= WINDOW)
             put_match(w, m, (unsigned)(i - j), &d);
