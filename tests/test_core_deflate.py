@@ -314,3 +314,22 @@ def test_members_of_a_large_trace(tmp_path):
     assert res[0]["rows"] == []
     assert perfetto_tp.as_dicts(res[1]) == [{"n": 15000}] and perfetto_tp.as_dicts(res[2]) == [{"n": 3}]
     dftracer_validate(path)
+
+
+def test_writer_lines_of_one_name(tmp_path):
+    """Op sites sharing three names, each called once per 300 events (its own last line out of
+    the window: the line goes against its name's last one), args of many lengths, some past the
+    writer's tail slot (240 bytes: those lines go without a hint), flushed at odd points: the gzip
+    trace holds the plain trace's bytes."""
+    names = ["function.relu", "function.mul", "function.add"]
+    sites = [_core.intern_site(names[k % 3], "dynamo", {"node": f"x_{k}", "graph": 0, "pad": "p" * (k % 7 * 45)})
+             for k in range(300)]
+    ops = []
+    for call in range(8):
+        ops += [("rec", k, 1000 * (300 * call + k), 100 + 7 * k, 0) for k in range(300)]
+        if call % 3 == 1:
+            ops.append(("flush",))
+    ops.insert(1000, ("flush",))
+    plain = write_trace(tmp_path / "t.pfw", 0, ops, sites)
+    assert plain.count(b'"pad":"' + b"p" * 270) == 8 * 42
+    assert unify_end(write_trace(tmp_path / "t.pfw.gz", 1, ops, sites)) == unify_end(plain)
