@@ -651,6 +651,9 @@ static void free_all(void) {
 void dft_agg_open(const char *header, size_t len) {
     free_all();
     A.on = 1;
+    /* room for every copied line now, not by realloc copies while events flow (untouched pages
+     * cost no memory); a failure here only means growing later */
+    (void)dft_buf_reserve(&A.copy, COPY_MAX + 16);
     if (!edges)
         edges_init();
     A.settle_upto = A.slice_max = NONE;

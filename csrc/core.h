@@ -312,7 +312,7 @@ int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/fr
 void dft_sink_cut(dft_sink *k);
 int dft_sink_deleted(const dft_sink *k); /* the file (or its directory) was deleted */
 void dft_sink_free(dft_sink *k);
-PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts);
+PyObject *dft_py_gzip_members(PyObject *m, PyObject *args);
 
 /* ---- writer (writer.c) ------------------------------------------------- */
 typedef struct {

@@ -104,17 +104,26 @@ typedef struct {
 } codes_t;
 
 struct dft_deflate {
-    /* per line key: the start of its last line in the block; per hint key: the index of its
-     * last hinted line; each + 1 | the block's pass << PASS_SHIFT (other passes' are stale: no
-     * clearing per block) */
-    uint64_t last[DFT_DEFLATE_KEYS], hlast[DFT_DEFLATE_KEYS];
+    /* per line key: the start of its last line in the block; per hint key and per hint fam:
+     * the index of its last hinted line; each + 1 | the block's pass << PASS_SHIFT (other
+     * passes' are stale: no clearing per block) */
+    uint64_t last[DFT_DEFLATE_KEYS], hlast[DFT_DEFLATE_KEYS], hfam[DFT_DEFLATE_KEYS];
     uint64_t pass;
+    /* per hint key (by its hash): a line of that key against one of key ref, which compared
+     * once holds for every pair of lines of these keys (put_hinted) */
+    struct {
+        uint64_t key, ref;
+        uint16_t p, q; /* the args' leading and trailing bytes they share (both lines lie in the window) */
+        uint8_t same;  /* the text around the fields is the same */
+    } pairs[DFT_DEFLATE_KEYS];
     const dft_line_hint *h;           /* the next member's hints (dft_deflate_hints) */
     size_t nh;
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
     uint32_t npair[256];               /* of them, the pairs sent at once (put_digits) */
     uint64_t pair[256];                /* the pairs' codes: bits | length << 32 */
-    codes_t next;                      /* built from the last member's symbols */
+    uint32_t acc_lit[NLIT], acc_dist[NDIST]; /* of the members since the codes were last made */
+    uint64_t acc_n, made_n;                  /* their count; of all codes made so far */
+    codes_t next;                      /* built from the symbols of the members before */
     int have_next;
 };
 
@@ -420,11 +429,14 @@ static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_
 }
 
 /* One line from s[i], back-references into the earlier text at j where
- * they agree; returns the start of the next line. */
+ * they agree, up to the line's own start: past it the rest are literals (a
+ * long line compared with itself costs ~40 instructions a byte and saves
+ * little); returns the start of the next line. */
 static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i, size_t n, size_t j) {
     int nl;
     dist_t d = {0, 0, 0, 0};
-    while (j < i) {
+    const size_t start = i;
+    while (j < start) {
         size_t m = common(s + i, s + j, n - i, &nl);
         if (m >= 3 && i - j <= WINDOW)
             put_match(w, m, (unsigned)(i - j), &d);
@@ -482,27 +494,83 @@ static ALWAYS_INLINE void put_run(enc_t *w, const unsigned char *s, size_t at, s
         put_lits(w, s + at, m);
 }
 
-/* The line of hint h against the last earlier line of its key, which the
- * writer vouches is the same outside the id, ts and dur fields: one
- * back-reference per part, and the field's digits from the first that
- * differs as literals. Returns the line's end, or 0 to encode it as any other
- * line. */
-static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n,
-                                       const dft_line_hint *h) {
+/* Equal leading bytes of a and b, at most n; nothing read past n. */
+static ALWAYS_INLINE size_t prefix_in(const unsigned char *a, const unsigned char *b, size_t n) {
+    size_t k = 0;
+    uint64_t x, y;
+    for (; k + 8 <= n; k += 8) {
+        memcpy(&x, a + k, 8);
+        memcpy(&y, b + k, 8);
+        if (x ^ y)
+            return k + ((unsigned)__builtin_ctzll(x ^ y) >> 3);
+    }
+    if (k == n)
+        return n;
+    if (n < 8) {
+        while (k < n && a[k] == b[k])
+            k++;
+        return k;
+    }
+    memcpy(&x, a + n - 8, 8); /* the last 8 bytes again: those before k are equal */
+    memcpy(&y, b + n - 8, 8);
+    x = (x ^ y) >> (8 * (k + 8 - n));
+    return x ? k + ((unsigned)__builtin_ctzll(x) >> 3) : n;
+}
+
+/* Equal trailing bytes of the n bytes before a and before b; nothing read before them. */
+static ALWAYS_INLINE size_t suffix_in(const unsigned char *a, const unsigned char *b, size_t n) {
+    size_t k = 0;
+    uint64_t x, y;
+    for (; k + 8 <= n; k += 8) {
+        memcpy(&x, a - k - 8, 8);
+        memcpy(&y, b - k - 8, 8);
+        if (x ^ y)
+            return k + ((unsigned)__builtin_clzll(x ^ y) >> 3);
+    }
+    if (k == n)
+        return n;
+    if (n < 8) {
+        while (k < n && a[-1 - (ptrdiff_t)k] == b[-1 - (ptrdiff_t)k])
+            k++;
+        return k;
+    }
+    memcpy(&x, a - n, 8); /* the first 8 bytes again: those after n - k are equal */
+    memcpy(&y, b - n, 8);
+    x = (x ^ y) << (8 * (k + 8 - n));
+    return x ? k + ((unsigned)__builtin_clzll(x) >> 3) : n;
+}
+
+/* a[0..n) == b[0..n); 8 bytes past n are readable in both. */
+static ALWAYS_INLINE int same_over(const unsigned char *a, const unsigned char *b, size_t n) {
+    uint64_t x, y, acc = 0;
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        memcpy(&x, a + k, 8);
+        memcpy(&y, b + k, 8);
+        acc |= x ^ y;
+    }
+    if (k < n) {
+        memcpy(&x, a + k, 8);
+        memcpy(&y, b + k, 8);
+        acc |= (x ^ y) & ((1ull << (8 * (n - k))) - 1);
+    }
+    return !acc;
+}
+
+static ALWAYS_INLINE int hint_ok(const dft_line_hint *h, size_t end) { /* the line lies before end */
     const uint16_t *f = h->f;
-    if (h->len > n - h->at || f[0] > f[1] || f[1] > f[2] || f[2] > f[3] || f[3] > f[4] || f[4] > f[5] ||
-        f[5] + 8u > h->len)
-        return 0;
-    uint64_t k = h->key * 0x9e3779b97f4a7c15ull;
-    uint64_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)], tag = d->pass << PASS_SHIFT;
-    const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
-    *slot = tag + (uint64_t)(h - d->h) + 1;
-    if (!r || r->key != h->key || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW)
-        return 0;
-    const uint16_t *g = r->f;
+    return (uint64_t)h->at + h->len <= end && f[0] <= f[1] && f[1] <= f[2] && f[2] <= f[3] && f[3] <= f[4] &&
+           f[4] <= f[5] && f[5] + 8u <= h->len;
+}
+
+/* The line of hint h against the earlier line of hint r, whose parts around
+ * the fields are the same: one back-reference per part, and the field's
+ * digits from the first that differs as literals. With split, the end of the
+ * line (its args) is the same but for the bytes [p, la - q) of its la. */
+static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const dft_line_hint *h,
+                                        const dft_line_hint *r, int split, size_t p, size_t q) {
+    const uint16_t *f = h->f, *g = r->f;
     const unsigned char *a = s + h->at, *b = s + r->at;
-    if (f[0] != g[0] || f[2] - f[1] != g[2] - g[1] || f[4] - f[3] != g[4] - g[3] || h->len - f[5] != r->len - g[5])
-        return 0;
     dist_t dd = {0, 0, 0, 0};
     unsigned dist = h->at - r->at;
     size_t at = h->at, m = f[0]; /* the match being extended: from at, m bytes */
@@ -517,10 +585,64 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
             m = 0;
             dist = (unsigned)(at - (r->at + g[k + 1]));
         }
-        m += (k < 4 ? f[k + 2] : h->len) - fb;
+        m += (k < 4 ? f[k + 2] : split ? f[5] + p : h->len) - fb;
+    }
+    size_t la = h->len - f[5];
+    if (split && (p < la || la != r->len - g[5])) { /* literals between what both args start and end with */
+        put_run(w, s, at, m, dist, &dd);
+        put_lits(w, a + f[5] + p, la - p - q);
+        at = h->at + h->len - q;
+        m = q;
+        dist = (unsigned)(h->at + h->len - (r->at + r->len));
     }
     put_run(w, s, at, m, dist, &dd);
     return h->at + h->len;
+}
+
+/* The line of hint h against the last earlier line of its key, which the
+ * writer vouches is the same outside the id, ts and dur fields
+ * (put_against). Without one in the window, against the last line of its
+ * fam, where the text around the fields is the same: the args as the bytes
+ * both lines' args start and end with, and literals between. Since lines of
+ * one key are alike, that comparison is made once per pair of keys
+ * (pairs[]). Returns the line's end, or 0 to encode it as any other line. */
+static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n,
+                                       const dft_line_hint *h) {
+    const uint16_t *f = h->f;
+    if (!hint_ok(h, n))
+        return 0;
+    uint64_t k = h->key * 0x9e3779b97f4a7c15ull, kf = h->fam * 0x9e3779b97f4a7c15ull;
+    uint64_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)], tag = d->pass << PASS_SHIFT;
+    uint64_t *fslot = &d->hfam[(kf >> 40) & (DFT_DEFLATE_KEYS - 1)], self = tag + (uint64_t)(h - d->h) + 1;
+    const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
+    *slot = self;
+    size_t la = h->len - f[5];
+    if (r && r->key == h->key && r->at + r->len <= h->at && h->at + h->len - r->at <= WINDOW) {
+        *fslot = self;
+        if (f[0] != r->f[0] || f[2] - f[1] != r->f[2] - r->f[1] || f[4] - f[3] != r->f[4] - r->f[3] ||
+            la != r->len - r->f[5])
+            return 0;
+        return put_against(w, s, h, r, 0, 0, 0);
+    }
+    r = *fslot >> PASS_SHIFT == d->pass ? d->h + (*fslot - tag) - 1 : NULL;
+    *fslot = self;
+    if (!r || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW)
+        return 0;
+    __typeof__(d->pairs[0]) *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
+    if (c->key != h->key || c->ref != r->key) { /* the parts' lengths too are the same for every such pair */
+        const uint16_t *g = r->f;
+        const unsigned char *a = s + h->at, *b = s + r->at;
+        size_t lb = r->len - g[5], mn = la < lb ? la : lb;
+        c->key = h->key;
+        c->ref = r->key;
+        c->same = f[0] == g[0] && f[2] - f[1] == g[2] - g[1] && f[4] - f[3] == g[4] - g[3] && same_over(a, b, f[0]) &&
+                  same_over(a + f[1], b + g[1], f[2] - f[1]) && same_over(a + f[3], b + g[3], f[4] - f[3]);
+        c->p = (uint16_t)prefix_in(a + f[5], b + g[5], mn);
+        c->q = c->p == la && la == lb ? 0 : (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
+    }
+    if (!c->same)
+        return 0;
+    return put_against(w, s, h, r, 1, c->p, c->q);
 }
 
 /* One block of every line of s[0..n) with the codes w->c; its symbols are counted in d. */
@@ -528,6 +650,7 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
     if (++d->pass >> (64 - PASS_SHIFT)) { /* after 2^24 blocks */
         memset(d->last, 0, sizeof d->last);
         memset(d->hlast, 0, sizeof d->hlast);
+        memset(d->hfam, 0, sizeof d->hfam);
         d->pass = 1;
     }
     memset(d->nlit, 0, sizeof d->nlit);
@@ -606,10 +729,19 @@ size_t dft_gzip_bound(size_t n) {
     return 2 * n + 512; /* codes of at most 15 bits per byte, the dynamic block's header */
 }
 
-/* A member is encoded with codes made for the previous member's symbols
- * (every symbol possible: each counted once more), or fixed codes: for the
- * first member, or where fixed codes come out clearly shorter (the member
- * differs from the one before: it is encoded again). */
+/* Symbols counted before the codes are made again: making them costs ~80k
+ * instructions, much per event where members are small (at least one a
+ * second, whatever the event rate). Until codes were made from FIRST_SYMBOLS
+ * (the file's first members: its header and compile events, unlike what
+ * follows) they are made after every member. */
+#define REMAKE_SYMBOLS (1u << 17)
+#define FIRST_SYMBOLS (1u << 15)
+
+/* A member is encoded with codes made for the symbols of the members before
+ * it (those since the codes were last made; every symbol possible: each
+ * counted once more), or fixed codes: for the first member, or where fixed
+ * codes come out clearly shorter (the member differs from the ones before:
+ * it is encoded again). */
 size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char *out) {
     const unsigned char *s = (const unsigned char *)text;
     static const unsigned char head[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff};
@@ -627,15 +759,25 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     uint32_t t[2] = {crc32_of(0, s, n), (uint32_t)n};
     for (unsigned k = 0; k < 8; k++)
         *o++ = (unsigned char)(t[k / 4] >> (8 * (k % 4)));
-    for (unsigned i = 0; i < NLIT; i++)
-        d->nlit[i]++;
-    for (unsigned i = 0; i < NDIST; i++)
-        d->ndist[i]++;
     d->h = NULL; /* hints hold for one member */
     d->nh = 0;
-    huff_lengths(d->nlit, NLIT, 15, d->next.lit_len);
-    huff_lengths(d->ndist, NDIST, 15, d->next.dist_len);
+    for (unsigned i = 0; i < NLIT; i++)
+        d->acc_n += d->nlit[i], d->acc_lit[i] += d->nlit[i];
+    for (unsigned i = 0; i < NDIST; i++)
+        d->acc_dist[i] += d->ndist[i];
+    if (d->have_next && d->made_n >= FIRST_SYMBOLS && d->acc_n < REMAKE_SYMBOLS)
+        return (size_t)(o - out);
+    d->made_n += d->acc_n;
+    for (unsigned i = 0; i < NLIT; i++)
+        d->acc_lit[i]++;
+    for (unsigned i = 0; i < NDIST; i++)
+        d->acc_dist[i]++;
+    huff_lengths(d->acc_lit, NLIT, 15, d->next.lit_len);
+    huff_lengths(d->acc_dist, NDIST, 15, d->next.dist_len);
     make_all_codes(&d->next);
     d->have_next = 1;
+    memset(d->acc_lit, 0, sizeof d->acc_lit);
+    memset(d->acc_dist, 0, sizeof d->acc_dist);
+    d->acc_n = 0;
     return (size_t)(o - out);
 }

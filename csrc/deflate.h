@@ -16,9 +16,12 @@ void dft_deflate_free(dft_deflate *d);
 /* Where the writer put the parts of an event line that change from event to
  * event: the id, ts and dur digits, f[] their start and end offsets in the
  * line. The writer vouches that lines of one key are byte for byte the same
- * outside those fields (writer.c: one site's tail text, one track). */
+ * outside those fields, in every member of the encoder's file (writer.c: one
+ * site's tail text, one track). Lines of one fam are alike (one name and
+ * category, one track): the encoder compares such a line with the last one
+ * of its fam, trusting nothing but the keys. */
 typedef struct {
-    uint64_t key;
+    uint64_t key, fam;
     uint32_t at, len; /* the line, '\n' included, in the member's text */
     uint16_t f[6];
 } dft_line_hint;

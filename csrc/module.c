@@ -575,9 +575,10 @@ static PyMethodDef methods[] = {
      "boundary(cell, opened, site, ...): closes this thread's innermost len(sites) open module "
      "slices (recorded as these sites, innermost first) and opens `opened` new ones"},
     {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
-    {"gzip_members", dft_py_gzip_members, METH_O,
-     "gzip_members(parts) -> the gzip members of parts (bytes), encoded as the trace writer encodes "
-     "the members of one file (compression 1)."},
+    {"gzip_members", dft_py_gzip_members, METH_VARARGS,
+     "gzip_members(parts, hints=None) -> the gzip members of parts (bytes), encoded as the trace writer "
+     "encodes the members of one file (compression 1); hints: per part, None or the writer's hints on its "
+     "lines, (key, fam, at, len, f0, .., f5) each (offsets of the id, ts and dur digits in the line)."},
     {NULL, NULL, 0, NULL},
 };
 

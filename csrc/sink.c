@@ -227,13 +227,64 @@ void dft_sink_free(dft_sink *k) {
     dft_buf_free(&k->out);
 }
 
-/* gzip_members(parts) -> list of bytes: the gzip members of parts (bytes-like),
- * in order, as the writer encodes the members of one file. */
-PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts) {
+/* One part's hints: a sequence of (key, fam, at, len, f0, .., f5) (deflate.h); *h NULL: none.
+ * 0, or -1 with an exception set. */
+static int hints_of(PyObject *seq, dft_line_hint **h, size_t *n) {
+    *h = NULL;
+    *n = 0;
+    if (seq == Py_None)
+        return 0;
+    PyObject *fast = PySequence_Fast(seq, "gzip_members() hints: a sequence of tuples per part");
+    if (!fast)
+        return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
+    *h = malloc((size_t)(k ? k : 1) * sizeof **h);
+    if (!*h) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        dft_line_hint *x = &(*h)[i];
+        unsigned long long key, fam;
+        unsigned at, len;
+        unsigned short f[6];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "KKIIHHHHHH", &key, &fam, &at, &len, &f[0], &f[1],
+                              &f[2], &f[3], &f[4], &f[5])) {
+            free(*h);
+            *h = NULL;
+            Py_DECREF(fast);
+            return -1;
+        }
+        x->key = key, x->fam = fam, x->at = at, x->len = len;
+        memcpy(x->f, f, sizeof f);
+    }
+    *n = (size_t)k;
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* gzip_members(parts, hints=None) -> list of bytes: the gzip members of parts
+ * (bytes-like), in order, as the writer encodes the members of one file;
+ * hints: per part, the writer's hints on its lines (None: none). */
+PyObject *dft_py_gzip_members(PyObject *m, PyObject *args) {
+    PyObject *parts, *hints = Py_None, *hseq = NULL;
+    if (!PyArg_ParseTuple(args, "O|O:gzip_members", &parts, &hints))
+        return NULL;
     PyObject *seq = PySequence_Fast(parts, "gzip_members() takes a sequence of bytes");
     if (!seq)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (hints != Py_None) {
+        hseq = PySequence_Fast(hints, "gzip_members() hints: one entry per part");
+        if (!hseq || PySequence_Fast_GET_SIZE(hseq) != n) {
+            if (hseq)
+                PyErr_SetString(PyExc_ValueError, "gzip_members() hints: one entry per part");
+            Py_XDECREF(hseq);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
     PyObject *out = PyList_New(n);
     dft_deflate *d = dft_deflate_new();
     if (!d && out) {
@@ -242,7 +293,14 @@ PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts) {
     }
     for (Py_ssize_t i = 0; out && i < n; i++) {
         Py_buffer in;
+        dft_line_hint *h;
+        size_t nh;
+        if (hints_of(hseq ? PySequence_Fast_GET_ITEM(hseq, i) : Py_None, &h, &nh) < 0) {
+            Py_CLEAR(out);
+            break;
+        }
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &in, PyBUF_SIMPLE) < 0) {
+            free(h);
             Py_CLEAR(out);
             break;
         }
@@ -251,6 +309,7 @@ PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts) {
         if (o) {
             size_t len;
             Py_BEGIN_ALLOW_THREADS
+            dft_deflate_hints(d, h, nh);
             len = dft_gzip_member(d, in.buf, (size_t)in.len, o);
             Py_END_ALLOW_THREADS
             b = PyBytes_FromStringAndSize((const char *)o, (Py_ssize_t)len);
@@ -258,6 +317,7 @@ PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts) {
         } else {
             PyErr_NoMemory();
         }
+        free(h);
         PyBuffer_Release(&in);
         if (!b)
             Py_CLEAR(out);
@@ -265,6 +325,7 @@ PyObject *dft_py_gzip_members(PyObject *m, PyObject *parts) {
             PyList_SET_ITEM(out, i, b);
     }
     dft_deflate_free(d);
+    Py_XDECREF(hseq);
     Py_DECREF(seq);
     return out;
 }

@@ -357,7 +357,7 @@ static struct {
     uint32_t n, cap;
 } hints;
 
-static void hint_line(uint64_t key, const char *line, const char *const f[6], const char *end) {
+static void hint_line(uint64_t key, uint64_t fam, const char *line, const char *const f[6], const char *end) {
     if (DFT_UNLIKELY(hints.n == hints.cap)) {
         uint32_t cap = hints.cap ? hints.cap * 2 : 1024;
         dft_line_hint *h = realloc(hints.h, cap * sizeof *h);
@@ -370,8 +370,10 @@ static void hint_line(uint64_t key, const char *line, const char *const f[6], co
         return;
     dft_line_hint *h = &hints.h[hints.n++];
     h->key = key;
+    h->fam = fam;
     h->at = (uint32_t)(line - dft_w.fmt.p);
     h->len = (uint32_t)(end - line);
+#pragma GCC unroll 6
     for (int i = 0; i < 6; i++)
         h->f[i] = (uint16_t)(f[i] - line);
 }
@@ -417,6 +419,7 @@ typedef struct {
     uint64_t gen; /* file generation it was made for; 0: none */
     uint32_t site, tags, flags, step, tlen, len;
     uint32_t serial; /* of this text: a new one each time the entry is made */
+    uint64_t fam;    /* of the site's name and category text (the encoder's fam, with the track) */
     char tcopy[TAIL_TAGS]; /* the tags' text: an owned tags id may be reused with other text */
     char text[TAIL_TEXT];
 } tail_t;
@@ -441,6 +444,9 @@ static __attribute__((noinline)) const tail_t *tail_make(const dft_rec *x, const
         memcpy(t->tcopy, tags->p, tlen);
     t->site = x->site, t->tags = x->tags, t->flags = x->flags, t->step = x->step;
     t->tlen = tlen, t->len = (uint32_t)len, t->serial = ++tail_serial;
+    t->fam = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (uint32_t i = 0; i < site->namecat.len; i++)
+        t->fam = (t->fam ^ (unsigned char)site->namecat.p[i]) * 0x100000001b3ull;
     t->gen = dft_w.gen;
     return t;
 }
@@ -529,7 +535,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     }
     b->len = (size_t)(p - b->p);
     if (t && dft_w.sink.dfl)
-        hint_line((uint64_t)t->serial << 32 | tid, line, f, p);
+        hint_line((uint64_t)t->serial << 32 | tid, t->fam ^ tid, line, f, p);
     dft_agg_event(x, line, (size_t)(p - line), E - S);
     dft_w.written++;
     dft_w.member_events++;
@@ -756,6 +762,8 @@ int dft_writer_start(void) {
     /* room for a whole member now, not by copying doublings while events flow (untouched
      * pages cost no memory); a failure here only means growing later */
     (void)dft_buf_reserve(&dft_w.fmt, MEMBER_BYTES + (64u << 10));
+    if (dft_w.sink.dfl) /* and for its gzip member */
+        (void)dft_buf_reserve(&dft_w.sink.out, dft_gzip_bound(MEMBER_BYTES + (64u << 10)));
     dft_w.last_member_ns = dft_mono();
     if (pthread_create(&dft_w.thread, NULL, writer_main, NULL) != 0)
         return -1;
