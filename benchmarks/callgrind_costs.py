@@ -8,6 +8,7 @@ re-taken anywhere (benchmarks/results_overhead.rst, results_writer.rst)::
     python3 benchmarks/callgrind_costs.py writer --compression 1
     python3 benchmarks/callgrind_costs.py ops --level inductor
     python3 benchmarks/callgrind_costs.py ops --level inductor --model resnet --functions 25
+    python3 benchmarks/callgrind_costs.py ops --level inductor --model resnet --cache-sim --no-record
 
 The script re-runs itself under ``valgrind --tool=callgrind --separate-threads=yes
 --instr-atstart=no``: compiling and warming up run uninstrumented; a small helper
@@ -35,6 +36,14 @@ as a share of plain Inductor's, and the writer thread's per forward call. ``--no
 switches op recording off for the traced sections (``_core.set_ops_on(False)``): what
 tracing costs when it records nothing. ``--functions K`` also lists the K functions whose
 own instructions differ most (both threads' sections, calling thread).
+
+``--cache-sim`` adds callgrind's cache and branch simulation (``--cache-sim=yes
+--branch-sim=yes``, this machine's per-core caches with the 1 MiB L2 as the last level): D1,
+L2 and I1 misses and mispredicted branches per unit, traced minus plain, calling thread, by
+part (with ``--functions K``: by function, and the lines of csrc/ that differ). The simulated
+cache is one, shared by the threads as valgrind runs them (on one core, as under ``taskset``).
+Misses depend on addresses: parts outside csrc/ (a kernel's .so, torch) move by up to ~130 misses
+per forward call between runs of the same code; the lines of csrc/ are the stable part.
 
 ``writer``: ``_core.record`` of events shaped like the backend's op events, then a
 flush: the writer thread's instructions per event and the bytes per event in the file.
@@ -84,7 +93,12 @@ def helper(tmp):
 
 # ---- reading callgrind output ------------------------------------------------------------
 
-_POS = re.compile(r"^(\+|-|\*)?(\d*)\s+(\d+)")
+_POS = re.compile(r"^(\+|-|\*)?(\d*)((?:\s+\d+)+)")
+
+# --cache-sim: what the report shows, as sums of callgrind's events (with --cache-sim=yes
+# --branch-sim=yes); the first, Ir, is the instruction count every other mode reads
+EVENTS = {"instructions": ("Ir",), "D1 misses": ("D1mr", "D1mw"), "L2 data misses": ("DLmr", "DLmw"),
+          "I1 misses": ("I1mr",), "L2 instr misses": ("ILmr",), "mispredicted branches": ("Bcm", "Bim")}
 
 
 @dataclasses.dataclass
@@ -92,19 +106,45 @@ class Dump:
     thread: int
     label: str
     total: int
-    by_line: dict  # (file, line) -> self instructions
-    by_obj: dict   # shared object -> self instructions
-    by_fn: dict    # function -> self instructions
+    by_line: dict  # (file, line) -> self cost
+    by_obj: dict   # shared object -> self cost
+    by_fn: dict    # function -> self cost
+    events: tuple = ("Ir",)  # callgrind's events; the dicts above hold the first
+    costs: dict = None       # event -> (total, by_line, by_obj, by_fn) of each
+
+    def of(self, what):
+        """This dump's cost in ``what`` (a key of EVENTS): the sum of its events."""
+        names = [e for e in EVENTS[what] if e in self.costs]
+        if not names:
+            sys.exit(f"no {what} in the callgrind output (events: {' '.join(self.events)})")
+        total, by_line, by_obj, by_fn = 0, collections.Counter(), collections.Counter(), collections.Counter()
+        for e in names:
+            t, bl, bo, bf = self.costs[e]
+            total += t
+            by_line.update(bl)
+            by_obj.update(bo)
+            by_fn.update(bf)
+        return Dump(self.thread, self.label, total, dict(by_line), dict(by_obj), dict(by_fn))
 
 
 def read_dump(path):
-    """Self cost per (source file, line) and per object of one callgrind output file."""
+    """Self cost per (source file, line), object and function of one callgrind output file,
+    for each of its events."""
     names = {"fl": {}, "fn": {}, "ob": {}}
-    by_line, by_obj, by_fn = collections.Counter(), collections.Counter(), collections.Counter()
-    label, thread, total = "", 0, 0
+    events = ["Ir"]
+    by_line, by_obj, by_fn = ({} for _ in range(3))  # key -> [cost per event]
+    label, thread, totals = "", 0, []
     fl = fi = ob = fn = ""
     line = 0
     skip_next = False  # the cost line after calls= is the callee's inclusive cost
+
+    def add(table, key, costs):
+        row = table.get(key)
+        if row is None:
+            table[key] = row = [0] * len(events)
+        for i, c in enumerate(costs):
+            row[i] += c
+
     with open(path) as f:
         for raw in f:
             s = raw.rstrip("\n")
@@ -132,6 +172,9 @@ def read_dump(path):
             if key == "calls":
                 skip_next = True
                 continue
+            if s.startswith("events:"):
+                events = s.split()[1:]
+                continue
             if s.startswith("desc: Trigger:"):
                 label = s.split("Trigger:", 1)[1].strip()
                 continue
@@ -139,12 +182,12 @@ def read_dump(path):
                 thread = int(s.split()[1])
                 continue
             if s.startswith("summary:") or s.startswith("totals:"):
-                total = int(s.split()[1])
+                totals = [int(v) for v in s.split()[1:]]
                 continue
             m = _POS.match(s)
             if not m:
                 continue
-            sign, num, cost = m.group(1), m.group(2), int(m.group(3))
+            sign, num, costs = m.group(1), m.group(2), [int(v) for v in m.group(3).split()]
             if sign == "+":
                 line += int(num)
             elif sign == "-":
@@ -154,10 +197,13 @@ def read_dump(path):
             if skip_next:
                 skip_next = False
                 continue
-            by_line[fi, line] += cost
-            by_obj[os.path.basename(ob)] += cost
-            by_fn[fn] += cost
-    return Dump(thread, label, total, dict(by_line), dict(by_obj), dict(by_fn))
+            add(by_line, (fi, line), costs)
+            add(by_obj, os.path.basename(ob), costs)
+            add(by_fn, fn, costs)
+    totals += [0] * (len(events) - len(totals))
+    costs = {e: (totals[i], {k: v[i] for k, v in by_line.items()}, {k: v[i] for k, v in by_obj.items()},
+                 {k: v[i] for k, v in by_fn.items()}) for i, e in enumerate(events)}
+    return Dump(thread, label, totals[0] if totals else 0, *costs[events[0]][1:], tuple(events), costs)
 
 
 def read_dumps(out_dir):
@@ -357,15 +403,23 @@ def diff_parts(a: Dump, b: Dump, per):
     return (b.total - a.total) / per, {k: (pb.get(k, 0) - pa.get(k, 0)) / per for k in pb.keys() | pa.keys()}
 
 
-def print_parts(by_part, minimum=0.5):
+def print_parts(by_part, minimum=0.5, indent=4):
     for k, v in sorted(by_part.items(), key=lambda kv: -kv[1]):
         if abs(v) >= minimum:
-            print(f"    {k:<28} {v:>8.1f}")
+            print(f"{' ' * indent}{k:<28} {v:>8.1f}")
 
 
-def valgrind(argv, tmp, extra):
-    """Runs this script's inner part under callgrind; its META line as a dict, and its dumps."""
-    cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no",
+# --cache-sim: this machine's per-core caches (lscpu: 32 KiB 8-way L1s, 1 MiB 8-way L2), the L2
+# as callgrind's last level: the model's weights (1.5 MiB) do not fit in it, while the shared
+# L3 (32 MiB) would hold everything and show no misses
+CACHES = "I1 32 KiB 8-way, D1 32 KiB 8-way, L2 1 MiB 8-way, 64 B lines"
+CACHE_SIM = ["--cache-sim=yes", "--branch-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,8,64"]
+
+
+def valgrind(argv, tmp, extra, options=()):
+    """Runs this script's inner part under callgrind (with these extra valgrind options); its
+    META line as a dict, and its dumps."""
+    cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no", *options,
            f"--callgrind-out-file={tmp}/callgrind.out.%p", sys.executable, os.path.abspath(__file__),
            *argv, *extra, "--inner", "--tmp", tmp]
     if os.path.exists(os.path.join(tmp, "meta.txt")):  # --dumps: read a finished run again
@@ -387,7 +441,8 @@ def valgrind(argv, tmp, extra):
 
 
 def report_ops(argv, args):
-    meta, dumps = valgrind(argv, args.dumps or tempfile.mkdtemp(prefix="callgrind_costs_"), [])
+    meta, dumps = valgrind(argv, args.dumps or tempfile.mkdtemp(prefix="callgrind_costs_"),
+                           [], CACHE_SIM if args.cache_sim else [])
     ops, spans, events = meta["ops"], meta["spans"], meta["events"]
     n = args.calls
     base, base_parts = diff_parts(dumps[f"base:{n}"][1], dumps[f"base:{2 * n}"][1], n)
@@ -410,13 +465,8 @@ def report_ops(argv, args):
     by_part = {k: (traced_parts.get(k, 0) - base_parts.get(k, 0)) / per for k in traced_parts.keys() | base_parts.keys()}
     print_parts(by_part)
     if args.functions:
-        by_fn = collections.Counter()
-        for d, sign in ((f"traced:{2 * n}", 1), (f"traced:{n}", -1), (f"base:{2 * n}", -1), (f"base:{n}", 1)):
-            for fn, cost in dumps[d][1].by_fn.items():
-                by_fn[fn] += sign * cost / (n * per)
         print(f"  the {args.functions} functions whose own instructions differ most, per {unit}:")
-        for fn, v in sorted(by_fn.items(), key=lambda kv: -abs(kv[1]))[:args.functions]:
-            print(f"    {v:>9.1f}  {fn}")
+        print_top(differ(dumps, n, per, "by_fn"), args.functions)
     ours = sum(v for k, v in by_part.items() if k.startswith("csrc") or k in PART.values())
     print(f"  in _core: {ours:.0f}; without libc malloc (the allocator's state differs between runs: noise): "
           f"{(traced - base) / per - by_part.get('libc malloc', 0):.0f}")
@@ -428,6 +478,46 @@ def report_ops(argv, args):
         print(f"writer thread: {w.total / (4 * n * events):.0f} instructions per event (4N calls' events and "
               f"6 flushes; `writer` gives the exact figure), {meta['bytes'] / events:.1f} bytes per event"
               + (f"; {w.total / (4 * n):.0f} per forward call" if model else ""))
+    if args.cache_sim:
+        report_misses(dumps, n, per, unit, args.functions)
+
+
+def differ(dumps, n, per, table, what="instructions"):
+    """Traced minus plain self cost in what (a key of EVENTS) per unit, by key of a Dump table
+    (by_fn, by_line), calling thread."""
+    out = collections.Counter()
+    for d, sign in ((f"traced:{2 * n}", 1), (f"traced:{n}", -1), (f"base:{2 * n}", -1), (f"base:{n}", 1)):
+        for key, cost in getattr(dumps[d][1].of(what), table).items():
+            out[key] += sign * cost / (n * per)
+    return out
+
+
+def print_top(by_key, k):
+    for key, v in sorted(by_key.items(), key=lambda kv: -abs(kv[1]))[:k]:
+        if isinstance(key, tuple):
+            key = f"{os.path.basename(key[0])}:{key[1]}"
+        print(f"    {v:>9.1f}  {key}")
+
+
+def report_misses(dumps, n, per, unit, functions):
+    """--cache-sim: the calling thread's cache misses and mispredicted branches per unit,
+    traced minus plain, by part; with functions, the functions and the lines of csrc/ that
+    differ most."""
+    print(f"cache simulation (calling thread; callgrind's caches: {CACHES}), per {unit}:")
+    for what in list(EVENTS)[1:]:
+        base, base_parts = diff_parts(*(dumps[f"base:{k}"][1].of(what) for k in (n, 2 * n)), n)
+        traced, traced_parts = diff_parts(*(dumps[f"traced:{k}"][1].of(what) for k in (n, 2 * n)), n)
+        print(f"  {what}: plain {base / per:.1f}, traced - plain {(traced - base) / per:+.1f}, by part:")
+        print_parts({k: (traced_parts.get(k, 0) - base_parts.get(k, 0)) / per
+                     for k in traced_parts.keys() | base_parts.keys()}, minimum=1, indent=6)
+        if functions:
+            print(f"    the {functions} functions that differ most:")
+            print_top(differ(dumps, n, per, "by_fn", what), functions)
+            ours = {k: v for k, v in differ(dumps, n, per, "by_line", what).items()
+                    if os.path.basename(k[0]).endswith((".c", ".h")) and "csrc" in k[0]}
+            if ours:
+                print(f"    the lines of csrc/ that differ most:")
+                print_top(ours, functions)
 
 
 def report_writer(argv, args):
@@ -457,6 +547,11 @@ def main(argv=None):
                    help="ops: the traced sections run with op recording off (_core.set_ops_on(False))")
     p.add_argument("--functions", type=int, default=0, metavar="K",
                    help="ops: also list the K functions whose own instructions differ most (calling thread)")
+    p.add_argument("--cache-sim", action="store_true",
+                   help="ops: also simulate the caches and branch predictor (callgrind --cache-sim=yes "
+                        "--branch-sim=yes, L2-sized last level): D1, L2 and I1 misses and mispredicted "
+                        "branches per unit, traced minus plain, by part (--functions K: and by function, "
+                        "and the lines of csrc/)")
     p.add_argument("--slices", action="store_true", help="ops: module slices on vs off instead of traced vs untraced")
     p.add_argument("--calls", type=int, default=20, help="ops: N, calls per section (N and 2N are differenced)")
     p.add_argument("--events", type=float, default=100000, help="writer: N events (N and 2N are differenced)")
