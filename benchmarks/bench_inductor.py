@@ -9,7 +9,9 @@ inference (transformers configs, random weights), a small residual model (``resn
 about 25 kernel calls per forward, 30 rounds of 10 calls), a small training step (MLP,
 forward + backward + SGD), and a kernel-bound chain of tiny matmuls (per-kernel
 cost = paired difference / kernel calls per call). Compile time: first call of
-each backend with Inductor's caches off, alternating, median ratio.
+each backend with Inductor's caches off, alternating, median ratio. ``--cases
+resnet,control`` also times plain Inductor against a second compilation of itself,
+the method's own noise, and the traced model with its op recording off.
 
 Run pinned to one core, as in results_inductor.rst:
     DFTRACER_LOG_FILE=/tmp/bench_inductor/t taskset -c 1 python benchmarks/bench_inductor.py
@@ -26,6 +28,7 @@ import torch
 import torch.nn as nn
 
 import dftrace_dynamo
+from dftrace_dynamo import _core
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_overhead import clock_call_ns, time_block, transformer  # noqa: E402
@@ -118,6 +121,7 @@ def main():
     p.add_argument("--chain", type=int, default=200)
     p.add_argument("--cases", default="bert,gpt2,resnet,train,kernel,compile")
     p.add_argument("--timer", choices=sorted(CLOCKS), default="process")
+    p.add_argument("--rounds", type=int, default=30, help="resnet: paired rounds of 10 calls")
     args = p.parse_args()
     global clock_ns
     clock_ns = CLOCKS[args.timer]
@@ -138,10 +142,22 @@ def main():
                 print(f"{kind} inference: plain {base / 1e6:.2f} ms/call, overhead {d / 1e3:+.1f} us "
                       f"({100 * d / base:+.2f}%)")
         if "resnet" in cases:
-            traced, plain = compile_pair(nn.Sequential(*(Residual() for _ in range(6))))
-            d, base = paired(traced, plain, (torch.randn(32, 128),), 30, 10)
+            model = nn.Sequential(*(Residual() for _ in range(6)))
+            traced, plain = compile_pair(model)
+            x = torch.randn(32, 128)
+            d, base = paired(traced, plain, (x,), args.rounds, 10)
             print(f"residual model (6 blocks, batch 32): plain {base / 1e3:.1f} us/call, overhead "
                   f"{d / 1e3:+.2f} us ({100 * d / base:+.2f}%)")
+            if "control" in cases:
+                _core.set_ops_on(False)  # the traced code without its events
+                d, base = paired(traced, plain, (x,), args.rounds, 10)
+                _core.set_ops_on(True)
+                print(f"residual model, op recording off: {d / 1e3:+.2f} us ({100 * d / base:+.2f}%)")  # the method's own noise: plain Inductor against a second compilation
+                # of it (an option set to its default value makes Dynamo compile the model anew)
+                again = torch.compile(model, backend="inductor", options={"epilogue_fusion": True})
+                d, base = paired(again, plain, (x,), args.rounds, 10)
+                print(f"residual model, plain against plain compiled again: {d / 1e3:+.2f} us "
+                      f"({100 * d / base:+.2f}%)")
         if "kernel" in cases:
             chain = Chain(args.chain)
             traced, plain = compile_pair(chain)
