@@ -7,10 +7,12 @@ Run (pinned to one core, one torch thread, as in benchmarks/results_modules.rst)
 Each workload and level is measured in a fresh process, with the workloads, the timed
 blocks and the pairing of ``bench_overhead.py``: the workload is compiled twice with
 our backend, once with module slices off (A) and once on (B), both recording to the
-same trace; blocks of calls alternate A, B, A, B... after a warm-up. ``ns/op`` is the
-median of the paired differences divided by the ops executed per call (IQR: the noise),
-``ratio`` the median of B/A, ``ns/mod`` the same difference per module call (one module
-slice; ``mod/call`` of them per call). Transformers get a third of the rounds.
+same trace; blocks of calls alternate A, B, B, A, A, B... after a warm-up (each round a
+pair, its order flipped every round). ``ns/op`` is the median of the paired differences
+divided by the ops executed per call (IQR: the noise), ``ratio`` the median of B/A,
+``ns/mod`` the same difference per module call (one module slice; ``mod/call`` of them
+per call) with the distribution-free 95 % interval of that median. Transformers get a
+third of the rounds.
 """
 
 from __future__ import annotations
@@ -109,15 +111,20 @@ def measure_pair(wname, level, rounds, block_calls):
         call_a()
         call_b()
     diffs, ratios = [], []
-    for _ in range(rounds):
-        a = time_block(call_a, block_calls)
-        b = time_block(call_b, block_calls)
+    for r in range(rounds):
+        t = {}
+        for name, call in (("a", call_a), ("b", call_b)) if r % 2 == 0 else (("b", call_b), ("a", call_a)):
+            t[name] = time_block(call, block_calls)  # alternating order: whichever runs second gains nothing
+        a, b = t["a"], t["b"]
         diffs.append((b - a) / block_calls)
         ratios.append(b / a)
     q1, median, q3 = statistics.quantiles(diffs, n=4)
-    per_mod = f"{median / mods:.0f}" if mods else "-"
+    # distribution-free 95 % interval of the median: order statistics n/2 -+ 0.98 sqrt(n) (binomial)
+    ordered, half = sorted(diffs), 0.98 * len(diffs) ** 0.5
+    low, high = ordered[max(0, int(len(diffs) / 2 - half))], ordered[min(len(diffs) - 1, int(len(diffs) / 2 + half))]
+    per_mod = f"{median / mods:.0f} [{low / mods:.0f}, {high / mods:.0f}]" if mods else "-"
     print(f"{wname:<10} {level:<6} {n:>8} {mods:>9} {a / block_calls / 1e3:>12.1f} {median / n:>7.1f} "
-          f"{q1 / n:>7.1f}..{q3 / n:<7.1f} {per_mod:>8} {statistics.median(ratios):>7.4f}", flush=True)
+          f"{q1 / n:>7.1f}..{q3 / n:<7.1f} {per_mod:>18} {statistics.median(ratios):>7.4f}", flush=True)
 
 
 def main(argv=None):
@@ -147,7 +154,7 @@ def main(argv=None):
         logger.finalize()
     print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}", flush=True)
     header = (f"{'workload':<10} {'level':<6} {'ops/call':>8} {'mod/call':>9} {'off us/call':>12} {'ns/op':>7} "
-              f"{'IQR ns/op':>16} {'ns/mod':>8} {'ratio':>7}")
+              f"{'IQR ns/op':>16} {'ns/mod [95% CI]':>18} {'ratio':>7}")
     print(header)
     print("-" * len(header))
     passed = [f"--rounds={args.rounds}"] + ([f"--block-calls={args.block_calls}"] if args.block_calls else [])
