@@ -81,7 +81,10 @@ def block(fn, x, calls):
 
 def paired(a, b, x, rounds, calls):
     ops = calls * 3 * ELEM_LAYERS
-    diffs = [(-block(a, x, calls) + block(b, x, calls)) / ops for _ in range(rounds)]
+    diffs = []
+    for r in range(rounds):  # the pair's order flips every round: the second block must not gain
+        t = {f: block(f, x, calls) for f in ((a, b) if r % 2 == 0 else (b, a))}
+        diffs.append((t[b] - t[a]) / ops)
     q1, median, q3 = statistics.quantiles(diffs, n=4)
     return f"{median:6.1f} ns/op (IQR {q1:.1f}..{q3:.1f})"
 
