@@ -1,17 +1,23 @@
 """Cost of level="inductor" against the same model compiled with plain Inductor.
 
-Each case compiles the model twice in this process (``backend="dftrace",
+Each case compiles one model twice in a worker process (``backend="dftrace",
 options={"level": "inductor"}`` and ``backend="inductor"``), then times blocks of
-calls alternating between the two; the overhead is the median of the paired
-per-call differences over the median plain time. Cases: BERT-base and GPT-2 small
-inference (transformers configs, random weights), a small residual model (``resnet``:
-6 blocks of LayerNorm, Linear(128, 256), GELU, Linear(256, 128), batch 32, inference:
-about 25 kernel calls per forward, 30 rounds of 10 calls), a small training step (MLP,
-forward + backward + SGD), and a kernel-bound chain of tiny matmuls (per-kernel
-cost = paired difference / kernel calls per call). Compile time: first call of
-each backend with Inductor's caches off, alternating, median ratio. ``--cases
-resnet,control`` also times plain Inductor against a second compilation of itself,
-the method's own noise, and the traced model with its op recording off.
+calls alternating between the two; a worker's overhead is the median of the paired
+per-call differences over the median plain time. The first model Dynamo compiles in
+a process ran 1-3 % slower than the second in every run, the same code compiled
+twice included, so half the workers compile the traced model first and half the
+plain one (``--processes`` of each); the result is the mean of the two orders'
+means with its standard error, and half their difference is printed as the order's effect.
+
+Cases: BERT-base and GPT-2 small inference (transformers configs, random weights), a
+small residual model (``resnet``: 6 blocks of LayerNorm, Linear(128, 256), GELU,
+Linear(256, 128), batch 32, inference: about 25 kernel calls per forward, ``--rounds``
+paired rounds of 10 calls; also timed with the traced model's op recording off), plain
+Inductor against a second compilation of itself on that model (``control``: the
+method's own noise), a small training step (MLP, forward + backward + SGD), and a
+kernel-bound chain of tiny matmuls (per-kernel cost = paired difference / kernel calls
+per call). Compile time: first call of each backend with Inductor's caches off,
+alternating, median ratio.
 
 Run pinned to one core, as in results_inductor.rst:
     DFTRACER_LOG_FILE=/tmp/bench_inductor/t taskset -c 1 python benchmarks/bench_inductor.py
@@ -19,8 +25,10 @@ Run pinned to one core, as in results_inductor.rst:
 
 import argparse
 import copy
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -41,11 +49,9 @@ clock_ns = CLOCKS["process"]  # --timer
 def paired(traced, plain, call_args, blocks, per_block):
     """Median per-call (traced - plain) and median plain, in ns of process CPU time (the
     trace writer thread included; other jobs on a shared machine delay us but do not add),
-    or with ``--timer thread`` of the calling thread alone (the writer's work left out)."""
+    or with ``--timer thread`` of the calling thread alone (the writer's work left out).
+    Both must be compiled (called) already."""
     diffs, base = [], []
-    for f in (traced, plain):  # warm up
-        for _ in range(3):
-            f(*call_args)
     for b in range(blocks):
         t = {}
         for name, f in (("t", traced), ("p", plain)) if b % 2 == 0 else (("p", plain), ("t", traced)):
@@ -53,13 +59,6 @@ def paired(traced, plain, call_args, blocks, per_block):
         diffs.append(t["t"] - t["p"])
         base.append(t["p"])
     return statistics.median(diffs), statistics.median(base)
-
-
-def compile_pair(model):
-    # one model for both: two copies' weights sit at different addresses, which alone moved
-    # the plain time of the residual model by several percent between copies
-    return (torch.compile(model, backend="dftrace", options={"level": "inductor"}),
-            torch.compile(model, backend="inductor"))
 
 
 class Chain(nn.Module):
@@ -113,6 +112,79 @@ def compile_time(make, inputs, repeats):
     return statistics.median(ratios)
 
 
+PAIRS = ("bert", "gpt2", "resnet", "control", "kernel", "train")
+
+
+def pair_case(case, traced_first, args):
+    """One process's measurement of ``case``: the traced and the plain model compiled in
+    the given order, then timed paired. Returns {quantity: (median difference, median plain)}
+    in ns per call (per kernel call for ``kernel``)."""
+    def run(first, second, call):
+        for f in (first, second) if traced_first else (second, first):
+            for _ in range(3):
+                call(f)
+
+    def inference(model, x, blocks, per_block):
+        # one model for both: two copies' weights sit at different addresses
+        if case == "control":  # the method's own noise: plain against a second compilation of it
+            # (an option set to its default value makes Dynamo compile the model anew)
+            traced = torch.compile(model, backend="inductor", options={"epilogue_fusion": True})
+        else:
+            traced = torch.compile(model, backend="dftrace", options={"level": "inductor"})
+        plain = torch.compile(model, backend="inductor")
+        run(traced, plain, lambda f: f(x))
+        out = {"plain again" if case == "control" else "traced": paired(traced, plain, (x,), blocks, per_block)}
+        if case == "resnet":
+            _core.set_ops_on(False)  # the traced code without its events
+            out["recording off"] = paired(traced, plain, (x,), blocks, per_block)
+            _core.set_ops_on(True)
+        return out
+
+    with torch.no_grad():
+        if case in ("bert", "gpt2"):
+            model, ids = transformer(case, args.batch, args.seq)
+            return inference(model, ids, args.blocks, 3)
+        if case in ("resnet", "control"):
+            model = nn.Sequential(*(Residual() for _ in range(6)))
+            return inference(model, torch.randn(32, 128), args.rounds, 10)
+        if case == "kernel":
+            d, base = inference(Chain(args.chain), torch.randn(4, 4), args.blocks * 20, 2)["traced"]
+            return {"traced": (d / args.chain, base)}
+    model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+    other = copy.deepcopy(model)
+    traced = step_fn(torch.compile(model, backend="dftrace", options={"level": "inductor"}), model.parameters())
+    plain = step_fn(torch.compile(other, backend="inductor"), other.parameters())
+    x = torch.randn(64, 256)
+    run(traced, plain, lambda f: f(x))
+    return {"traced": paired(traced, plain, (x,), args.blocks, 20)}
+
+
+def balanced(case, args):
+    """Runs ``case`` in ``2 * args.processes`` worker processes, half compiling the traced
+    model first; prints each and the order-balanced result: the mean of the two orders'
+    means, with its standard error; half their difference is the order's effect."""
+    runs = {}
+    for i in range(2 * args.processes):
+        order = "traced-first" if i % 2 == 0 else "plain-first"
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{case}:{order}", "--timer", args.timer,
+               "--rounds", str(args.rounds), "--blocks", str(args.blocks), "--chain", str(args.chain),
+               "--batch", str(args.batch), "--seq", str(args.seq)]
+        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        for quantity, (d, base) in res.items():
+            runs.setdefault(quantity, {}).setdefault(order, []).append((d, base))
+    for quantity, by_order in runs.items():
+        means, var = [], 0.0
+        for order, values in by_order.items():  # overhead in % of plain, or ns per kernel call
+            rel = [d if case == "kernel" else 100 * d / base for d, base in values]
+            means.append(statistics.fmean(rel))
+            var += statistics.variance(rel) / len(rel) / 4 if len(rel) > 1 else float("nan")
+            print(f"  {case} {quantity}, {order}: " + " ".join(f"{v:+.2f}" for v in rel))
+        plain_us = statistics.median(base for values in by_order.values() for _, base in values) / 1e3
+        unit = "ns per kernel call" if case == "kernel" else "%"
+        print(f"{case} {quantity}: {statistics.fmean(means):+.2f} {unit} order-balanced, standard error "
+              f"{var ** 0.5:.2f} (order effect ±{abs(means[0] - means[1]) / 2:.2f}), plain {plain_us:.1f} us/call")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=1)
@@ -121,68 +193,42 @@ def main():
     p.add_argument("--chain", type=int, default=200)
     p.add_argument("--cases", default="bert,gpt2,resnet,train,kernel,compile")
     p.add_argument("--timer", choices=sorted(CLOCKS), default="process")
-    p.add_argument("--rounds", type=int, default=30, help="resnet: paired rounds of 10 calls")
+    p.add_argument("--rounds", type=int, default=300, help="resnet, control: paired rounds of 10 calls")
+    p.add_argument("--processes", type=int, default=2, help="worker processes per compile order and case")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # CASE:ORDER, one measurement as JSON
     args = p.parse_args()
     global clock_ns
     clock_ns = CLOCKS[args.timer]
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dftrace_dynamo.initialize_log(os.environ.get("DFTRACER_LOG_FILE", "/tmp/bench_inductor/trace"))
+    trace = os.environ.get("DFTRACER_LOG_FILE", "/tmp/bench_inductor/trace")
+    if args.worker:
+        case, order = args.worker.split(":")
+        dftrace_dynamo.initialize_log(f"{trace}-{case}-{os.getpid()}")
+        print(json.dumps(pair_case(case, order == "traced-first", args)))
+        dftrace_dynamo.finalize()
+        return
     cases = args.cases.split(",")
+    unknown = set(cases) - set(PAIRS) - {"compile"}
+    if unknown:
+        p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     # how loaded the machine is: one perf_counter_ns() call costs about 50 ns on this machine idle
-    clock = clock_call_ns(100_000)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}, "
-          f"{args.timer} CPU time, perf_counter_ns() {clock:.0f} ns")
-    with torch.no_grad():
-        for kind in ("bert", "gpt2"):
-            if kind in cases:
-                model, ids = transformer(kind, args.batch, args.seq)
-                traced, plain = compile_pair(model)
-                d, base = paired(traced, plain, (ids,), args.blocks, 3)
-                print(f"{kind} inference: plain {base / 1e6:.2f} ms/call, overhead {d / 1e3:+.1f} us "
-                      f"({100 * d / base:+.2f}%)")
-        if "resnet" in cases:
-            model = nn.Sequential(*(Residual() for _ in range(6)))
-            traced, plain = compile_pair(model)
-            x = torch.randn(32, 128)
-            d, base = paired(traced, plain, (x,), args.rounds, 10)
-            print(f"residual model (6 blocks, batch 32): plain {base / 1e3:.1f} us/call, overhead "
-                  f"{d / 1e3:+.2f} us ({100 * d / base:+.2f}%)")
-            if "control" in cases:
-                _core.set_ops_on(False)  # the traced code without its events
-                d, base = paired(traced, plain, (x,), args.rounds, 10)
-                _core.set_ops_on(True)
-                print(f"residual model, op recording off: {d / 1e3:+.2f} us ({100 * d / base:+.2f}%)")  # the method's own noise: plain Inductor against a second compilation
-                # of it (an option set to its default value makes Dynamo compile the model anew)
-                again = torch.compile(model, backend="inductor", options={"epilogue_fusion": True})
-                d, base = paired(again, plain, (x,), args.rounds, 10)
-                print(f"residual model, plain against plain compiled again: {d / 1e3:+.2f} us "
-                      f"({100 * d / base:+.2f}%)")
-        if "kernel" in cases:
-            chain = Chain(args.chain)
-            traced, plain = compile_pair(chain)
-            x = torch.randn(4, 4)
-            d, base = paired(traced, plain, (x,), args.blocks * 20, 2)
-            print(f"kernel-bound chain ({args.chain} extern_kernels.mm per call): plain {base / 1e3:.1f} us/call, "
-                  f"{d / args.chain:+.1f} ns per kernel call")
-    if "train" in cases:
-        model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
-        other = copy.deepcopy(model)
-        traced = step_fn(torch.compile(model, backend="dftrace", options={"level": "inductor"}), model.parameters())
-        plain = step_fn(torch.compile(other, backend="inductor"), other.parameters())
-        x = torch.randn(64, 256)
-        d, base = paired(traced, plain, (x,), args.blocks, 20)
-        print(f"training step (MLP 256, batch 64): plain {base / 1e3:.1f} us/step, overhead {d / 1e3:+.2f} us "
-              f"({100 * d / base:+.2f}%)")
+          f"{args.timer} CPU time, perf_counter_ns() {clock_call_ns(100_000):.0f} ns, "
+          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    for case in PAIRS:
+        if case in cases:
+            balanced(case, args)
     if "compile" in cases:
         def make():
             return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
                                  nn.Linear(8 * 14 * 14, 10))
 
+        dftrace_dynamo.initialize_log(trace)
         ratio = compile_time(make, torch.randn(2, 3, 16, 16), 5)
         print(f"compile time (CNN forward+backward graphs, caches off): traced/plain = {ratio:.3f} "
               f"({100 * (ratio - 1):+.1f}%)")
-    dftrace_dynamo.finalize()
+        dftrace_dynamo.finalize()
 
 
 if __name__ == "__main__":

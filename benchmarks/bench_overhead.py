@@ -7,8 +7,8 @@ Run (pinned to one core, one torch thread, as in benchmarks/results_overhead.rst
 Every tool is measured against its untraced baseline on the same Dynamo graph, each
 measurement in a fresh process: ``backend="eager"`` for torch-level tools (ours at ``level="torch"``,
 torch.profiler, VizTracer), ``backend="aot_eager"`` for ATen-level ones (ours at
-``level="aten"``, pydftracer's dynamo backend). Blocks of calls alternate A, B, A, B...
-after a warm-up; the reported overhead is the median of the paired differences divided
+``level="aten"``, pydftracer's dynamo backend). Blocks of calls alternate A, B, B, A, A, B...
+after a warm-up (each round flips the pair's order); the reported overhead is the median of the paired differences divided
 by the ops executed per call (with their interquartile range: the noise), and the
 ratio the median of B/A. The mean of the differences is shown too: work a tool does
 in bursts (our writer thread formats and compresses about once a second) lands in a
@@ -170,9 +170,13 @@ def measure(fn, inputs, train, tool, rounds, block_calls):
         call_a()
         tool.block(call_b, 1)
     diffs, ratios = [], []
-    for _ in range(rounds):
-        a = time_block(call_a, block_calls)
-        b = tool.block(call_b, block_calls)
+    for r in range(rounds):  # the pair's order flips every round: in a fixed order the second block gained
+        if r % 2 == 0:
+            a = time_block(call_a, block_calls)
+            b = tool.block(call_b, block_calls)
+        else:
+            b = tool.block(call_b, block_calls)
+            a = time_block(call_a, block_calls)
         diffs.append((b - a) / block_calls)
         ratios.append(b / a)
     q1, median, q3 = statistics.quantiles(diffs, n=4)
