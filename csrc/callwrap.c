@@ -565,6 +565,7 @@ static void gc_dealloc(GraphCall *self) {
 
 static PyMemberDef gc_members[] = {
     {"fn", T_OBJECT, offsetof(GraphCall, fn), READONLY, "wrapped compiled graph"},
+    {"plain", T_OBJECT, offsetof(GraphCall, plain), READONLY, "the graph run when no op is recorded, or None"},
     {NULL},
 };
 

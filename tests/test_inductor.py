@@ -7,6 +7,7 @@ second one loads every graph from the FX graph cache); module-scoped, as Inducto
 compiles are slow."""
 
 import collections
+import copy
 import contextlib
 import json
 import os
@@ -319,6 +320,53 @@ def test_torch_cond_branch_kernels_are_traced_with_their_own_provenance(rec):
     # source would be a branch's, whose nodes share names with call's first addmm)
     assert true_branch[3:] == [("extern_kernels.addmm", "a", ["z"]), ("extern_kernels.addmm", "b", ["z2"])]
     assert false_branch[3:] == true_branch[3:]
+
+
+def test_with_no_op_recorded_graphs_run_the_code_inductor_generated(rec):
+    """Outside the step windows (no op recorded) each graph calls the ``call`` function
+    Inductor generated, with no interceptor in front of its kernels, as plain Inductor
+    does; inside, the traced copy. Both compute plain Inductor's numbers."""
+    import gc
+
+    import torch
+
+    from dftrace_dynamo import _core, create_backend
+
+    def graph_calls():
+        return {id(o): o for o in gc.get_objects() if type(o) is _core.GraphCall}
+
+    def intercepted(fn):
+        return [k for k, v in getattr(fn, "__func__", fn).__globals__.items() if isinstance(v, _core.Interceptor)]
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    twin = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    before = graph_calls()
+    traced = torch.compile(model, backend=create_backend(level="inductor"))
+    outs = [traced(x)]
+    outs[0].sum().backward()
+    new = [c for k, c in graph_calls().items() if k not in before]
+    assert len(new) == 2  # forward and backward
+    for call in new:
+        assert getattr(call.plain, "__name__", None) == "call" and not intercepted(call.plain)
+        assert intercepted(call.fn) and call.fn is not call.plain
+    _core.set_ops_on(False)  # as outside the step windows
+    try:
+        outs.append(traced(x))
+        outs[1].sum().backward()
+    finally:
+        _core.set_ops_on(True)
+    events = rec.events()
+    assert len(graphs(events)) == 2 and {g["args"]["phase"] for g in graphs(events)} == {"forward", "backward"}
+    assert kernels(events) and all(k["ts"] <= max(g["ts"] + g["dur"] for g in graphs(events)) for k in kernels(events))
+    plain = torch.compile(twin, backend="inductor")
+    want = [plain(x)]
+    want[0].sum().backward()
+    want.append(plain(x))
+    want[1].sum().backward()
+    assert all(torch.equal(o, w) for o, w in zip(outs, want))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))
 
 
 NESTED = """

@@ -59,6 +59,7 @@ class Interceptor:
 
 class GraphCall:
     fn: Callable[..., Any]
+    plain: Optional[Callable[..., Any]]
     def __init__(self, fn: Callable[..., Any], site: int, cell: Optional[TagCell], phase: int,
                  grad_fn: Union[Callable[[], bool], bool], plain: Optional[Callable[..., Any]] = ..., *,
                  probe: Optional[Callable[[bool], Any]] = ...) -> None: ...

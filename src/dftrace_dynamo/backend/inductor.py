@@ -366,7 +366,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
                   notify: Callable[[Any, Any, str], None], config_patches: Optional[dict] = None):
     """Compiles the Dynamo graph ``gm`` with Inductor, tracing each kernel call.
 
-    ``wrap(fn, phase, args)`` returns ``fn`` wrapped in the graph event;
+    ``wrap(fn, phase, args, plain)`` returns ``fn`` wrapped in the graph event, running
+    ``plain`` (Inductor's own ``call``, or None) when no op is recorded;
     ``notify(gm, inputs, phase)`` reports each AOT graph to ``on_graph``.
     """
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
@@ -385,16 +386,19 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, graph_id: int, cell,
             compiled = compile_fx_inner(aot_gm, inputs, **kwargs)
         args = {ARG_GRAPH: graph_id, ARG_LEVEL: "inductor"}
         timer = cuda_events.DeviceTimer(f"graph {graph_id} {phase}", graph_id) if cuda_events.wanted(inputs) else None
+        own, plain = compiled.current_callable, None
         try:
             args["kernels"] = instrument(compiled, aot_gm, graph_id, cell, with_metadata, module_slices, before,
                                          timer, backward)
+            # outside the step windows the generated code runs as Inductor made it, at plain cost
+            plain = own if timer is None else None
         except Exception as e:  # never break the user's program: the graph event still records
             _warn_once(type(e).__name__, f"graph {graph_id} {phase}: kernels are not traced, only "
                        f"the graph call ({type(e).__name__}: {e})")
         if compiled.current_callable is not None:
             # a graph whose kernels are not traced (a CUDA graph replay) still gets its device time
             call = compiled.current_callable if timer is None else timer.graph(compiled.current_callable)
-            compiled.current_callable = wrap(call, phase, args)
+            compiled.current_callable = wrap(call, phase, args, plain)
         return compiled
 
     # An AOTAutograd cache hit would skip inner_compile; the FX graph cache below it

@@ -298,9 +298,9 @@ class TracerBackend:
 
         grad = torch.is_grad_enabled()  # guarded by Dynamo: the user's mode at every call
 
-        def wrap(fn, phase, args):
+        def wrap(fn, phase, args, plain):
             site = _core.intern_site(f"graph {graph_id} {phase}", CAT_GRAPH, args)
-            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _aot_grad_fn(phase, grad),
+            return _core.GraphCall(fn, site, self.tags.cell, _PHASE[phase], _aot_grad_fn(phase, grad), plain,
                                    probe=_probe(phase))
 
         def notify(fx_g, inputs, phase):
