@@ -12,7 +12,10 @@ pair, its order flipped every round). ``ns/op`` is the median of the paired diff
 divided by the ops executed per call (IQR: the noise), ``ratio`` the median of B/A,
 ``ns/mod`` the same difference per module call (one module slice; ``mod/call`` of them
 per call) with the distribution-free 95 % interval of that median. Transformers get a
-third of the rounds.
+third of the rounds. Every measurement runs twice, compiling slices off first
+(``first`` off) and on first: the first model Dynamo compiles in a process can run
+slower than the second (1-8 % in ``bench_inductor.py``), so the two rows' mean is the
+figure, half their difference the order's effect.
 """
 
 from __future__ import annotations
@@ -100,12 +103,13 @@ def span_call_ns(n=20_000, repeats=21):
     return best
 
 
-def measure_pair(wname, level, rounds, block_calls):
+def measure_pair(wname, level, rounds, block_calls, on_first):
     fn, inputs, train, default_calls = workload(wname)
     block_calls = block_calls or default_calls
     n = ops_per_call(fn, inputs, level, train)
-    off, _ = compile_with_slices(fn, inputs, train, level, False)
-    on, mods = compile_with_slices(fn, inputs, train, level, True)
+    compiled = {slices: compile_with_slices(fn, inputs, train, level, slices)
+                for slices in ((True, False) if on_first else (False, True))}
+    (off, _), (on, mods) = compiled[False], compiled[True]
     call_a, call_b = (lambda: run(off, inputs, train)), (lambda: run(on, inputs, train))
     for _ in range(3):  # warm up both
         call_a()
@@ -123,7 +127,8 @@ def measure_pair(wname, level, rounds, block_calls):
     ordered, half = sorted(diffs), 0.98 * len(diffs) ** 0.5
     low, high = ordered[max(0, int(len(diffs) / 2 - half))], ordered[min(len(diffs) - 1, int(len(diffs) / 2 + half))]
     per_mod = f"{median / mods:.0f} [{low / mods:.0f}, {high / mods:.0f}]" if mods else "-"
-    print(f"{wname:<10} {level:<6} {n:>8} {mods:>9} {a / block_calls / 1e3:>12.1f} {median / n:>7.1f} "
+    print(f"{wname:<10} {level:<6} {'on' if on_first else 'off':<5} {n:>8} {mods:>9} {a / block_calls / 1e3:>12.1f} "
+          f"{median / n:>7.1f} "
           f"{q1 / n:>7.1f}..{q3 / n:<7.1f} {per_mod:>18} {statistics.median(ratios):>7.4f}", flush=True)
 
 
@@ -135,6 +140,7 @@ def main(argv=None):
     parser.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
     parser.add_argument("--span-call", action="store_true", help="also time one boundary call in a tight loop")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "LEVEL"), help=argparse.SUPPRESS)
+    parser.add_argument("--on-first", action="store_true", help=argparse.SUPPRESS)  # compile slices on first
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.one:
@@ -143,7 +149,7 @@ def main(argv=None):
         logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "bench"))
         wname, level = args.one
         rounds = args.rounds if wname in ("elem", "mlp", "mlp_train") else max(5, args.rounds // 3)
-        measure_pair(wname, level, rounds, args.block_calls)
+        measure_pair(wname, level, rounds, args.block_calls, args.on_first)
         return 0
     print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
     if args.span_call:
@@ -153,7 +159,7 @@ def main(argv=None):
         print(f"boundary call (close one slice, open the next), recording: {span_call_ns():.0f} ns")
         logger.finalize()
     print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}", flush=True)
-    header = (f"{'workload':<10} {'level':<6} {'ops/call':>8} {'mod/call':>9} {'off us/call':>12} {'ns/op':>7} "
+    header = (f"{'workload':<10} {'level':<6} {'first':<5} {'ops/call':>8} {'mod/call':>9} {'off us/call':>12} {'ns/op':>7} "
               f"{'IQR ns/op':>16} {'ns/mod [95% CI]':>18} {'ratio':>7}")
     print(header)
     print("-" * len(header))
@@ -162,7 +168,8 @@ def main(argv=None):
         for level in args.levels.split(","):
             if wname == "mlp_train" and level == "torch":
                 continue  # its backward runs in eager autograd: no module slices there
-            print(measure_in_child(__file__, wname, level, passed, 6), flush=True)
+            for first in ([], ["--on-first"]):  # which one Dynamo compiles first: see the docstring
+                print(measure_in_child(__file__, wname, level, passed + first, 6), flush=True)
     return 0
 
 
