@@ -15,7 +15,9 @@ per call) with the distribution-free 95 % interval of that median. Transformers 
 third of the rounds. Every measurement runs twice, compiling slices off first
 (``first`` off) and on first: the first model Dynamo compiles in a process can run
 slower than the second (1-8 % in ``bench_inductor.py``), so the two rows' mean is the
-figure, half their difference the order's effect.
+figure, half their difference the order's effect. Times are CPU time of the process
+(the trace writer's formatting of the slices' events included), or with ``--timer
+thread`` of the calling thread alone.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_overhead import clock_call_ns, measure_in_child, ops_per_call, run, time_block, workload  # noqa: E402
 
 LEVELS = ("torch", "aten")
+CLOCKS = {"process": time.process_time_ns, "thread": time.thread_time_ns}
 
 
 def graph_counts(nodes):
@@ -103,7 +106,7 @@ def span_call_ns(n=20_000, repeats=21):
     return best
 
 
-def measure_pair(wname, level, rounds, block_calls, on_first):
+def measure_pair(wname, level, rounds, block_calls, on_first, clock):
     fn, inputs, train, default_calls = workload(wname)
     block_calls = block_calls or default_calls
     n = ops_per_call(fn, inputs, level, train)
@@ -118,7 +121,7 @@ def measure_pair(wname, level, rounds, block_calls, on_first):
     for r in range(rounds):
         t = {}
         for name, call in (("a", call_a), ("b", call_b)) if r % 2 == 0 else (("b", call_b), ("a", call_a)):
-            t[name] = time_block(call, block_calls)  # alternating order: whichever runs second gains nothing
+            t[name] = time_block(call, block_calls, clock)  # alternating order: whichever runs second gains nothing
         a, b = t["a"], t["b"]
         diffs.append((b - a) / block_calls)
         ratios.append(b / a)
@@ -141,6 +144,8 @@ def main(argv=None):
     parser.add_argument("--span-call", action="store_true", help="also time one boundary call in a tight loop")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "LEVEL"), help=argparse.SUPPRESS)
     parser.add_argument("--on-first", action="store_true", help=argparse.SUPPRESS)  # compile slices on first
+    parser.add_argument("--timer", choices=sorted(CLOCKS), default="process",
+                        help="CPU time of the process (the trace writer included) or of the calling thread")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.one:
@@ -149,7 +154,7 @@ def main(argv=None):
         logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "bench"))
         wname, level = args.one
         rounds = args.rounds if wname in ("elem", "mlp", "mlp_train") else max(5, args.rounds // 3)
-        measure_pair(wname, level, rounds, args.block_calls, args.on_first)
+        measure_pair(wname, level, rounds, args.block_calls, args.on_first, CLOCKS[args.timer])
         return 0
     print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
     if args.span_call:
@@ -158,12 +163,13 @@ def main(argv=None):
         logger.initialize_log(os.path.join(tempfile.mkdtemp(prefix="bench_modules_"), "span"))
         print(f"boundary call (close one slice, open the next), recording: {span_call_ns():.0f} ns")
         logger.finalize()
-    print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}", flush=True)
+    print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}, "
+          f"{args.timer} CPU time, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     header = (f"{'workload':<10} {'level':<6} {'first':<5} {'ops/call':>8} {'mod/call':>9} {'off us/call':>12} {'ns/op':>7} "
               f"{'IQR ns/op':>16} {'ns/mod [95% CI]':>18} {'ratio':>7}")
     print(header)
     print("-" * len(header))
-    passed = [f"--rounds={args.rounds}"] + ([f"--block-calls={args.block_calls}"] if args.block_calls else [])
+    passed = [f"--rounds={args.rounds}", f"--timer={args.timer}"] + ([f"--block-calls={args.block_calls}"] if args.block_calls else [])
     for wname in args.workloads.split(","):
         for level in args.levels.split(","):
             if wname == "mlp_train" and level == "torch":
