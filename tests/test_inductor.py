@@ -7,8 +7,8 @@ second one loads every graph from the FX graph cache); module-scoped, as Inducto
 compiles are slow."""
 
 import collections
-import copy
 import contextlib
+import copy
 import json
 import os
 import textwrap
@@ -359,7 +359,7 @@ def test_with_no_op_recorded_graphs_run_the_code_inductor_generated(rec):
         _core.set_ops_on(True)
     events = rec.events()
     assert len(graphs(events)) == 2 and {g["args"]["phase"] for g in graphs(events)} == {"forward", "backward"}
-    assert kernels(events) and all(k["ts"] <= max(g["ts"] + g["dur"] for g in graphs(events)) for k in kernels(events))
+    assert len(kernels(events)) == sum(g["args"]["kernels"] for g in graphs(events)) > 0  # one call's
     plain = torch.compile(twin, backend="inductor")
     want = [plain(x)]
     want[0].sum().backward()
