@@ -14,7 +14,8 @@ small residual model (``resnet``: 6 blocks of LayerNorm, Linear(128, 256), GELU,
 Linear(256, 128), batch 32, inference: about 25 kernel calls per forward, ``--rounds``
 paired rounds of 10 calls; also timed with the traced model's op recording off), plain
 Inductor against a second compilation of itself on that model (``control``: the
-method's own noise), a small training step (MLP, forward + backward + SGD), and a
+method's own noise) and against itself with provenance tracking on (``provenance``:
+what ``level="inductor"`` compiles with), a small training step (MLP, forward + backward + SGD), and a
 kernel-bound chain of tiny matmuls (per-kernel cost = paired difference / kernel calls
 per call). Compile time: first call of each backend with Inductor's caches off,
 alternating, median ratio.
@@ -112,7 +113,12 @@ def compile_time(make, inputs, repeats):
     return statistics.median(ratios)
 
 
-PAIRS = ("bert", "gpt2", "resnet", "control", "kernel", "train")
+PAIRS = ("bert", "gpt2", "resnet", "control", "provenance", "kernel", "train")
+# plain Inductor against itself compiled again, as the traced model is (an option set to its
+# default value makes Dynamo compile the model anew: the method's own noise), and against
+# itself with the provenance tracking level="inductor" switches on
+PLAIN_AGAIN = {"control": ("plain again", {"epilogue_fusion": True}),
+               "provenance": ("plain, tracking on", {"trace.provenance_tracking_level": 1})}
 
 
 def pair_case(case, traced_first, args):
@@ -126,14 +132,14 @@ def pair_case(case, traced_first, args):
 
     def inference(model, x, blocks, per_block):
         # one model for both: two copies' weights sit at different addresses
-        if case == "control":  # the method's own noise: plain against a second compilation of it
-            # (an option set to its default value makes Dynamo compile the model anew)
-            traced = torch.compile(model, backend="inductor", options={"epilogue_fusion": True})
+        label, options = PLAIN_AGAIN.get(case, ("traced", None))
+        if options:
+            traced = torch.compile(model, backend="inductor", options=options)
         else:
             traced = torch.compile(model, backend="dftrace", options={"level": "inductor"})
         plain = torch.compile(model, backend="inductor")
         run(traced, plain, lambda f: f(x))
-        out = {"plain again" if case == "control" else "traced": paired(traced, plain, (x,), blocks, per_block)}
+        out = {label: paired(traced, plain, (x,), blocks, per_block)}
         if case == "resnet":
             _core.set_ops_on(False)  # the traced code without its events
             out["recording off"] = paired(traced, plain, (x,), blocks, per_block)
@@ -144,7 +150,7 @@ def pair_case(case, traced_first, args):
         if case in ("bert", "gpt2"):
             model, ids = transformer(case, args.batch, args.seq)
             return inference(model, ids, args.blocks, 3)
-        if case in ("resnet", "control"):
+        if case in ("resnet", *PLAIN_AGAIN):
             model = nn.Sequential(*(Residual() for _ in range(6)))
             return inference(model, torch.randn(32, 128), args.rounds, 10)
         if case == "kernel":
@@ -193,7 +199,7 @@ def main():
     p.add_argument("--chain", type=int, default=200)
     p.add_argument("--cases", default="bert,gpt2,resnet,train,kernel,compile")
     p.add_argument("--timer", choices=sorted(CLOCKS), default="process")
-    p.add_argument("--rounds", type=int, default=300, help="resnet, control: paired rounds of 10 calls")
+    p.add_argument("--rounds", type=int, default=300, help="resnet, control, provenance: paired rounds of 10 calls")
     p.add_argument("--processes", type=int, default=2, help="worker processes per compile order and case")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # CASE:ORDER, one measurement as JSON
     args = p.parse_args()
