@@ -175,7 +175,10 @@ def balanced(case, args):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{case}:{order}", "--timer", args.timer,
                "--rounds", str(args.rounds), "--blocks", str(args.blocks), "--chain", str(args.chain),
                "--batch", str(args.batch), "--seq", str(args.seq)]
-        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"{case} ({order}) failed: " + "\n".join(proc.stderr.strip().splitlines()[-5:]))
+        res = json.loads(proc.stdout.splitlines()[-1])
         for quantity, (d, base) in res.items():
             runs.setdefault(quantity, {}).setdefault(order, []).append((d, base))
     for quantity, by_order in runs.items():
@@ -203,6 +206,8 @@ def main():
     p.add_argument("--processes", type=int, default=2, help="worker processes per compile order and case")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # CASE:ORDER, one measurement as JSON
     args = p.parse_args()
+    if min(args.rounds, args.blocks, args.processes, args.chain, args.batch, args.seq) < 1:
+        p.error("--rounds, --blocks, --processes, --chain, --batch and --seq take positive integers")
     global clock_ns
     clock_ns = CLOCKS[args.timer]
     torch.set_num_threads(1)
