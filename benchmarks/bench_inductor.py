@@ -4,9 +4,9 @@ Each case compiles one model twice in a worker process (``backend="dftrace",
 options={"level": "inductor"}`` and ``backend="inductor"``), then times blocks of
 calls alternating between the two; a worker's overhead is the median of the paired
 per-call differences over the median plain time. The first model Dynamo compiles in
-a process ran 1-3 % slower than the second in every run, the same code compiled
-twice included, so half the workers compile the traced model first and half the
-plain one (``--processes`` of each); the result is the mean of the two orders'
+a process ran 2-4 % slower than the second in every run (15 % on a training step),
+the same code compiled twice included, so half the workers compile the traced model
+first and half the plain one (``--processes`` of each); the result is the mean of the two orders'
 means with its standard error, and half their difference is printed as the order's effect.
 
 Cases: BERT-base and GPT-2 small inference (transformers configs, random weights), a

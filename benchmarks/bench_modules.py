@@ -14,7 +14,7 @@ divided by the ops executed per call (IQR: the noise), ``ratio`` the median of B
 per call) with the distribution-free 95 % interval of that median. Transformers get a
 third of the rounds. Every measurement runs twice, compiling slices off first
 (``first`` off) and on first: the first model Dynamo compiles in a process can run
-slower than the second (1-8 % in ``bench_inductor.py``), so the two rows' mean is the
+slower than the second (2-15 % in ``bench_inductor.py``), so the two rows' mean is the
 figure, half their difference the order's effect. Times are CPU time of the process
 (the trace writer's formatting of the slices' events included), or with ``--timer
 thread`` of the calling thread alone.
