@@ -14,7 +14,11 @@ ratio the median of B/A. The mean of the differences is shown too: work a tool d
 in bursts (our writer thread formats and compresses about once a second) lands in a
 few blocks, which the median leaves out and the mean spreads over all calls. Times are CPU time of
 the process (``time.process_time_ns``: the trace writer thread is included, other
-processes on the machine are not); transformers get a third of the rounds.
+processes on the machine are not); transformers get a third of the rounds. Every
+measurement runs twice, the baseline compiled first (``first`` base) and the traced
+graph first: the first model Dynamo compiles in a process can run slower than the
+second (``bench_inductor.py``), so the two rows' mean is the figure and half their
+difference the order's effect.
 """
 
 from __future__ import annotations
@@ -162,13 +166,16 @@ def run(compiled, inputs, train):
             compiled(*inputs)
 
 
-def measure(fn, inputs, train, tool, rounds, block_calls):
+def measure(fn, inputs, train, tool, rounds, block_calls, traced_first):
     baseline = torch.compile(fn, backend="eager" if tool.level == "torch" else "aot_eager")
     traced = torch.compile(fn, backend=tool.backend)
     call_a, call_b = (lambda: run(baseline, inputs, train)), (lambda: run(traced, inputs, train))
-    for _ in range(3):  # compile and warm up both
+    for _ in range(3):  # compile (in the order asked) and warm up both
+        if traced_first:
+            tool.block(call_b, 1)
         call_a()
-        tool.block(call_b, 1)
+        if not traced_first:
+            tool.block(call_b, 1)
     diffs, ratios = [], []
     for r in range(rounds):  # the pair's order flips every round: in a fixed order the second block gained
         if r % 2 == 0:
@@ -201,9 +208,10 @@ def measure_one(wname, tool_name, args):
     block_calls = args.block_calls or block_calls
     n = ops_per_call(fn, inputs, tool.level, train)
     rounds = args.rounds if wname in ("elem", "mlp", "mlp_train") else max(5, args.rounds // 3)
-    diff, (q1, q3), mean, ratio, base = measure(fn, inputs, train, tool, rounds, block_calls)
+    diff, (q1, q3), mean, ratio, base = measure(fn, inputs, train, tool, rounds, block_calls, args.traced_first)
     iqr = f"{q1 / n:.0f}..{q3 / n:.0f}"
-    print(f"{wname:<10} {tool.name:<15} {n:>8} {base / 1e3:>12.1f} {diff / n:>9.0f} {iqr:>15} "
+    first = "traced" if args.traced_first else "base"
+    print(f"{wname:<10} {tool.name:<15} {first:<6} {n:>8} {base / 1e3:>12.1f} {diff / n:>9.0f} {iqr:>15} "
           f"{mean / n:>10.0f} {ratio:>7.3f}", flush=True)
 
 
@@ -225,6 +233,7 @@ def main(argv=None):
     parser.add_argument("--no-trace", action="store_true", help="do not open our trace (interceptor cost only)")
     parser.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "TOOL"), help=argparse.SUPPRESS)
+    parser.add_argument("--traced-first", action="store_true", help=argparse.SUPPRESS)  # compile order
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.one:
@@ -233,7 +242,7 @@ def main(argv=None):
     print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns")
     print(f"torch {torch.__version__}, affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds}"
           f"{', ours not recording' if args.no_trace else ''}", flush=True)
-    header = (f"{'workload':<10} {'tool':<15} {'ops/call':>8} {'base us/call':>12} {'ns/op':>9} "
+    header = (f"{'workload':<10} {'tool':<15} {'first':<6} {'ops/call':>8} {'base us/call':>12} {'ns/op':>9} "
               f"{'IQR ns/op':>15} {'mean ns/op':>10} {'ratio':>7}")
     print(header)
     print("-" * len(header))
@@ -245,7 +254,8 @@ def main(argv=None):
         for tool_name in args.tools.split(","):
             if tool_name == "pydftracer" and wname == "mlp_train":
                 continue  # its ATen backend has no bw_compiler: backward runs untraced
-            print(measure_in_child(__file__, wname, tool_name, passed, 15), flush=True)
+            for first in ([], ["--traced-first"]):  # which one Dynamo compiles first: see the docstring
+                print(measure_in_child(__file__, wname, tool_name, passed + first, 15), flush=True)
     return 0
 
 
