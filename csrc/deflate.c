@@ -494,67 +494,21 @@ static ALWAYS_INLINE void put_run(enc_t *w, const unsigned char *s, size_t at, s
         put_lits(w, s + at, m);
 }
 
-/* Equal leading bytes of a and b, at most n; nothing read past n. */
-static ALWAYS_INLINE size_t prefix_in(const unsigned char *a, const unsigned char *b, size_t n) {
+/* Equal leading bytes of a and b, at most n. (This and suffix_in run once per
+ * pair of keys, pairs[]: no need for speed.) */
+static size_t prefix_in(const unsigned char *a, const unsigned char *b, size_t n) {
     size_t k = 0;
-    uint64_t x, y;
-    for (; k + 8 <= n; k += 8) {
-        memcpy(&x, a + k, 8);
-        memcpy(&y, b + k, 8);
-        if (x ^ y)
-            return k + ((unsigned)__builtin_ctzll(x ^ y) >> 3);
-    }
-    if (k == n)
-        return n;
-    if (n < 8) {
-        while (k < n && a[k] == b[k])
-            k++;
-        return k;
-    }
-    memcpy(&x, a + n - 8, 8); /* the last 8 bytes again: those before k are equal */
-    memcpy(&y, b + n - 8, 8);
-    x = (x ^ y) >> (8 * (k + 8 - n));
-    return x ? k + ((unsigned)__builtin_ctzll(x) >> 3) : n;
+    while (k < n && a[k] == b[k])
+        k++;
+    return k;
 }
 
-/* Equal trailing bytes of the n bytes before a and before b; nothing read before them. */
-static ALWAYS_INLINE size_t suffix_in(const unsigned char *a, const unsigned char *b, size_t n) {
+/* Equal trailing bytes of the n bytes before a and before b. */
+static size_t suffix_in(const unsigned char *a, const unsigned char *b, size_t n) {
     size_t k = 0;
-    uint64_t x, y;
-    for (; k + 8 <= n; k += 8) {
-        memcpy(&x, a - k - 8, 8);
-        memcpy(&y, b - k - 8, 8);
-        if (x ^ y)
-            return k + ((unsigned)__builtin_clzll(x ^ y) >> 3);
-    }
-    if (k == n)
-        return n;
-    if (n < 8) {
-        while (k < n && a[-1 - (ptrdiff_t)k] == b[-1 - (ptrdiff_t)k])
-            k++;
-        return k;
-    }
-    memcpy(&x, a - n, 8); /* the first 8 bytes again: those after n - k are equal */
-    memcpy(&y, b - n, 8);
-    x = (x ^ y) << (8 * (k + 8 - n));
-    return x ? k + ((unsigned)__builtin_clzll(x) >> 3) : n;
-}
-
-/* a[0..n) == b[0..n); 8 bytes past n are readable in both. */
-static ALWAYS_INLINE int same_over(const unsigned char *a, const unsigned char *b, size_t n) {
-    uint64_t x, y, acc = 0;
-    size_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        memcpy(&x, a + k, 8);
-        memcpy(&y, b + k, 8);
-        acc |= x ^ y;
-    }
-    if (k < n) {
-        memcpy(&x, a + k, 8);
-        memcpy(&y, b + k, 8);
-        acc |= (x ^ y) & ((1ull << (8 * (n - k))) - 1);
-    }
-    return !acc;
+    while (k < n && a[-1 - (ptrdiff_t)k] == b[-1 - (ptrdiff_t)k])
+        k++;
+    return k;
 }
 
 static ALWAYS_INLINE int hint_ok(const dft_line_hint *h, size_t end) { /* the line lies before end */
@@ -635,8 +589,8 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
         size_t lb = r->len - g[5], mn = la < lb ? la : lb;
         c->key = h->key;
         c->ref = r->key;
-        c->same = f[0] == g[0] && f[2] - f[1] == g[2] - g[1] && f[4] - f[3] == g[4] - g[3] && same_over(a, b, f[0]) &&
-                  same_over(a + f[1], b + g[1], f[2] - f[1]) && same_over(a + f[3], b + g[3], f[4] - f[3]);
+        c->same = f[0] == g[0] && f[2] - f[1] == g[2] - g[1] && f[4] - f[3] == g[4] - g[3] && !memcmp(a, b, f[0]) &&
+                  !memcmp(a + f[1], b + g[1], f[2] - f[1]) && !memcmp(a + f[3], b + g[3], f[4] - f[3]);
         c->p = (uint16_t)prefix_in(a + f[5], b + g[5], mn);
         c->q = c->p == la && la == lb ? 0 : (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
     }
