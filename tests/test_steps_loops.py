@@ -62,19 +62,22 @@ def test_critic_steps_five_times_per_generator_step(tmp_path):
     assert_close(statistics.median(e["dur"] for e in steps[5:-1]), statistics.median(iterations[1:-1]))
 
 
-def test_validation_is_in_eval_slices_apart_from_the_steps(tmp_path):
-    path, events, iterations, evals = run_loop(tmp_path, "validate")
+@pytest.mark.parametrize("shape", ["validate", "validate_eval_mode"])
+def test_validation_is_in_eval_slices_apart_from_the_steps(tmp_path, shape):
+    """Validation under ``no_grad``, or under ``model.eval()`` alone (grad enabled)."""
+    path, events, iterations, evals = run_loop(tmp_path, shape)
     steps = step_slices(events)
     assert [e["name"] for e in steps] == [f"step {i}" for i in range(3 * ITERS)]
     passes = sorted(ops(events, "eval"), key=lambda e: e["ts"])
     assert len(passes) == 3  # the trailing evaluation is an eval slice, not a step
     for e, truth in zip(passes[1:], evals[1:]):  # the first one compiled its graph
         assert_close(e["dur"], truth)
-    # the inference graph calls are in the eval slices and carry no step
-    inference = [g for g in ops(events, "dynamo_graph") if g["name"].endswith("inference")]
-    assert len(inference) == 3 * 2
-    assert all("step" not in g["args"] and any(p["ts"] <= g["ts"] <= p["ts"] + p["dur"] for p in passes)
-               for g in inference)
+    # the validation graph calls are in the eval slices and carry no step
+    phase = "inference" if shape == "validate" else "forward"
+    calls = [g for g in ops(events, "dynamo_graph") if g["name"].endswith(phase)
+             and any(p["ts"] <= g["ts"] <= p["ts"] + p["dur"] for p in passes)]
+    assert len(calls) == 3 * 2
+    assert all("step" not in g["args"] for g in calls)
     # no step holds evaluation: training p90 is the iterations' p90
     training = [t for i, t in enumerate(iterations) if (i + 1) % (ITERS + 1)]  # iterations, not epoch ends
     result, _ = summary_json(path)
@@ -82,6 +85,22 @@ def test_validation_is_in_eval_slices_apart_from_the_steps(tmp_path):
     assert_close(result["steps"]["steady"]["p90_us"], quantile(training[1:], 0.9))
     ev = result["evaluation"]
     assert ev["count"] == 3 and ev["median_us"] == pytest.approx(statistics.median(e["dur"] for e in passes))
+
+
+def test_training_a_model_in_eval_mode_makes_steps_not_evaluation(tmp_path):
+    """Frozen batch norm: every forward runs under ``model.eval()`` with grad enabled, and a
+    backward follows it. The first such forward is undecided until its backward (its events
+    carry no step); from then on they are training at once."""
+    path, events, iterations, _ = run_loop(tmp_path, "frozen_norm")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    assert not ops(events, "eval")
+    assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
+    forwards = [g for g in ops(events, "dynamo_graph") if g["name"].endswith(" forward")]
+    assert len(forwards) == ITERS
+    assert [g["args"].get("step") for g in forwards] == [0, None, *range(2, ITERS)]
+    for g in forwards:
+        assert sum(s["ts"] <= g["ts"] and g["ts"] + g["dur"] <= s["ts"] + s["dur"] for s in steps) == 1
 
 
 def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
@@ -92,6 +111,24 @@ def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
     # each step after the first lasts from one mark to the next (the loop's clock, read at the marks)
     for s, truth in zip(steps[1:], iterations[:ITERS - 1], strict=True):
         assert_close(s["dur"], truth)
+
+
+def test_an_optimizer_step_inside_the_compiled_function_ends_each_step(tmp_path):
+    """Dynamo traces the optimizer's hooks and the backward and zero_grad wrappers: each still
+    runs (one step and one optimizer slice per iteration), and every graph break is located at
+    the user's line, none inside the tracer's own code."""
+    _, events, iterations, _ = run_loop(tmp_path, "compiled_step")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    for s in steps:
+        inside = [e for e in ops(events, "optimizer") if e["name"] == "SGD.step"
+                  and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]]
+        assert len(inside) == 1, (s["name"], len(inside))
+    assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
+    breaks = [e["args"] for e in ops(events, "dynamo_compile") if e["name"] == "graph break"]
+    assert len(breaks) >= 3, breaks  # backward, the optimizer's pre-hook, zero_grad
+    assert all(b["location"].startswith(SCRIPT + ":") for b in breaks), breaks
+    assert not any("dftrace_dynamo" in b["reason"] for b in breaks), breaks
 
 
 def test_step_windows_count_only_recorded_steps(tmp_path):

@@ -5,13 +5,17 @@ tests compare the trace with).
 
 SHAPE: ``gan`` (D then G each step once per iteration), ``critic`` (5 critic steps per
 generator step; an iteration is one generator step), ``validate`` (3 epochs of training, a
-``no_grad`` validation pass after each), ``marked`` (``dftrace_dynamo.step()`` after
-``optimizer.step()``). Each iteration sleeps ``SLEEP_S`` so that its time is well above
+``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating
+under ``model.eval()`` alone, grad enabled), ``frozen_norm`` (training a model kept in eval
+mode, as with frozen batch norm), ``marked`` (``dftrace_dynamo.step()`` after
+``optimizer.step()``), ``compiled_step`` (forward, backward, ``optimizer.step()`` and
+``zero_grad()`` in one compiled function: Dynamo traces the optimizer's hooks). Each iteration sleeps ``SLEEP_S`` so that its time is well above
 the noise of a shared machine. The truth file holds ``iterations`` (start times, ns, of each
 iteration and the end of the last one; for ``marked``, the time of each mark instead) and,
 for ``validate``, ``evals`` ((start, end) of each validation pass).
 """
 import argparse
+import contextlib
 import json
 import time
 
@@ -68,7 +72,7 @@ def critic(n, marks):
         opt_g.step()
 
 
-def validate(n, marks, evals):
+def validate(n, marks, evals, no_grad=True):
     from torch.utils.data import DataLoader, TensorDataset
 
     model = torch.compile(mlp(), backend=create_backend())
@@ -85,11 +89,24 @@ def validate(n, marks, evals):
             time.sleep(SLEEP_S)
         marks.append(time.monotonic_ns())  # the end of the epoch's last iteration
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad() if no_grad else contextlib.nullcontext():
             for (x,) in val:
                 model(x)
                 time.sleep(5 * SLEEP_S)  # much longer than a training iteration
         evals.append((marks[-1], time.monotonic_ns()))
+
+
+def frozen_norm(n, marks):
+    model = torch.compile(nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1)),
+                          backend=create_backend())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model.eval()  # batch norm statistics frozen; the weights train
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        opt.zero_grad()
+        model(torch.randn(8, 16)).pow(2).mean().backward()
+        opt.step()
+        time.sleep(SLEEP_S)
 
 
 def marked(n, marks):
@@ -104,9 +121,26 @@ def marked(n, marks):
         time.sleep(SLEEP_S)
 
 
+def compiled_step(n, marks):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    @torch.compile(backend=create_backend())
+    def train_step(x):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        train_step(torch.randn(8, 16))
+        time.sleep(SLEEP_S)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "critic", "validate", "marked"))
+    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "frozen_norm", "marked",
+                                          "compiled_step"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)
@@ -114,8 +148,8 @@ def main():
     log = dftracer.initialize_log(a.out, None, -1)
     torch.manual_seed(0)
     marks, evals = [], []
-    if a.shape == "validate":
-        validate(a.iters, marks, evals)
+    if a.shape.startswith("validate"):
+        validate(a.iters, marks, evals, no_grad=a.shape == "validate")
     else:
         globals()[a.shape](a.iters, marks)
         marks.append(time.monotonic_ns())

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -143,7 +144,6 @@ def install() -> None:
 def _traced(install_callbacks):
     @contextlib.contextmanager
     def traced(trigger, compile_id):
-        steps.compile_starts()
         _push(_start(getattr(trigger, "name", "DYNAMO").lower(), compile_id))
         try:
             with install_callbacks(trigger, compile_id):
@@ -193,19 +193,24 @@ def _first_paragraph(text: str) -> str:
 
 def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = None,
            breaks_seen: Optional[int] = None) -> dict:
-    start = _core.now_ns() if started_ns is None else started_ns
-    info = {"compile_id": compile_id, "trigger": trigger, "start_ns": start, "frame": None, "location": None,
-            "breaks_seen": len(_break_reasons()) if breaks_seen is None else breaks_seen}
     compiling = _compiling_frame() if trigger == "dynamo" else None
     if compiling is not None:
         code = compiling.f_locals["code"]
+        f_locals = _owner_locals(compiling, code)
+        modules = _frame_modules(compiling, f_locals)
+    if started_ns is None:  # decided before the compile begins, so that it lands in what follows
+        steps.compile_starts(modules if compiling is not None else ())
+    start = _core.now_ns() if started_ns is None else started_ns
+    info = {"compile_id": compile_id, "trigger": trigger, "start_ns": start, "frame": None, "location": None,
+            "breaks_seen": len(_break_reasons()) if breaks_seen is None else breaks_seen}
+    if compiling is not None:
         # the compiled frame's locals and globals name its modules (sites.user_stacks); held until its end
-        info["locals"], info["globals"] = _owner_locals(compiling, code), compiling.f_locals.get("globals")
-        _register_modules(compiling, info["locals"])
+        info["locals"], info["globals"], info["modules"] = f_locals, compiling.f_locals.get("globals"), modules
+        _register_modules(compiling, f_locals)
         info["frame"] = code.co_name
         info["location"] = f"{code.co_filename}:{code.co_firstlineno}"
         if _in_torch(code.co_filename):  # a wrapper of torch's around the user's code
-            info.update(_user_code(compiling, info["locals"]))
+            info.update(_user_code(compiling, f_locals))
         reason = _recompile_reason()
         if reason:
             emit("recompile", "recompile", start, start, reason=_guard_text(reason), detail=reason,
@@ -215,6 +220,11 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# the tracer's own hooks (optimizer hooks, backward and zero_grad wrappers, module hooks) that
+# Dynamo may trace into; the CLI and graph tools hold user-facing code (the demo's model)
+_HOOKS = tuple(_PACKAGE_DIR + part for part in (f"backend{os.sep}", f"events{os.sep}", f"session{os.sep}",
+                                                "dftracer.py", "integrations.py"))
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 
 
@@ -232,6 +242,21 @@ def _owner_locals(compiling: types.FrameType, code: types.CodeType) -> dict:
             return {**f_locals, "self": frame.f_locals["self"]}
         frame = frame.f_back
     return f_locals
+
+
+def _frame_values(compiling: types.FrameType, f_locals: dict) -> list:
+    """The frame's locals and its closure's contents, bound methods as their objects."""
+    cells = compiling.f_locals.get("closure") or ()
+    values = [*f_locals.values(), *(getattr(c, "cell_contents", None) for c in cells)]
+    # only bound methods: any other object's __getattr__ may raise (torch.backends.cuda's does)
+    return [value.__self__ if isinstance(value, types.MethodType) else value for value in values]
+
+
+def _frame_modules(compiling: types.FrameType, f_locals: dict) -> tuple:
+    """Weak references to the modules the frame runs: ``self``, a model passed in, and what
+    ``torch.compile(model)``'s wrapper closes over."""
+    found = {id(v): v for v in _frame_values(compiling, f_locals) if isinstance(v, torch.nn.Module)}
+    return tuple(weakref.ref(module) for module in found.values())
 
 
 def _register_modules(compiling: types.FrameType, f_locals) -> None:
@@ -255,9 +280,7 @@ def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
     the module (class, path) or function it wraps, from the frame's locals and closure, located at
     the first caller outside torch."""
     found, module = {}, None
-    cells = compiling.f_locals.get("closure") or ()
-    for value in [*f_locals.values(), *(getattr(c, "cell_contents", None) for c in cells)]:
-        value = getattr(value, "__self__", value)  # a bound method: its module
+    for value in _frame_values(compiling, f_locals):
         if isinstance(value, torch.nn.Module):
             module = value
             found = {"frame": type(value).__name__, "module": sites.register(value)}
@@ -265,7 +288,7 @@ def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
         if isinstance(value, types.FunctionType) and not _in_torch(value.__code__.co_filename):
             found = {"frame": value.__qualname__}
     frame = compiling.f_back
-    while frame is not None and _in_torch(frame.f_code.co_filename):
+    while frame is not None and _not_user(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is not None:
         found["location"] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
@@ -278,6 +301,11 @@ def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
 
 def _in_torch(filename: str) -> bool:
     return filename.startswith(_TORCH_DIR)
+
+
+def _not_user(filename: str) -> bool:
+    """torch's code, or the tracer's hooks: a location points past both to the user's line."""
+    return filename.startswith(_TORCH_DIR) or filename.startswith(_HOOKS)
 
 
 def _recompile_reason() -> Optional[str]:
@@ -303,7 +331,7 @@ def _end(info: dict) -> None:
         breaks = len(reasons) - seen
         for reason in reasons[seen:]:
             stack = reason.user_stack or []
-            frame = next((f for f in reversed(stack) if not _in_torch(f.filename)), stack[-1] if stack else None)
+            frame = next((f for f in reversed(stack) if not _not_user(f.filename)), stack[-1] if stack else None)
             emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
                  location=f"{frame.filename}:{frame.lineno}" if frame else None,
                  frame=info["frame"], compile_id=info["compile_id"])

@@ -128,8 +128,11 @@ def _aot_grad_fn(phase: str, grad: bool) -> Union[Callable[[], bool], bool]:
 
 
 def _probe(phase: str) -> Optional[Callable[[bool], None]]:
-    """A forward graph's calls tell step tracking whether training or evaluation runs."""
-    return None if phase == PHASE_BACKWARD else steps.forward_probe
+    """A forward graph's calls tell step tracking whether training or evaluation runs (from the
+    grad mode, and the eval mode of the modules of the frame being compiled)."""
+    if phase == PHASE_BACKWARD:
+        return None
+    return steps.probe_for((compile_events.current() or {}).get("modules"))
 
 
 def _check_level(level) -> None:

@@ -35,7 +35,13 @@ the step is complete (or evaluation runs already) begins an ``eval`` slice (cat
 ``eval``) at the point where the step ended; it lasts until training work
 starts again, holds its own graphs, modules, ops and ``data`` slices, and its
 events carry no step. A trailing evaluation segment is an ``eval`` slice, not a
-step. Graph calls are seen only in the step windows: outside them, evaluation
+step. A graph call with grad enabled whose modules are all in eval mode
+(``model.eval()``: validation without ``no_grad``, or training with frozen
+batch norm) is undecided: the step ends there, and what follows is evaluation
+unless a backward or an optimizer step comes before the next training work.
+Its events carry no step until that is known; the first such call in a trace
+file decides the rest of them (``model.eval()`` forwards then mean training,
+or evaluation, at once). Graph calls are seen only in the step windows: outside them, evaluation
 stays in the surrounding step, which is not recorded either.
 
 Each trace file numbers its steps from 0; step 0 begins when tracing starts
@@ -72,8 +78,10 @@ from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_EVAL, CAT_OPTIMI
 from ..session import config, dataloaders, hooks, logger
 from . import clock, comm, memory  # their hooks go in with the trace file, like ours
 
-# where the iteration is (optimizer-driven steps only; with marks, always TRAIN)
-TRAIN, COMPLETE, EVAL = range(3)
+# where the iteration is (optimizer-driven steps only; with marks, always TRAIN); UNDECIDED: after
+# a complete step, a forward of eval-mode modules with grad enabled (evaluation unless a backward
+# or an optimizer step follows)
+TRAIN, COMPLETE, EVAL, UNDECIDED = range(4)
 
 
 class _State:
@@ -96,6 +104,8 @@ class _State:
     complete_ns = 0  # when the current step became complete
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
     deferred: list = []  # (name, cat, start, end, args): slices held until it is known what follows
+    undecided_held = 0  # deferred[:undecided_held] precede an undecided forward: its segment's
+    eval_mode_trains: Optional[bool] = None  # learnt from the first undecided segment of the trace
 
 
 _state = _State()
@@ -174,9 +184,11 @@ def _boundary(now: int) -> int:
     return _state.deferred[0][2] if _state.deferred else now
 
 
-def _flush() -> None:
-    """The slices held back while the boundary was undecided, recorded in what was decided."""
-    deferred, _state.deferred = _state.deferred, []
+def _flush(count: Optional[int] = None) -> None:
+    """The slices held back while the boundary was undecided (the first ``count`` of them),
+    recorded in what was decided."""
+    count = len(_state.deferred) if count is None else count
+    deferred, _state.deferred = _state.deferred[:count], _state.deferred[count:]
     if _state.ops:
         for name, cat, start, end, args in deferred:
             _core.log(name, cat, start, end, args)
@@ -200,17 +212,21 @@ def _end(now: int) -> None:
         _state.explicit = True
         if _state.mode != TRAIN:
             _flush()  # held after the optimizer steps or during the evaluation, before the mark: theirs
-        if _state.mode == EVAL:
+        if _state.mode in (EVAL, UNDECIDED):
             _end_eval(now)  # the mark ends the evaluation; the step after it begins
         else:
             _finish(now)
 
 
 def _training(now: int) -> None:
-    """Training work starts at ``now``: a complete step ends, an evaluation ends."""
+    """Training work starts at ``now``: a complete step ends, an evaluation (or an undecided
+    segment: it was one) ends."""
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
+        if _state.mode == UNDECIDED:
+            _decided(False)
+            _flush(_state.undecided_held)
         at = _boundary(now)
         if _state.mode == COMPLETE:
             _finish(at)
@@ -219,6 +235,32 @@ def _training(now: int) -> None:
         else:
             return
         _flush()
+
+
+def _undecided(now: int) -> None:
+    """A forward of eval-mode modules with grad enabled at ``now``: after a complete step, the step
+    ends and what follows is undecided."""
+    with _lock:
+        if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
+            return
+        if _state.mode == COMPLETE:
+            _finish(_boundary(now))
+            _set_mode(UNDECIDED)
+            _core.set_step(None)
+        if _state.mode == UNDECIDED:
+            _state.undecided_held = len(_state.deferred)
+        elif _state.mode == EVAL:
+            _flush()
+
+
+def _decided(trains: bool) -> None:
+    """The undecided segment was training (a backward or an optimizer step came) or evaluation."""
+    _state.eval_mode_trains = trains
+    if trains:
+        _set_mode(TRAIN)
+        _core.set_step(_state.number)
+    else:
+        _set_mode(EVAL)
 
 
 def _evaluation(now: int) -> None:
@@ -232,6 +274,8 @@ def _evaluation(now: int) -> None:
             _core.set_step(None)  # evaluation belongs to no step
         if _state.mode == EVAL:
             _flush()
+        elif _state.mode == UNDECIDED:
+            _state.undecided_held = len(_state.deferred)
 
 
 def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None) -> None:
@@ -292,6 +336,7 @@ def _on_open() -> None:
             _state.named = _state.ended = _state.explicit = False
             _state.following = None
             _state.known, _state.most, _state.deferred = set(), {}, []
+            _state.eval_mode_trains = None
             # opened lazily (inside a compile): the step began with the work in progress on this thread
             data = _local.__dict__.pop("data", None)
             anchors = [t for t in (a() for a in _open_anchors) if t is not None]
@@ -318,7 +363,7 @@ def _on_close() -> None:
         with _lock:
             if _state.start_ns is not None and not _state.broken:
                 now = _core.now_ns()
-                if _state.mode == EVAL:
+                if _state.mode in (EVAL, UNDECIDED):  # undecided at the end: no backward came
                     _flush()
                     _eval_slice(now)
                 elif _state.mode == COMPLETE:
@@ -417,14 +462,26 @@ def name_step(number) -> None:
             _enter(number)
 
 
-def _forward(grad: bool) -> None:
-    """Forward work begins: with grad enabled training work, without it evaluation (once the
-    step is complete)."""
+def _forward(grad: bool, modules=()) -> None:
+    """Forward work begins (``modules``: weak references to those it runs, if known): with grad
+    enabled training work, without it evaluation (once the step is complete); with grad enabled
+    and every module in eval mode, undecided until learnt."""
     if _state.mode != TRAIN:
         try:
-            (_training if grad else _evaluation)(_core.now_ns())
+            if not grad:
+                work = _evaluation
+            elif not _eval_mode(modules) or _state.eval_mode_trains:
+                work = _training
+            else:
+                work = _evaluation if _state.eval_mode_trains is False else _undecided
+            work(_core.now_ns())
         except Exception as exc:
             _fail(exc)
+
+
+def _eval_mode(modules) -> bool:
+    alive = [m for m in (ref() for ref in modules) if m is not None]
+    return bool(alive) and not any(m.training for m in alive)
 
 
 def forward_probe(grad: bool) -> None:
@@ -434,10 +491,23 @@ def forward_probe(grad: bool) -> None:
     _forward(grad)
 
 
-def compile_starts() -> None:
-    """A Dynamo compile begins: forward work under the grad mode it compiles for (decided now,
-    so that the compile lands in what follows, not in the step before it)."""
-    _forward(torch.is_grad_enabled())
+def probe_for(modules):
+    """The probe of a forward graph compiled for ``modules`` (weak references: a compiled graph
+    must not keep a model alive): their eval mode counts, too."""
+    if not modules:
+        return forward_probe
+
+    def probe(grad: bool) -> None:
+        _forward(grad, modules)
+
+    return probe
+
+
+def compile_starts(modules=()) -> None:
+    """A Dynamo compile of the forward of ``modules`` begins: forward work under the grad mode it
+    compiles for (decided now, so that the compile lands in what follows, not in the step before
+    it)."""
+    _forward(torch.is_grad_enabled(), modules)
 
 
 # ---- patch points -------------------------------------------------------------
@@ -450,9 +520,14 @@ def _slice(name: str, cat: str, start: int, args: Optional[dict] = None, end: Op
 
 
 def _work(now: int) -> None:
-    """Training work begins (runs whether or not ops are recorded: steps end everywhere)."""
+    """Training work begins (runs whether or not ops are recorded: steps end everywhere); an
+    undecided segment was the step's start."""
     if _state.mode != TRAIN:
         try:
+            with _lock:
+                if _state.mode == UNDECIDED and threading.get_ident() == _state.thread:
+                    _decided(True)
+                    _flush()
             _training(now)
         except Exception as exc:
             _fail(exc)
@@ -487,7 +562,18 @@ def _compiling() -> bool:
     return torch.compiler.is_dynamo_compiling() or CompileContext.try_get() is not None
 
 
+def _frame_never_compiled(fn):
+    """Dynamo still inlines ``fn`` into a frame it compiles, but never compiles ``fn``'s own frame
+    when a graph break leaves it to run eagerly: that compile holds nothing but a graph break
+    located in this file."""
+    skip = getattr(torch._dynamo.eval_frame, "skip_code", None)
+    if skip is not None:
+        skip(fn.__code__)
+    return fn
+
+
 def _wrap_backward(original):
+    @_frame_never_compiled
     @functools.wraps(original)
     def traced(*args, **kwargs):
         if _compiling() or getattr(_local, "backward", 0):  # nested calls: the outermost is the slice
@@ -508,6 +594,7 @@ def _wrap_backward(original):
 
 def _wrap_data(original, name: str):
     """``next()`` on a DataLoader iterator, ``iter()`` of a DataLoader: a data slice."""
+    @_frame_never_compiled
     @functools.wraps(original)
     def fetch(self, *args):
         if _compiling():
@@ -531,6 +618,7 @@ def _wrap_data(original, name: str):
 
 
 def _wrap_zero_grad(original):
+    @_frame_never_compiled
     @functools.wraps(original)
     def zero_grad(self, *args, **kwargs):
         if _compiling():
@@ -566,6 +654,10 @@ def _dataloader():
 
 
 def _optimizer_hook(register_name: str, hook):
+    # a compiled optimizer step calls the hook eagerly, from a graph break: Dynamo tracing into it
+    # would warn the user about _core's builtins
+    hook = torch._dynamo.disable(hook)
+
     def register():
         from torch.optim import optimizer
 
