@@ -105,3 +105,64 @@ def test_memory_samples_make_no_step(tmp_path):
     events = read_events(path)
     assert any(e.get("ph") == "C" and e["cat"] == "memory" for e in events)
     assert sorted(e["args"]["step"] for e in events if e.get("cat") == "step") == [0, 1, 2]
+
+
+def test_collectives_after_a_graph_break_are_recorded(tmp_path):
+    """Eager collectives a compiled function calls after a graph break: Dynamo must not compile
+    the tracer's wrapper as a frame of its own (that compile would skip the recording)."""
+    run_py(f"""
+        import torch
+        import torch.distributed as dist
+        import dftrace_dynamo
+        from dftrace_dynamo import create_backend
+
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+        dftrace_dynamo.initialize_log()
+
+        @torch.compile(backend=create_backend())
+        def f(x):
+            y = x * 2
+            torch._dynamo.graph_break()
+            dist.barrier()
+            dist.broadcast(y, 0)
+            return y + 1
+
+        for _ in range(3):
+            f(torch.randn(4))
+        dist.destroy_process_group()
+    """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    assert sorted(e["name"] for e in comm_events(path)) == ["barrier"] * 3 + ["broadcast"] * 3
+    breaks = [e["args"]["location"] for e in events if e.get("name") == "graph break"]
+    assert breaks and not any("dftrace_dynamo" in b for b in breaks), breaks
+
+
+def test_collectives_on_one_thread_while_another_compiles_are_recorded(tmp_path):
+    run_py(f"""
+        import threading
+        import torch
+        import torch.distributed as dist
+        import dftrace_dynamo
+        from dftrace_dynamo import create_backend
+
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+        dftrace_dynamo.initialize_log()
+        compiling, done = threading.Event(), threading.Event()
+
+        def held(gm, example_inputs, info):  # the backend's compile waits for the other thread
+            compiling.set()
+            assert done.wait(60)
+
+        f = torch.compile(lambda x: x.relu() + 1, backend=create_backend(on_graph=held))
+        compiler = threading.Thread(target=f, args=(torch.randn(4),))
+        compiler.start()
+        assert compiling.wait(60)
+        dist.barrier()
+        dist.all_reduce(torch.ones(8))
+        done.set()
+        compiler.join()
+        dist.destroy_process_group()
+    """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
+    (path,) = traces(tmp_path)
+    assert sorted((e["name"], e["args"]["bytes"]) for e in comm_events(path)) == [("all_reduce", 32), ("barrier", 0)]

@@ -103,6 +103,20 @@ def test_training_a_model_in_eval_mode_makes_steps_not_evaluation(tmp_path):
         assert sum(s["ts"] <= g["ts"] and g["ts"] + g["dur"] <= s["ts"] + s["dur"] for s in steps) == 1
 
 
+def test_a_frozen_teachers_no_grad_forward_is_part_of_the_step(tmp_path):
+    """Distillation: a no_grad forward followed at once by training work (no data, no
+    zero_grad between) is the step's, not an evaluation."""
+    _, events, iterations, _ = run_loop(tmp_path, "distill")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    assert not ops(events, "eval")
+    assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
+    teacher = [g for g in ops(events, "dynamo_graph") if g["name"].endswith("inference")]
+    assert len(teacher) == ITERS
+    for g in teacher:
+        assert sum(s["ts"] <= g["ts"] and g["ts"] + g["dur"] <= s["ts"] + s["dur"] for s in steps) == 1
+
+
 def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
     _, events, iterations, _ = run_loop(tmp_path, "marked")
     steps = step_slices(events)

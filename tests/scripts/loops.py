@@ -7,7 +7,8 @@ SHAPE: ``gan`` (D then G each step once per iteration), ``critic`` (5 critic ste
 generator step; an iteration is one generator step), ``validate`` (3 epochs of training, a
 ``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating
 under ``model.eval()`` alone, grad enabled), ``frozen_norm`` (training a model kept in eval
-mode, as with frozen batch norm), ``marked`` (``dftrace_dynamo.step()`` after
+mode, as with frozen batch norm), ``distill`` (a frozen teacher's forward under
+``no_grad``, then the student's training), ``marked`` (``dftrace_dynamo.step()`` after
 ``optimizer.step()``), ``compiled_step`` (forward, backward, ``optimizer.step()`` and
 ``zero_grad()`` in one compiled function: Dynamo traces the optimizer's hooks). Each iteration sleeps ``SLEEP_S`` so that its time is well above
 the noise of a shared machine. The truth file holds ``iterations`` (start times, ns, of each
@@ -109,6 +110,23 @@ def frozen_norm(n, marks):
         time.sleep(SLEEP_S)
 
 
+def distill(n, marks):
+    backend = create_backend()
+    teacher, student = torch.compile(mlp(), backend=backend), torch.compile(mlp(), backend=backend)
+    teacher.eval()
+    opt = torch.optim.SGD(student.parameters(), lr=1e-3)
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        x = torch.randn(8, 16)
+        opt.zero_grad()
+        with torch.no_grad():
+            target = teacher(x)
+            time.sleep(SLEEP_S)  # a teacher as slow as the rest of the iteration
+        (student(x) - target).pow(2).mean().backward()
+        opt.step()
+        time.sleep(SLEEP_S)
+
+
 def marked(n, marks):
     model = torch.compile(mlp(), backend=create_backend())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -139,7 +157,7 @@ def compiled_step(n, marks):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "frozen_norm", "marked",
+    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "frozen_norm", "distill", "marked",
                                           "compiled_step"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)

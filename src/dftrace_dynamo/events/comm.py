@@ -85,9 +85,10 @@ _watched: set = set()  # ids of the NCCL groups whose completion hook is registe
 
 
 def _recording() -> bool:
+    """Op-level events are on and neither Dynamo nor a compile on this thread runs the caller."""
     from . import steps  # imports this module: looked up at run time
 
-    return steps._state.ops
+    return steps._state.ops and not steps.compiling_here()
 
 
 def is_functional_collective(target: Any) -> bool:
@@ -195,8 +196,9 @@ def _wrap_op(op: str, spec: tuple):
     def wrap(original):
         @functools.wraps(original)
         def traced(*args, **kwargs):
-            # Dynamo tracing the call must see the original (it maps it to a functional collective)
-            if torch.compiler.is_compiling() or not _recording() or getattr(_local, "depth", 0):
+            # Dynamo tracing the call must see the original (it maps it to a functional collective);
+            # asked first, so that a graph break in the original breaks at the caller's line
+            if torch.compiler.is_dynamo_compiling() or not _recording() or getattr(_local, "depth", 0):
                 return original(*args, **kwargs)
             try:
                 ev_args = _args(op, _arg(args, kwargs, "group", group_pos),
@@ -237,7 +239,7 @@ class _DDPHook:
         self.hook, self.state, self.replaced = default_hooks.allreduce_hook, process_group, False
 
     def __call__(self, state, bucket):
-        if torch.compiler.is_compiling() or not _recording():
+        if torch.compiler.is_dynamo_compiling() or not _recording():
             return self.hook(self.state, bucket)
         start = _core.now_ns()
         _local.depth = 1  # the all_reduce inside the hook is part of this event

@@ -41,7 +41,10 @@ batch norm) is undecided: the step ends there, and what follows is evaluation
 unless a backward or an optimizer step comes before the next training work.
 Its events carry no step until that is known; the first such call in a trace
 file decides the rest of them (``model.eval()`` forwards then mean training,
-or evaluation, at once). Graph calls are seen only in the step windows: outside them, evaluation
+or evaluation, at once). Training work that follows such a segment's last
+forward at once, with no data slice or ``zero_grad`` between (a frozen
+teacher's or a GAN generator's forward under ``no_grad``, then the trained
+model's), makes the segment the start of the step, not an evaluation. Graph calls are seen only in the step windows: outside them, evaluation
 stays in the surrounding step, which is not recorded either.
 
 Each trace file numbers its steps from 0; step 0 begins when tracing starts
@@ -104,7 +107,7 @@ class _State:
     complete_ns = 0  # when the current step became complete
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
     deferred: list = []  # (name, cat, start, end, args): slices held until it is known what follows
-    undecided_held = 0  # deferred[:undecided_held] precede an undecided forward: its segment's
+    segment_held = 0  # deferred[:segment_held] precede the evaluation's (undecided segment's) last forward
     eval_mode_trains: Optional[bool] = None  # learnt from the first undecided segment of the trace
 
 
@@ -220,13 +223,20 @@ def _end(now: int) -> None:
 
 def _training(now: int) -> None:
     """Training work starts at ``now``: a complete step ends, an evaluation (or an undecided
-    segment: it was one) ends."""
+    segment: it was one) ends. Training work that follows the segment's last forward at once
+    (no data slice, no ``zero_grad`` between) makes the segment the step's start: a frozen
+    teacher's or a generator's forward under ``no_grad``."""
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
+        if _state.mode in (EVAL, UNDECIDED) and len(_state.deferred) == _state.segment_held:
+            _set_mode(TRAIN)  # the step began where the segment did
+            _core.set_step(_state.number)
+            _flush()
+            return
         if _state.mode == UNDECIDED:
             _decided(False)
-            _flush(_state.undecided_held)
+            _flush(_state.segment_held)
         at = _boundary(now)
         if _state.mode == COMPLETE:
             _finish(at)
@@ -247,10 +257,9 @@ def _undecided(now: int) -> None:
             _finish(_boundary(now))
             _set_mode(UNDECIDED)
             _core.set_step(None)
-        if _state.mode == UNDECIDED:
-            _state.undecided_held = len(_state.deferred)
-        elif _state.mode == EVAL:
+        if _state.mode == EVAL:
             _flush()
+        _state.segment_held = len(_state.deferred)
 
 
 def _decided(trains: bool) -> None:
@@ -274,8 +283,7 @@ def _evaluation(now: int) -> None:
             _core.set_step(None)  # evaluation belongs to no step
         if _state.mode == EVAL:
             _flush()
-        elif _state.mode == UNDECIDED:
-            _state.undecided_held = len(_state.deferred)
+        _state.segment_held = len(_state.deferred)
 
 
 def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None) -> None:
@@ -556,27 +564,17 @@ def _optimizer_post_hook(optimizer, args, kwargs):
         _fail(exc)
 
 
-def _compiling() -> bool:
-    # Dynamo tracing into a patched function, and code a compile runs on this thread, must see the
-    # original only; torch.compiler.is_compiling() is process-wide (true while any thread compiles)
+def compiling_here() -> bool:
+    """Whether Dynamo traces the caller, or a compile runs it on this thread: a patched function
+    must then run the original only. (``torch.compiler.is_compiling()`` is process-wide: true
+    while any thread compiles.)"""
     return torch.compiler.is_dynamo_compiling() or CompileContext.try_get() is not None
 
 
-def _frame_never_compiled(fn):
-    """Dynamo still inlines ``fn`` into a frame it compiles, but never compiles ``fn``'s own frame
-    when a graph break leaves it to run eagerly: that compile holds nothing but a graph break
-    located in this file."""
-    skip = getattr(torch._dynamo.eval_frame, "skip_code", None)
-    if skip is not None:
-        skip(fn.__code__)
-    return fn
-
-
 def _wrap_backward(original):
-    @_frame_never_compiled
     @functools.wraps(original)
     def traced(*args, **kwargs):
-        if _compiling() or getattr(_local, "backward", 0):  # nested calls: the outermost is the slice
+        if compiling_here() or getattr(_local, "backward", 0):  # nested calls: the outermost is the slice
             return original(*args, **kwargs)
         start = _core.now_ns()
         _work(start)
@@ -594,10 +592,9 @@ def _wrap_backward(original):
 
 def _wrap_data(original, name: str):
     """``next()`` on a DataLoader iterator, ``iter()`` of a DataLoader: a data slice."""
-    @_frame_never_compiled
     @functools.wraps(original)
     def fetch(self, *args):
-        if _compiling():
+        if compiling_here():
             return original(self, *args)
         if _state.start_ns is None:
             if _state.broken or name != "data":
@@ -618,10 +615,9 @@ def _wrap_data(original, name: str):
 
 
 def _wrap_zero_grad(original):
-    @_frame_never_compiled
     @functools.wraps(original)
     def zero_grad(self, *args, **kwargs):
-        if _compiling():
+        if compiling_here():
             return original(self, *args, **kwargs)
         start = _core.now_ns()
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -57,6 +58,7 @@ class Patch(Hook):
         # what the object itself held (an inherited or class attribute is not copied onto it)
         self._own = vars(self._target).get(self.attr, _MISSING)
         self.replacement = self.wrap(getattr(self._target, self.attr))
+        _frame_never_compiled(self.replacement)
         setattr(self._target, self.attr, self.replacement)
 
     def _remove(self) -> None:
@@ -66,6 +68,20 @@ class Patch(Hook):
             else:
                 setattr(self._target, self.attr, self._own)
         self._target = self._own = self.replacement = None
+
+
+def _frame_never_compiled(fn) -> None:
+    """Dynamo still inlines ``fn`` into the frames it compiles, but never compiles ``fn``'s frame,
+    nor the frames it calls, when ``fn`` runs eagerly from a compiled function's graph break: such
+    a compile takes the wrapper's "Dynamo is tracing" branch for good (and the tracer's helpers'),
+    skipping its recording. (torch's own code is never compiled there either: its files are skipped.)"""
+    eval_frame = getattr(sys.modules.get("torch._C._dynamo"), "eval_frame", None)
+    code = getattr(fn, "__code__", None)
+    try:
+        skip = eval_frame._FrameAction.SKIP
+        eval_frame.set_code_exec_strategy(code, eval_frame._FrameExecStrategy(skip, skip))
+    except (AttributeError, TypeError):  # another torch, or not a Python function
+        pass
 
 
 class Registration(Hook):
