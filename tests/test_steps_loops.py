@@ -117,6 +117,16 @@ def test_a_frozen_teachers_no_grad_forward_is_part_of_the_step(tmp_path):
         assert sum(s["ts"] <= g["ts"] and g["ts"] + g["dur"] <= s["ts"] + s["dur"] for s in steps) == 1
 
 
+def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):
+    _, events, iterations, _ = run_loop(tmp_path, "amp_skip")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    sgd = [e["args"]["step"] for e in ops(events, "optimizer") if e["name"] == "SGD.step"]
+    assert sgd == [i for i in range(ITERS) if i not in (2, 3)]  # skipped steps ran no optimizer
+    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
+        assert_close(s["dur"], truth)
+
+
 def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
     _, events, iterations, _ = run_loop(tmp_path, "marked")
     steps = step_slices(events)

@@ -8,7 +8,8 @@ generator step; an iteration is one generator step), ``validate`` (3 epochs of t
 ``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating
 under ``model.eval()`` alone, grad enabled), ``frozen_norm`` (training a model kept in eval
 mode, as with frozen batch norm), ``distill`` (a frozen teacher's forward under
-``no_grad``, then the student's training), ``marked`` (``dftrace_dynamo.step()`` after
+``no_grad``, then the student's training), ``amp_skip`` (a ``GradScaler`` that skips the
+optimizer step of iterations 2 and 3: their loss overflows), ``marked`` (``dftrace_dynamo.step()`` after
 ``optimizer.step()``), ``compiled_step`` (forward, backward, ``optimizer.step()`` and
 ``zero_grad()`` in one compiled function: Dynamo traces the optimizer's hooks). Each iteration sleeps ``SLEEP_S`` so that its time is well above
 the noise of a shared machine. The truth file holds ``iterations`` (start times, ns, of each
@@ -127,6 +128,20 @@ def distill(n, marks):
         time.sleep(SLEEP_S)
 
 
+def amp_skip(n, marks):
+    model = torch.compile(mlp(), backend=create_backend())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    for i in range(n):
+        marks.append(time.monotonic_ns())
+        opt.zero_grad()
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        scaler.scale(loss * float("inf") if i in (2, 3) else loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        time.sleep(SLEEP_S)
+
+
 def marked(n, marks):
     model = torch.compile(mlp(), backend=create_backend())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -157,7 +172,7 @@ def compiled_step(n, marks):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "frozen_norm", "distill", "marked",
+    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "frozen_norm", "distill", "amp_skip", "marked",
                                           "compiled_step"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)

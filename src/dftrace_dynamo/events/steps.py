@@ -3,7 +3,8 @@
 A step is one training iteration. Without marks, optimizers decide where it ends:
 
 * every optimizer (``torch.optim.Optimizer``, seen through torch's global
-  optimizer hooks: no change to the user's loop) that has stepped in this
+  optimizer hooks: no change to the user's loop; a ``GradScaler.step`` that
+  skips ``optimizer.step()`` for inf/NaN gradients counts as a step of it) that has stepped in this
   trace file is one of the training's optimizers; a step is *complete* once
   each of them has stepped in it (one optimizer: at its ``step()``; a GAN's
   D and G: at the second of the two; a critic stepping 5 times per generator
@@ -541,18 +542,25 @@ def _work(now: int) -> None:
             _fail(exc)
 
 
-def _optimizer_pre_hook(optimizer, args, kwargs):
+def _optimizer_begins(optimizer) -> int:
+    """An optimizer step begins now (returned): the optimizer joins, training work goes on."""
     now = _core.now_ns()
     try:
         _join(optimizer)
     except Exception as exc:
         _fail(exc)
     _work(now)
+    return now
+
+
+def _optimizer_pre_hook(optimizer, args, kwargs):
+    now = _optimizer_begins(optimizer)
     if _state.ops:
         _local.__dict__.setdefault("opt", {})[id(optimizer)] = now
 
 
 def _optimizer_post_hook(optimizer, args, kwargs):
+    _local.post_hooks = getattr(_local, "post_hooks", 0) + 1  # see _wrap_scaler_step
     try:
         now = _core.now_ns()
         start = _local.__dict__.get("opt", {}).pop(id(optimizer), None)
@@ -612,6 +620,26 @@ def _wrap_data(original, name: str):
         return result
 
     return fetch
+
+
+def _wrap_scaler_step(original):
+    """``GradScaler.step``: when the gradients hold inf or NaN it skips ``optimizer.step()``
+    (often, early in fp16 training); the iteration still ends as if the optimizer had stepped."""
+    @functools.wraps(original)
+    def step(self, optimizer, *args, **kwargs):
+        if compiling_here():
+            return original(self, optimizer, *args, **kwargs)
+        seen = getattr(_local, "post_hooks", 0)
+        result = original(self, optimizer, *args, **kwargs)
+        if getattr(_local, "post_hooks", 0) == seen:  # skipped: no optimizer slice, the step counts
+            now = _optimizer_begins(optimizer)
+            try:
+                _optimizer_stepped(optimizer, now)
+            except Exception as exc:
+                _fail(exc)
+        return result
+
+    return step
 
 
 def _wrap_zero_grad(original):
@@ -675,6 +703,7 @@ for _hook in (
     hooks.Patch("DataLoader __iter__", GROUP, _dataloader, "__iter__",
                 lambda original: _wrap_data(original, "DataLoader.__iter__")),
     hooks.Patch("Optimizer.zero_grad", GROUP, lambda: torch.optim.Optimizer, "zero_grad", _wrap_zero_grad),
+    hooks.Patch("GradScaler.step", GROUP, lambda: torch.amp.GradScaler, "step", _wrap_scaler_step),
 ):
     hooks.declare(_hook)
 
