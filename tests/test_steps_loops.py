@@ -62,9 +62,10 @@ def test_critic_steps_five_times_per_generator_step(tmp_path):
     assert_close(statistics.median(e["dur"] for e in steps[5:-1]), statistics.median(iterations[1:-1]))
 
 
-@pytest.mark.parametrize("shape", ["validate", "validate_eval_mode"])
+@pytest.mark.parametrize("shape", ["validate", "validate_eval_mode", "validate_loss_fn"])
 def test_validation_is_in_eval_slices_apart_from_the_steps(tmp_path, shape):
-    """Validation under ``no_grad``, or under ``model.eval()`` alone (grad enabled)."""
+    """Validation under ``no_grad``, or under ``model.eval()`` alone (grad enabled), also when
+    the compiled function takes a loss module, which stays in training mode."""
     path, events, iterations, evals = run_loop(tmp_path, shape)
     steps = step_slices(events)
     assert [e["name"] for e in steps] == [f"step {i}" for i in range(3 * ITERS)]

@@ -6,7 +6,8 @@ tests compare the trace with).
 SHAPE: ``gan`` (D then G each step once per iteration), ``critic`` (5 critic steps per
 generator step; an iteration is one generator step), ``validate`` (3 epochs of training, a
 ``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating
-under ``model.eval()`` alone, grad enabled), ``frozen_norm`` (training a model kept in eval
+under ``model.eval()`` alone, grad enabled), ``validate_loss_fn`` (the same, through one
+compiled function of the model and a loss module, which stays in training mode), ``frozen_norm`` (training a model kept in eval
 mode, as with frozen batch norm), ``distill`` (a frozen teacher's forward under
 ``no_grad``, then the student's training), ``amp_skip`` (a ``GradScaler`` that skips the
 optimizer step of iterations 2 and 3: their loss overflows), ``marked`` (``dftrace_dynamo.step()`` after
@@ -18,6 +19,7 @@ for ``validate``, ``evals`` ((start, end) of each validation pass).
 """
 import argparse
 import contextlib
+import functools
 import json
 import time
 
@@ -74,26 +76,31 @@ def critic(n, marks):
         opt_g.step()
 
 
-def validate(n, marks, evals, no_grad=True):
+def validate(n, marks, evals, no_grad=True, loss_fn=False):
     from torch.utils.data import DataLoader, TensorDataset
 
-    model = torch.compile(mlp(), backend=create_backend())
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    net = mlp()
+    if loss_fn:
+        compiled = torch.compile(lambda module, loss, x: loss(module(x), x), backend=create_backend())
+        forward = functools.partial(compiled, net, nn.MSELoss())
+    else:
+        forward = torch.compile(net, backend=create_backend())
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     train = DataLoader(TensorDataset(torch.randn(8 * n, 16)), batch_size=8)
     val = DataLoader(TensorDataset(torch.randn(16, 16)), batch_size=8)
     for _ in range(3):
-        model.train()
+        net.train()
         for (x,) in train:
             marks.append(time.monotonic_ns())
             opt.zero_grad()
-            model(x).pow(2).mean().backward()
+            forward(x).pow(2).mean().backward()
             opt.step()
             time.sleep(SLEEP_S)
         marks.append(time.monotonic_ns())  # the end of the epoch's last iteration
-        model.eval()
+        net.eval()
         with torch.no_grad() if no_grad else contextlib.nullcontext():
             for (x,) in val:
-                model(x)
+                forward(x)
                 time.sleep(5 * SLEEP_S)  # much longer than a training iteration
         evals.append((marks[-1], time.monotonic_ns()))
 
@@ -172,7 +179,7 @@ def compiled_step(n, marks):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "frozen_norm", "distill", "amp_skip", "marked",
+    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "marked",
                                           "compiled_step"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
@@ -182,7 +189,7 @@ def main():
     torch.manual_seed(0)
     marks, evals = [], []
     if a.shape.startswith("validate"):
-        validate(a.iters, marks, evals, no_grad=a.shape == "validate")
+        validate(a.iters, marks, evals, no_grad=a.shape == "validate", loss_fn=a.shape == "validate_loss_fn")
     else:
         globals()[a.shape](a.iters, marks)
         marks.append(time.monotonic_ns())

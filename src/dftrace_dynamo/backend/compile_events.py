@@ -254,9 +254,11 @@ def _frame_values(compiling: types.FrameType, f_locals: dict) -> list:
 
 def _frame_modules(compiling: types.FrameType, f_locals: dict) -> tuple:
     """Weak references to the modules the frame runs: ``self``, a model passed in, and what
-    ``torch.compile(model)``'s wrapper closes over."""
+    ``torch.compile(model)``'s wrapper closes over; those holding parameters, if any do (a loss
+    module stays in training mode when the model is put in eval mode)."""
     found = {id(v): v for v in _frame_values(compiling, f_locals) if isinstance(v, torch.nn.Module)}
-    return tuple(weakref.ref(module) for module in found.values())
+    weighted = [m for m in found.values() if next(m.parameters(), None) is not None]
+    return tuple(weakref.ref(module) for module in weighted or found.values())
 
 
 def _register_modules(compiling: types.FrameType, f_locals) -> None:
