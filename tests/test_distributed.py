@@ -1,6 +1,7 @@
 """Distributed runs (torchrun, gloo, CPU): collectives as events, who waits for whom, compile
 divergence across ranks and memory per step."""
 
+import os
 import pathlib
 import statistics
 
@@ -166,3 +167,23 @@ def test_collectives_on_one_thread_while_another_compiles_are_recorded(tmp_path)
     """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
     (path,) = traces(tmp_path)
     assert sorted((e["name"], e["args"]["bytes"]) for e in comm_events(path)) == [("all_reduce", 32), ("barrier", 0)]
+
+
+def test_a_rank_given_to_init_process_group_names_the_trace(tmp_path):
+    """Launchers that pass the rank to ``init_process_group`` (``torch.multiprocessing.spawn``)
+    set no ``RANK``: the trace, opened at the first compile, takes torch.distributed's rank."""
+    run_py(f"""
+        import torch
+        import torch.distributed as dist
+        from dftrace_dynamo import create_backend
+
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+        torch.compile(lambda x: x + 1, backend=create_backend())(torch.randn(2))
+        dist.destroy_process_group()
+    """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
+    (path,) = traces(tmp_path)
+    assert os.path.basename(path).startswith("t-rank0-")
+    events = read_events(path)
+    (name,) = [e["args"]["name"] for e in events if e.get("name") == "process_name"]
+    assert name.startswith("rank 0 (")
+    assert [e["args"]["rank"] for e in events if e.get("name") == "start"] == ["0"]

@@ -102,12 +102,29 @@ def _process_name() -> str:
     return os.path.splitext(os.path.basename(script))[0] or "python"
 
 
-def trace_path(prefix: str, compression: int, pid: int, hhash: str, env=os.environ) -> str:
-    """``<prefix>-<host hash>-<pid>.pfw.gz``; with RANK set also the rank and process name."""
-    parts = [prefix]
+def process_rank(env=os.environ) -> Optional[str]:
+    """This process's rank: ``RANK`` (torchrun and most launchers), else the rank in an initialized
+    ``torch.distributed`` default group (``torch.multiprocessing.spawn``, launchers that pass the
+    rank to ``init_process_group`` themselves). Never imports torch."""
     rank = env.get("RANK")
     if rank is not None and rank.strip():
-        parts += [f"rank{_NAME_UNSAFE.sub('_', rank.strip())}", _NAME_UNSAFE.sub("_", _process_name())]
+        return rank.strip()
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return str(dist.get_rank())
+    except Exception:  # a torch.distributed in a state we cannot read: no rank
+        pass
+    return None
+
+
+def trace_path(prefix: str, compression: int, pid: int, hhash: str, env=os.environ) -> str:
+    """``<prefix>-<host hash>-<pid>.pfw.gz``; with a rank (:func:`process_rank`) also the rank and
+    process name."""
+    parts = [prefix]
+    rank = process_rank(env)
+    if rank is not None:
+        parts += [f"rank{_NAME_UNSAFE.sub('_', rank)}", _NAME_UNSAFE.sub("_", _process_name())]
     parts += [hhash, str(pid)]
     return "-".join(parts) + config.COMPRESSION_SUFFIX[compression]
 
@@ -150,7 +167,7 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     cwd = strip_userinfo(os.getcwd())
     cmd = command_line(sys.argv, config.get().record_args)
     exe = strip_userinfo(sys.executable or "python")
-    rank = os.environ.get("RANK")
+    rank = process_rank()
     proc_name = f"rank {rank} ({_process_name()} {pid})" if rank else f"{_process_name()} {pid}"
     base = {"cat": CAT_DFTRACER, "pid": pid, "tid": tid}
 
