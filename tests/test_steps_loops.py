@@ -90,34 +90,34 @@ def test_validation_is_in_eval_slices_apart_from_the_steps(tmp_path, shape):
     assert ev["count"] == 3 and ev["median_us"] == pytest.approx(statistics.median(e["dur"] for e in passes))
 
 
-def test_training_a_model_in_eval_mode_makes_steps_not_evaluation(tmp_path):
-    """Frozen batch norm: every forward runs under ``model.eval()`` with grad enabled, and a
-    backward follows it. The first such forward is undecided until its backward (its events
-    carry no step); from then on they are training at once."""
-    path, events, iterations, _ = run_loop(tmp_path, "frozen_norm")
+def assert_training_only(events, iterations, graphs):
+    """One step slice per iteration, as long as it, no evaluation, and each graph call in
+    ``graphs`` (one per iteration) inside one step."""
     steps = step_slices(events)
     assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
     assert not ops(events, "eval")
     assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
-    forwards = [g for g in ops(events, "dynamo_graph") if g["name"].endswith(" forward")]
-    assert len(forwards) == ITERS
-    assert [g["args"].get("step") for g in forwards] == [0, None, *range(2, ITERS)]
-    for g in forwards:
+    assert len(graphs) == ITERS
+    for g in graphs:
         assert sum(s["ts"] <= g["ts"] and g["ts"] + g["dur"] <= s["ts"] + s["dur"] for s in steps) == 1
+
+
+def test_training_a_model_in_eval_mode_makes_steps_not_evaluation(tmp_path):
+    """Frozen batch norm: every forward runs under ``model.eval()`` with grad enabled, and a
+    backward follows it. The first such forward is undecided until its backward (its events
+    carry no step); from then on they are training at once."""
+    _, events, iterations, _ = run_loop(tmp_path, "frozen_norm")
+    forwards = [g for g in ops(events, "dynamo_graph") if g["name"].endswith(" forward")]
+    assert_training_only(events, iterations, forwards)
+    assert [g["args"].get("step") for g in forwards] == [0, None, *range(2, ITERS)]
 
 
 def test_a_frozen_teachers_no_grad_forward_is_part_of_the_step(tmp_path):
     """Distillation: a no_grad forward followed at once by training work (no data, no
     zero_grad between) is the step's, not an evaluation."""
     _, events, iterations, _ = run_loop(tmp_path, "distill")
-    steps = step_slices(events)
-    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
-    assert not ops(events, "eval")
-    assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
     teacher = [g for g in ops(events, "dynamo_graph") if g["name"].endswith("inference")]
-    assert len(teacher) == ITERS
-    for g in teacher:
-        assert sum(s["ts"] <= g["ts"] and g["ts"] + g["dur"] <= s["ts"] + s["dur"] for s in steps) == 1
+    assert_training_only(events, iterations, teacher)
 
 
 def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):

@@ -5,17 +5,18 @@ tests compare the trace with).
 
 SHAPE: ``gan`` (D then G each step once per iteration), ``critic`` (5 critic steps per
 generator step; an iteration is one generator step), ``validate`` (3 epochs of training, a
-``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating
-under ``model.eval()`` alone, grad enabled), ``validate_loss_fn`` (the same, through one
-compiled function of the model and a loss module, which stays in training mode), ``frozen_norm`` (training a model kept in eval
-mode, as with frozen batch norm), ``distill`` (a frozen teacher's forward under
-``no_grad``, then the student's training), ``amp_skip`` (a ``GradScaler`` that skips the
-optimizer step of iterations 2 and 3: their loss overflows), ``marked`` (``dftrace_dynamo.step()`` after
-``optimizer.step()``), ``compiled_step`` (forward, backward, ``optimizer.step()`` and
-``zero_grad()`` in one compiled function: Dynamo traces the optimizer's hooks). Each iteration sleeps ``SLEEP_S`` so that its time is well above
-the noise of a shared machine. The truth file holds ``iterations`` (start times, ns, of each
-iteration and the end of the last one; for ``marked``, the time of each mark instead) and,
-for ``validate``, ``evals`` ((start, end) of each validation pass).
+``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating under
+``model.eval()`` alone, grad enabled), ``validate_loss_fn`` (the same, through one compiled
+function of the model and a loss module, which stays in training mode), ``frozen_norm``
+(training a model kept in eval mode, as with frozen batch norm), ``distill`` (a frozen
+teacher's forward under ``no_grad``, then the student's training), ``amp_skip`` (a
+``GradScaler`` that skips the optimizer step of iterations 2 and 3: their loss overflows),
+``marked`` (``dftrace_dynamo.step()`` after ``optimizer.step()``), ``compiled_step`` (forward,
+backward, ``optimizer.step()`` and ``zero_grad()`` in one compiled function: Dynamo traces the
+optimizer's hooks). Each iteration sleeps ``SLEEP_S`` so that its time is well above the noise
+of a shared machine. The truth file holds ``iterations`` (start times, ns, of each iteration
+and the end of the last one; for ``marked``, the time of each mark instead) and, for
+``validate``, ``evals`` ((start, end) of each validation pass).
 """
 import argparse
 import contextlib
@@ -179,8 +180,8 @@ def compiled_step(n, marks):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "marked",
-                                          "compiled_step"))
+    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn",
+                                      "frozen_norm", "distill", "amp_skip", "marked", "compiled_step"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)

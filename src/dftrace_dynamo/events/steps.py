@@ -39,14 +39,15 @@ events carry no step. A trailing evaluation segment is an ``eval`` slice, not a
 step. A graph call with grad enabled whose modules are all in eval mode
 (``model.eval()``: validation without ``no_grad``, or training with frozen
 batch norm) is undecided: the step ends there, and what follows is evaluation
-unless a backward or an optimizer step comes before the next training work.
-Its events carry no step until that is known; the first such call in a trace
-file decides the rest of them (``model.eval()`` forwards then mean training,
-or evaluation, at once). Training work that follows such a segment's last
-forward at once, with no data slice or ``zero_grad`` between (a frozen
-teacher's or a GAN generator's forward under ``no_grad``, then the trained
-model's), makes the segment the start of the step, not an evaluation. Graph calls are seen only in the step windows: outside them, evaluation
-stays in the surrounding step, which is not recorded either.
+unless a backward or an optimizer step comes before the next training work. Its
+events carry no step until that is known; the first such call in a trace file
+decides the rest of them (``model.eval()`` forwards then mean training, or
+evaluation, at once). Training work that follows such a segment's last forward
+at once, with no data slice or ``zero_grad`` between (a frozen teacher's or a
+GAN generator's forward under ``no_grad``, then the trained model's), makes the
+segment the start of the step, not an evaluation. Graph calls are seen only in
+the step windows: outside them, evaluation stays in the surrounding step, which
+is not recorded either.
 
 Each trace file numbers its steps from 0; step 0 begins when tracing starts
 (the trace file opens), so step N is the N-th iteration. Each step is written as
