@@ -4,11 +4,12 @@ A step is one training iteration. Without marks, optimizers decide where it ends
 
 * every optimizer (``torch.optim.Optimizer``, seen through torch's global
   optimizer hooks: no change to the user's loop; a ``GradScaler.step`` that
-  skips ``optimizer.step()`` for inf/NaN gradients counts as a step of it) that has stepped in this
-  trace file is one of the training's optimizers; a step is *complete* once
-  each of them has stepped in it (one optimizer: at its ``step()``; a GAN's
-  D and G: at the second of the two; a critic stepping 5 times per generator
-  step: at the generator's step, so a step is one generator iteration);
+  skips ``optimizer.step()`` for inf/NaN gradients counts as a step of it) that
+  has stepped in this trace file is one of the training's optimizers; a step is
+  *complete* once each of them has stepped in it (one optimizer: at its
+  ``step()``; a GAN's D and G: at the second of the two; a critic stepping 5
+  times per generator step: at the generator's step, so a step is one generator
+  iteration);
 * a complete step ends where training work starts again: at the first
   DataLoader ``next()`` or ``iter()`` or ``zero_grad()`` (whose slices are held
   back until it is known what follows them) before a backward, an optimizer
