@@ -146,7 +146,9 @@ def test_boundary_keeps_open_slices_on_a_stack_per_thread(tmp_path):
     (worker_t, b_, c_, a_) = events
     assert worker_t["tid"] != a_["tid"] == b_["tid"] == c_["tid"]
     assert a_["ts"] == b_["ts"] and b_["ts"] + b_["dur"] <= c_["ts"]
-    assert a_["ts"] + a_["dur"] == c_["ts"] + c_["dur"]
+    # closed by one call: shown ending together, within the µs the writer's placement allows
+    # (ends stay within a µs of the measured end; a parent never ends before its child)
+    assert 0 <= (a_["ts"] + a_["dur"]) - (c_["ts"] + c_["dur"]) < 1
 
 
 def raising_graph_events(tmp_path, graph, graph_id):
