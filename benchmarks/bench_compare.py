@@ -40,13 +40,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_modules import graph_counts  # noqa: E402
-from bench_overhead import clock_call_ns, run, time_block, workload  # noqa: E402
+from bench_overhead import CLOCKS, clock_call_ns, run, time_block, workload  # noqa: E402
 
 
 # ---- builds ------------------------------------------------------------------------------------
@@ -141,7 +140,7 @@ class Worker:
     def round(self, key, block_calls, flip, timer):
         calls, _, default_calls = self.cases[key]
         n = block_calls or default_calls
-        clock = time.thread_time_ns if timer == "thread" else time.process_time_ns
+        clock = CLOCKS[timer]
         return {name: time_block(calls[name], n, clock) / n for name in sorted(calls, reverse=flip)}
 
 
@@ -207,7 +206,7 @@ def main(argv=None):
     p.add_argument("--levels", default="torch,aten")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--block-calls", type=int, help="calls per timed block (default: per workload)")
-    p.add_argument("--timer", choices=("process", "thread"), default="process",
+    p.add_argument("--timer", choices=sorted(CLOCKS), default="process",
                    help="CPU time of the worker process (the trace writer thread included, the default) or of "
                         "its calling thread only")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -34,10 +34,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import clock_call_ns, measure_in_child, ops_per_call, run, time_block, workload  # noqa: E402
+from bench_overhead import CLOCKS, clock_call_ns, measure_in_child, ops_per_call, run, time_block, workload  # noqa: E402
 
 LEVELS = ("torch", "aten")
-CLOCKS = {"process": time.process_time_ns, "thread": time.thread_time_ns}
 
 
 def graph_counts(nodes):

@@ -73,6 +73,11 @@ def workload(name):
     return model, (ids,), False, 1
 
 
+# the timers the benchmarks offer (--timer): CPU time of the process, the trace writer thread
+# included, or of the calling thread alone
+CLOCKS = {"process": time.process_time_ns, "thread": time.thread_time_ns}
+
+
 def time_block(call, n, clock=time.process_time_ns):
     """Time of ``n`` calls of ``call`` by ``clock``: by default CPU time of the whole process (the
     trace writer thread included), which other jobs on a shared machine delay but do not add to."""
@@ -170,12 +175,12 @@ def measure(fn, inputs, train, tool, rounds, block_calls, traced_first):
     baseline = torch.compile(fn, backend="eager" if tool.level == "torch" else "aot_eager")
     traced = torch.compile(fn, backend=tool.backend)
     call_a, call_b = (lambda: run(baseline, inputs, train)), (lambda: run(traced, inputs, train))
+    first, second = call_a, (lambda: tool.block(call_b, 1))
+    if traced_first:
+        first, second = second, first
     for _ in range(3):  # compile (in the order asked) and warm up both
-        if traced_first:
-            tool.block(call_b, 1)
-        call_a()
-        if not traced_first:
-            tool.block(call_b, 1)
+        first()
+        second()
     diffs, ratios = [], []
     for r in range(rounds):  # the pair's order flips every round: in a fixed order the second block gained
         if r % 2 == 0:
