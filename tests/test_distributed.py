@@ -4,6 +4,7 @@ divergence across ranks and memory per step."""
 import os
 import pathlib
 import statistics
+import textwrap
 
 import pytest
 
@@ -108,16 +109,31 @@ def test_memory_samples_make_no_step(tmp_path):
     assert sorted(e["args"]["step"] for e in events if e.get("cat") == "step") == [0, 1, 2]
 
 
+ONE_RANK = """
+    import threading
+    import torch
+    import torch.distributed as dist
+    import dftrace_dynamo
+    from dftrace_dynamo import create_backend
+
+    dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
+"""
+
+
+def one_rank_trace(tmp_path, body):
+    """Runs ``body`` in a process of a one-rank gloo group (the imports of ``ONE_RANK`` made),
+    traced with ``DFTRACER_ENABLE=1``; returns its trace file."""
+    code = textwrap.dedent(ONE_RANK.format(store=tmp_path / "store")) + textwrap.dedent(body)
+    run_py(code + "dist.destroy_process_group()\n", tmp_path,
+           {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
+    (path,) = traces(tmp_path)
+    return path
+
+
 def test_collectives_after_a_graph_break_are_recorded(tmp_path):
     """Eager collectives a compiled function calls after a graph break: Dynamo must not compile
     the tracer's wrapper as a frame of its own (that compile would skip the recording)."""
-    run_py(f"""
-        import torch
-        import torch.distributed as dist
-        import dftrace_dynamo
-        from dftrace_dynamo import create_backend
-
-        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+    path = one_rank_trace(tmp_path, """
         dftrace_dynamo.initialize_log()
 
         @torch.compile(backend=create_backend())
@@ -130,9 +146,7 @@ def test_collectives_after_a_graph_break_are_recorded(tmp_path):
 
         for _ in range(3):
             f(torch.randn(4))
-        dist.destroy_process_group()
-    """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
-    (path,) = traces(tmp_path)
+    """)
     events = read_events(path)
     assert sorted(e["name"] for e in comm_events(path)) == ["barrier"] * 3 + ["broadcast"] * 3
     breaks = [e["args"]["location"] for e in events if e.get("name") == "graph break"]
@@ -140,14 +154,7 @@ def test_collectives_after_a_graph_break_are_recorded(tmp_path):
 
 
 def test_collectives_on_one_thread_while_another_compiles_are_recorded(tmp_path):
-    run_py(f"""
-        import threading
-        import torch
-        import torch.distributed as dist
-        import dftrace_dynamo
-        from dftrace_dynamo import create_backend
-
-        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+    path = one_rank_trace(tmp_path, """
         dftrace_dynamo.initialize_log()
         compiling, done = threading.Event(), threading.Event()
 
@@ -163,25 +170,16 @@ def test_collectives_on_one_thread_while_another_compiles_are_recorded(tmp_path)
         dist.all_reduce(torch.ones(8))
         done.set()
         compiler.join()
-        dist.destroy_process_group()
-    """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
-    (path,) = traces(tmp_path)
+    """)
     assert sorted((e["name"], e["args"]["bytes"]) for e in comm_events(path)) == [("all_reduce", 32), ("barrier", 0)]
 
 
 def test_a_rank_given_to_init_process_group_names_the_trace(tmp_path):
     """Launchers that pass the rank to ``init_process_group`` (``torch.multiprocessing.spawn``)
     set no ``RANK``: the trace, opened at the first compile, takes torch.distributed's rank."""
-    run_py(f"""
-        import torch
-        import torch.distributed as dist
-        from dftrace_dynamo import create_backend
-
-        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+    path = one_rank_trace(tmp_path, """
         torch.compile(lambda x: x + 1, backend=create_backend())(torch.randn(2))
-        dist.destroy_process_group()
-    """, tmp_path, {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
-    (path,) = traces(tmp_path)
+    """)
     assert os.path.basename(path).startswith("t-rank0-")
     events = read_events(path)
     (name,) = [e["args"]["name"] for e in events if e.get("name") == "process_name"]

@@ -194,12 +194,13 @@ def _first_paragraph(text: str) -> str:
 def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = None,
            breaks_seen: Optional[int] = None) -> dict:
     compiling = _compiling_frame() if trigger == "dynamo" else None
+    modules = ()
     if compiling is not None:
         code = compiling.f_locals["code"]
         f_locals = _owner_locals(compiling, code)
         modules = _frame_modules(compiling, f_locals)
     if started_ns is None:  # decided before the compile begins, so that it lands in what follows
-        steps.compile_starts(modules if compiling is not None else ())
+        steps.compile_starts(modules)
     start = _core.now_ns() if started_ns is None else started_ns
     info = {"compile_id": compile_id, "trigger": trigger, "start_ns": start, "frame": None, "location": None,
             "breaks_seen": len(_break_reasons()) if breaks_seen is None else breaks_seen}
