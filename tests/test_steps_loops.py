@@ -120,6 +120,28 @@ def test_a_frozen_teachers_no_grad_forward_is_part_of_the_step(tmp_path):
     assert_training_only(events, iterations, teacher)
 
 
+@pytest.mark.parametrize("shape", ["nanogpt", "ema_eval"])
+def test_evaluation_that_training_resumes_from_at_once_is_apart(tmp_path, shape):
+    """Evaluation with no DataLoader batch or ``zero_grad()`` before the next training forward:
+    of the model trained next (nanoGPT, at the top of the loop), or over several batches (an
+    average of the weights). A ``zero_grad()`` at the end of the loop's body belongs to the
+    step it follows, so the step after an evaluation is as long as its iteration."""
+    _, events, iterations, evals = run_loop(tmp_path, shape)
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(2 * ITERS)]
+    passes = sorted(ops(events, "eval"), key=lambda e: e["ts"])
+    truth = evals[1:] if shape == "nanogpt" else evals  # nanoGPT's first evaluation is in step 0
+    assert len(passes) == len(truth) == 2
+    assert_close(passes[1]["dur"], truth[1])  # the first one compiled its graph
+    training = [t for i, t in enumerate(iterations) if (i + 1) % (ITERS + 1)]  # not the evaluations
+    for s, t in zip(steps[1:], training[1:]):
+        assert_close(s["dur"], t, rel=0.15)  # the step before a first evaluation ends at its compile
+    for s in steps:
+        inside = sorted((e for e in ops(events, "optimizer")
+                         if s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]), key=lambda e: e["ts"])
+        assert [e["name"] for e in inside] == ["AdamW.step", "AdamW.zero_grad"], s["name"]
+
+
 def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):
     _, events, iterations, _ = run_loop(tmp_path, "amp_skip")
     steps = step_slices(events)

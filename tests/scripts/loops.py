@@ -13,10 +13,13 @@ teacher's forward under ``no_grad``, then the student's training), ``amp_skip`` 
 ``GradScaler`` that skips the optimizer step of iterations 2 and 3: their loss overflows),
 ``marked`` (``dftrace_dynamo.step()`` after ``optimizer.step()``), ``compiled_step`` (forward,
 backward, ``optimizer.step()`` and ``zero_grad()`` in one compiled function: Dynamo traces the
-optimizer's hooks). Each iteration sleeps ``SLEEP_S`` so that its time is well above the noise
+optimizer's hooks), ``nanogpt`` (nanoGPT's loop: evaluation of the trained model at the top of
+every ``--iters``-th iteration, ``zero_grad()`` at the end, no DataLoader), ``ema_eval`` (an
+average of the model evaluated after each epoch, ``step(); zero_grad()`` on one line). Each
+iteration sleeps ``SLEEP_S`` so that its time is well above the noise
 of a shared machine. The truth file holds ``iterations`` (start times, ns, of each iteration
 and the end of the last one; for ``marked``, the time of each mark instead) and, for
-``validate``, ``evals`` ((start, end) of each validation pass).
+``validate``, ``nanogpt`` and ``ema_eval``, ``evals`` ((start, end) of each validation pass).
 """
 import argparse
 import contextlib
@@ -178,10 +181,69 @@ def compiled_step(n, marks):
         time.sleep(SLEEP_S)
 
 
+def nanogpt(n, marks, evals):
+    """nanoGPT's loop: the model evaluated (``model.eval()``, ``no_grad``) at the top of every
+    ``n``-th iteration from a batch function (no DataLoader), two accumulated micro-batches,
+    ``zero_grad()`` at the end of the iteration."""
+    net = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.1), nn.Linear(16, 16))
+    model = torch.compile(net, backend=create_backend())
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+
+    @torch.no_grad()
+    def estimate_loss():
+        net.eval()
+        for _ in range(3):
+            model(torch.randn(8, 16))
+            time.sleep(2 * SLEEP_S)
+        net.train()
+
+    x = torch.randn(8, 16)
+    for it in range(2 * n + 1):
+        if it % n == 0:
+            start = time.monotonic_ns()
+            if it:
+                marks.append(start)  # the end of the iteration before
+            estimate_loss()
+            evals.append((start, time.monotonic_ns()))
+        if it == 2 * n:
+            break
+        marks.append(time.monotonic_ns())
+        for _ in range(2):
+            loss = model(x).pow(2).mean() / 2
+            x = torch.randn(8, 16)
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        time.sleep(SLEEP_S)
+
+
+def ema_eval(n, marks, evals):
+    """An exponential moving average of the model, evaluated over a few batches after each epoch;
+    ``step()`` and ``zero_grad()`` on one line at the end of the iteration."""
+    net = mlp()
+    model, ema = torch.compile(net, backend=create_backend()), torch.optim.swa_utils.AveragedModel(net)
+    averaged = torch.compile(ema, backend=create_backend())
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    for _ in range(2):
+        for _ in range(n):
+            marks.append(time.monotonic_ns())
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step(); opt.zero_grad()  # noqa: E702 (one line, as users write it)
+            ema.update_parameters(net)
+            time.sleep(SLEEP_S)
+        marks.append(time.monotonic_ns())
+        with torch.no_grad():
+            for _ in range(3):
+                averaged(torch.randn(8, 16))
+                time.sleep(2 * SLEEP_S)
+        evals.append((marks[-1], time.monotonic_ns()))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn",
-                                      "frozen_norm", "distill", "amp_skip", "marked", "compiled_step"))
+                                      "frozen_norm", "distill", "amp_skip", "marked", "compiled_step",
+                                      "nanogpt", "ema_eval"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)
@@ -191,6 +253,8 @@ def main():
     marks, evals = [], []
     if a.shape.startswith("validate"):
         validate(a.iters, marks, evals, no_grad=a.shape == "validate", loss_fn=a.shape == "validate_loss_fn")
+    elif a.shape in ("nanogpt", "ema_eval"):
+        globals()[a.shape](a.iters, marks, evals)
     else:
         globals()[a.shape](a.iters, marks)
         marks.append(time.monotonic_ns())

@@ -165,10 +165,15 @@ def _end_in_flight(args) -> None:
 
 
 def _dynamo_start_ns() -> Optional[int]:
+    """When the frame compile in progress began (Dynamo's preparations before its callbacks
+    included), or None if no compile is: the outermost one's metrics hold it."""
     from torch._dynamo.utils import get_metrics_context
 
-    wall_start = getattr(get_metrics_context(), "_start_time_ns", None)
-    return None if wall_start is None else _core.now_ns() - (time.time_ns() - wall_start)
+    metrics = get_metrics_context()
+    wall_start = getattr(metrics, "_start_time_ns", None)
+    if not wall_start or getattr(metrics, "_level", 1) != 1:
+        return None
+    return _core.now_ns() - (time.time_ns() - wall_start)
 
 
 def _compiling_frame() -> Optional[types.FrameType]:
@@ -199,9 +204,10 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
         code = compiling.f_locals["code"]
         f_locals = _owner_locals(compiling, code)
         modules = _frame_modules(compiling, f_locals)
-    if started_ns is None:  # decided before the compile begins, so that it lands in what follows
-        steps.compile_starts(modules)
-    start = _core.now_ns() if started_ns is None else started_ns
+    start = started_ns
+    if start is None:  # decided before the compile begins, so that it lands in what follows
+        start = (_dynamo_start_ns() if compiling is not None else None) or _core.now_ns()
+        steps.compile_starts(modules, start)
     info = {"compile_id": compile_id, "trigger": trigger, "start_ns": start, "frame": None, "location": None,
             "breaks_seen": len(_break_reasons()) if breaks_seen is None else breaks_seen}
     if compiling is not None:
@@ -220,12 +226,6 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
     return info
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# the tracer's own hooks (optimizer hooks, backward and zero_grad wrappers, module hooks) that
-# Dynamo may trace into; the CLI and graph tools hold user-facing code (the demo's model)
-_HOOKS = tuple(_PACKAGE_DIR + part for part in (f"backend{os.sep}", f"events{os.sep}", f"session{os.sep}",
-                                                "dftracer.py", "integrations.py"))
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 
 
@@ -290,9 +290,7 @@ def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
             break
         if isinstance(value, types.FunctionType) and not _in_torch(value.__code__.co_filename):
             found = {"frame": value.__qualname__}
-    frame = compiling.f_back
-    while frame is not None and _not_user(frame.f_code.co_filename):
-        frame = frame.f_back
+    frame = hooks.user_frame(compiling.f_back)
     if frame is not None:
         found["location"] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
     if module is not None and not found["module"]:  # a root: by the caller's name for it (D, model)
@@ -303,12 +301,7 @@ def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
 
 
 def _in_torch(filename: str) -> bool:
-    return filename.startswith(_TORCH_DIR)
-
-
-def _not_user(filename: str) -> bool:
-    """torch's code, or the tracer's hooks: a location points past both to the user's line."""
-    return filename.startswith(_TORCH_DIR) or filename.startswith(_HOOKS)
+    return filename.startswith(hooks.torch_dir())
 
 
 def _recompile_reason() -> Optional[str]:
@@ -334,7 +327,7 @@ def _end(info: dict) -> None:
         breaks = len(reasons) - seen
         for reason in reasons[seen:]:
             stack = reason.user_stack or []
-            frame = next((f for f in reversed(stack) if not _not_user(f.filename)), stack[-1] if stack else None)
+            frame = next((f for f in reversed(stack) if not hooks.not_user(f.filename)), stack[-1] if stack else None)
             emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
                  location=f"{frame.filename}:{frame.lineno}" if frame else None,
                  frame=info["frame"], compile_id=info["compile_id"])

@@ -15,7 +15,9 @@ A step is one training iteration. Without marks, optimizers decide where it ends
   back until it is known what follows them) before a backward, an optimizer
   step, or a graph call or Dynamo compile with grad enabled, on the thread
   whose optimizer step completed it (another thread compiling or calling
-  graphs meanwhile ends no step of this one's). Logging,
+  graphs meanwhile ends no step of this one's). A ``zero_grad()`` that a
+  function which made the optimizer steps calls after them (at the end of the
+  loop's body) is the step's own, not the start of the next. Logging,
   checkpointing and other Python between the last optimizer step and that point
   stay in the step, so a step lasts as long as the iteration;
 * an optimizer joins the training's optimizers at its first ``zero_grad()`` or
@@ -46,7 +48,9 @@ decides the rest of them (``model.eval()`` forwards then mean training, or
 evaluation, at once). Training work that follows such a segment's last forward
 at once, with no data slice or ``zero_grad`` between (a frozen teacher's or a
 GAN generator's forward under ``no_grad``, then the trained model's), makes the
-segment the start of the step, not an evaluation. Graph calls are seen only in
+segment the start of the step, not an evaluation, unless the segment ran the
+model trained next (nanoGPT evaluates at the top of its loop) or called one of
+its graphs twice (a loop over evaluation batches). Graph calls are seen only in
 the step windows: outside them, evaluation stays in the surrounding step, which
 is not recorded either.
 
@@ -55,7 +59,7 @@ Each trace file numbers its steps from 0; step 0 begins when tracing starts
 the slice ``step N`` (cat ``step``) on the thread that ends it, and every event
 recorded meanwhile carries ``args.step = N`` (the C core writes the current step
 into each record). The last step ends at close, or, when it is complete, at its
-last optimizer step.
+last optimizer step (or the end-of-body ``zero_grad()`` after it).
 
 Inside a step, each ``next()`` on a DataLoader iterator and each ``iter()`` of a
 DataLoader (worker start-up; ``data``), each ``Tensor.backward`` /
@@ -73,6 +77,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import sys
 import threading
 from typing import Optional
 
@@ -107,10 +112,14 @@ class _State:
     stepped: dict = {}  # id(optimizer) -> its steps in the current step
     most: dict = {}  # id(optimizer) -> its most steps in one step since the last optimizer joined
     joined = False  # an optimizer joined in the current step (its counts teach nothing)
-    complete_ns = 0  # when the current step became complete
+    complete_ns = 0  # when the current step became complete (its last optimizer step or the zero_grad after)
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
     deferred: list = []  # (name, cat, start, end, args): slices held until it is known what follows
     segment_held = 0  # deferred[:segment_held] precede the evaluation's (undecided segment's) last forward
+    step_sites: tuple = ()  # (code, instruction) of each user frame that made the last optimizer step
+    segment_params: set = set()  # id of the first parameter of each module the segment's forwards ran
+    segment_graphs: set = set()  # id of the modules of each of its graph calls
+    segment_repeats = False  # one of its graphs was called twice (an evaluation loop)
     eval_mode_trains: Optional[bool] = None  # learnt from the first undecided segment of the trace
 
 
@@ -224,15 +233,17 @@ def _end(now: int) -> None:
             _finish(now)
 
 
-def _training(now: int) -> None:
-    """Training work starts at ``now``: a complete step ends, an evaluation (or an undecided
-    segment: it was one) ends. Training work that follows the segment's last forward at once
-    (no data slice, no ``zero_grad`` between) makes the segment the step's start: a frozen
-    teacher's or a generator's forward under ``no_grad``."""
+def _training(now: int, modules=()) -> None:
+    """Training work starts at ``now`` (a forward of ``modules``, if known): a complete step
+    ends, an evaluation (or an undecided segment: it was one) ends. Training work that follows
+    the segment's last forward at once (no data slice, no ``zero_grad`` between) on other
+    modules makes the segment the step's start: a frozen teacher's or a generator's forward
+    under ``no_grad``. The model that was evaluated training next is validation."""
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        if _state.mode in (EVAL, UNDECIDED) and len(_state.deferred) == _state.segment_held:
+        if (_state.mode in (EVAL, UNDECIDED) and len(_state.deferred) == _state.segment_held
+                and not _state.segment_repeats and not _trains_segment(modules)):
             _set_mode(TRAIN)  # the step began where the segment did
             _core.set_step(_state.number)
             _flush()
@@ -250,12 +261,31 @@ def _training(now: int) -> None:
         _flush()
 
 
-def _undecided(now: int) -> None:
-    """A forward of eval-mode modules with grad enabled at ``now``: after a complete step, the step
-    ends and what follows is undecided."""
+def _trains_segment(modules) -> bool:
+    """Whether ``modules`` (weak references) hold a parameter of a module the segment ran."""
+    if not _state.segment_params:
+        return False
+    alive = (ref() for ref in modules)
+    return any(id(p) in _state.segment_params for m in alive if m is not None for p in m.parameters())
+
+
+def _segment_runs(modules, starts: bool) -> None:
+    """The evaluation's (undecided segment's) forward runs ``modules``; ``starts``: the first."""
+    if starts:
+        _state.segment_params, _state.segment_graphs, _state.segment_repeats = set(), set(), False
+    for m in (ref() for ref in modules):
+        first = None if m is None else next(m.parameters(), None)
+        if first is not None:
+            _state.segment_params.add(id(first))
+
+
+def _undecided(now: int, modules=()) -> None:
+    """A forward of eval-mode ``modules`` with grad enabled at ``now``: after a complete step, the
+    step ends and what follows is undecided."""
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
+        _segment_runs(modules, _state.mode == COMPLETE)
         if _state.mode == COMPLETE:
             _finish(_boundary(now))
             _set_mode(UNDECIDED)
@@ -275,11 +305,13 @@ def _decided(trains: bool) -> None:
         _set_mode(EVAL)
 
 
-def _evaluation(now: int) -> None:
-    """A graph call with grad disabled at ``now``: after a complete step, evaluation begins."""
+def _evaluation(now: int, modules=()) -> None:
+    """A graph call of ``modules`` with grad disabled at ``now``: after a complete step, evaluation
+    begins."""
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
+        _segment_runs(modules, _state.mode == COMPLETE)
         if _state.mode == COMPLETE:
             _finish(_boundary(now))  # a step on each side of an evaluation: never one step
             _set_mode(EVAL)
@@ -289,10 +321,13 @@ def _evaluation(now: int) -> None:
         _state.segment_held = len(_state.deferred)
 
 
-def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None) -> None:
+def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None, tail: bool = False) -> None:
     """A data or ``zero_grad`` slice: recorded now inside a step; held back while the step is
-    complete or evaluation runs (it belongs to whatever comes next)."""
-    if _state.mode != TRAIN:
+    complete or evaluation runs (it belongs to whatever comes next), unless it is the ``tail`` of
+    the complete step's iteration (which, if it is the last, ends after it)."""
+    if tail:
+        _state.complete_ns = end
+    elif _state.mode != TRAIN:
         with _lock:
             if _state.mode != TRAIN and threading.get_ident() == _state.thread:
                 _state.deferred.append((name, cat, start, end, args))
@@ -328,6 +363,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
         if any(n > 2 * _state.most[k] for k, n in stepped.items() if k in _state.most):
             _state.known = set(stepped)  # an optimizer that stopped stepping leaves
         if all(k in stepped for k in _state.known):
+            _state.step_sites = _user_sites(sys._getframe(1))
             _set_mode(COMPLETE)
             _state.complete_ns = now
             _state.thread = threading.get_ident()
@@ -473,10 +509,11 @@ def name_step(number) -> None:
             _enter(number)
 
 
-def _forward(grad: bool, modules=()) -> None:
-    """Forward work begins (``modules``: weak references to those it runs, if known): with grad
-    enabled training work, without it evaluation (once the step is complete); with grad enabled
-    and every module in eval mode, undecided until learnt."""
+def _forward(grad: bool, modules=(), call: bool = True, now: Optional[int] = None) -> None:
+    """Forward work begins (``modules``: weak references to those it runs, if known; ``call``: a
+    graph call, else a compile): with grad enabled training work, without it evaluation (once
+    the step is complete); with grad enabled and every module in eval mode, undecided until
+    learnt."""
     if _state.mode != TRAIN:
         try:
             if not grad:
@@ -485,7 +522,10 @@ def _forward(grad: bool, modules=()) -> None:
                 work = _training
             else:
                 work = _evaluation if _state.eval_mode_trains is False else _undecided
-            work(_core.now_ns())
+            work(_core.now_ns() if now is None else now, modules)
+            if call and modules and _state.mode in (EVAL, UNDECIDED):  # each graph's probe: one tuple
+                _state.segment_repeats |= id(modules) in _state.segment_graphs
+                _state.segment_graphs.add(id(modules))
         except Exception as exc:
             _fail(exc)
 
@@ -514,11 +554,11 @@ def probe_for(modules):
     return probe
 
 
-def compile_starts(modules=()) -> None:
-    """A Dynamo compile of the forward of ``modules`` begins: forward work under the grad mode it
-    compiles for (decided now, so that the compile lands in what follows, not in the step before
-    it)."""
-    _forward(torch.is_grad_enabled(), modules)
+def compile_starts(modules=(), now: Optional[int] = None) -> None:
+    """A Dynamo compile of the forward of ``modules`` begins (at ``now``, default: now): forward
+    work under the grad mode it compiles for (decided now, so that the compile lands in what
+    follows, not in the step before it)."""
+    _forward(torch.is_grad_enabled(), modules, call=False, now=now)
 
 
 # ---- patch points -------------------------------------------------------------
@@ -656,11 +696,33 @@ def _wrap_zero_grad(original):
             try:
                 _join(self)
                 cls = type(self).__name__
-                _held(f"{cls}.zero_grad", CAT_OPTIMIZER, start, _core.now_ns(), {ARG_OPTIMIZER: cls})
+                _held(f"{cls}.zero_grad", CAT_OPTIMIZER, start, _core.now_ns(), {ARG_OPTIMIZER: cls},
+                      _ends_iteration(sys._getframe(1)))
             except Exception as exc:
                 _fail(exc)
 
     return zero_grad
+
+
+def _user_sites(frame, depth: int = 16) -> tuple:
+    """(code, instruction) of the user's frames from ``frame`` outward, innermost first."""
+    sites = []
+    frame = hooks.user_frame(frame)
+    while frame is not None and len(sites) < depth:
+        sites.append((frame.f_code, frame.f_lasti))
+        frame = hooks.user_frame(frame.f_back)
+    return tuple(sites)
+
+
+def _ends_iteration(frame) -> bool:
+    """Whether a ``zero_grad()`` called from ``frame`` ends the complete step's iteration: nothing
+    is held since its optimizer steps, and a function that made them (the loop, or a helper it
+    called) calls it after them (at the end of the loop's body; at its top, it begins the next
+    iteration)."""
+    if _state.mode != COMPLETE or _state.deferred or threading.get_ident() != _state.thread:
+        return False
+    frame = hooks.user_frame(frame)
+    return frame is not None and any(code is frame.f_code and frame.f_lasti > at for code, at in _state.step_sites)
 
 
 def _torch_autograd():

@@ -26,6 +26,29 @@ _fork_dispatcher = False
 _MISSING = object()
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# the tracer's own hooks (optimizer hooks, backward and zero_grad wrappers, module hooks) that
+# Dynamo may trace into; the CLI and graph tools hold user-facing code (the demo's model)
+_OURS = tuple(_PACKAGE_DIR + part for part in (f"backend{os.sep}", f"events{os.sep}", f"session{os.sep}",
+                                               "dftracer.py", "integrations.py"))
+
+
+def torch_dir() -> str:
+    return os.path.dirname(sys.modules["torch"].__file__) + os.sep
+
+
+def not_user(filename: str) -> bool:
+    """torch's code, or the tracer's hooks: what a user's location points past."""
+    return filename.startswith(torch_dir()) or filename.startswith(_OURS)
+
+
+def user_frame(frame):
+    """The first frame from ``frame`` outward that is the user's (:func:`not_user`), or None."""
+    while frame is not None and not_user(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
 class Hook:
     """A named change to torch or Python that can be put in and taken out again."""
 
