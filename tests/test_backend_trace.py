@@ -3,6 +3,7 @@ names, args (graph, node, module, grad_enabled, phase, tags), compile-side event
 the cases that must keep working (no_grad, exceptions, threads, several models)."""
 
 import dataclasses
+import io
 import threading
 
 import pytest
@@ -243,6 +244,23 @@ def test_several_compiled_models_get_their_own_graphs(rec):
     events = graphs(rec.events())
     assert [(e["args"]["name"], e["args"]["level"]) for e in events] == [("a", "torch"), ("b", "aten"), ("a", "torch")]
     assert events[0]["args"]["graph"] == events[2]["args"]["graph"] != events[1]["args"]["graph"]
+
+
+@pytest.mark.parametrize("level", ["torch", "aten"])
+def test_a_saved_compiled_model_loads_and_traces_with_its_tags(rec, level):
+    """``torch.save`` of a compiled model pickles its backend (as with the built-in backends):
+    the copy computes the same, and its graphs are traced with the backend's tags."""
+    model = torch.compile(MLP(), backend=create_backend(level=level, name="saved", epoch=3))
+    x = torch.randn(2, 16)
+    expected = model(x)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(loaded(x), expected)
+    events = graphs(rec.events())
+    assert [(e["args"]["name"], e["args"]["epoch"]) for e in events] == [("saved", 3)] * 2
+    assert events[0]["args"]["graph"] != events[1]["args"]["graph"]  # the copy compiles its own
 
 
 def test_inner_backend_gets_graph_events_and_compile_time_only(rec):

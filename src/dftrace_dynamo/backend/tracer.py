@@ -77,6 +77,12 @@ class Tags:
     def __deepcopy__(self, memo):  # one set of tags per backend, shared by its copies
         return self
 
+    def __reduce__(self):  # torch.save of a compiled model pickles its backend: the values, not the cell
+        return Tags, (), dict(self.values)
+
+    def __setstate__(self, values: dict) -> None:
+        self.update(values)
+
     def __init__(self, **values):
         self.cell = _core.TagCell()
         self.values: dict = {}
