@@ -1,6 +1,7 @@
 """A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, functional
-collectives in a compiled graph, a recompile on one rank, or a large tensor in one step (MODE),
-with rank DELAY_RANK sleeping DELAY_MS a step."""
+collectives in a compiled graph, a recompile on one rank, a large tensor in one step, or an
+evaluation of EVAL_MS on rank 0 that the others wait for (MODE), with rank DELAY_RANK sleeping
+DELAY_MS a step."""
 import os
 import time
 
@@ -26,6 +27,23 @@ if MODE == "ddp":
         opt.zero_grad()
         loss.backward()
         opt.step()
+elif MODE == "eval":  # rank 0 evaluates every 4th step, then every rank meets at a barrier
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = torch.compile(net, backend="dftrace")
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    for i in range(STEPS):
+        opt.zero_grad()
+        loss = model(torch.randn(8, 16)).sum()
+        loss.backward()
+        dist.all_reduce(loss.detach())
+        opt.step()
+        if i % 4 == 3:
+            if rank == 0:
+                with torch.no_grad():
+                    for _ in range(3):
+                        model(torch.randn(8, 16))
+                        time.sleep(float(os.environ["EVAL_MS"]) / 3e3)
+            dist.barrier()
 elif MODE == "eager":
     for _ in range(STEPS):
         dist.all_reduce(torch.ones(1000))  # 4000 bytes

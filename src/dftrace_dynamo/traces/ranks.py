@@ -15,7 +15,8 @@ difference between its collective ends and those of the lowest rank
 (``clock_offset_us``). Ranks on one host share a clock to within that.
 
 A collective is matched across ranks by (process group, op, step, its ordinal
-among the same op and group in that step). The **wait** of rank r in a
+among the same op and group in that step); one in an evaluation counts in the
+step before it (rank 0 evaluates, then every rank meets at a barrier). The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
 sat in the collective before the last peer arrived. The last rank to arrive
 is the one waited for: it is charged the median wait of the others (one
@@ -123,15 +124,16 @@ def rows(con, kinds):
     the collectives (file, pid, step, name, ts, dur, group), by process and time; the spans
     (data, graph calls, ``backward``, optimizer: file, pid, step, kind, ts, dur). Small enough to
     send from a worker: one slice per step, the spans as arrays; the args texts are read here,
-    and each collective's and span's step is that of its process's step slice holding it."""
+    and each collective's and span's step is that of its process's step slice holding it (a
+    collective in an evaluation, which has no step: that of the step it follows)."""
     k = kinds
     slices = _columns(con, f"SELECT file, pid, step, ts, coalesce(dur, 0) AS dur, extra FROM ev "
                            f"WHERE kind = {k['step']} AND step IS NOT NULL AND ts IS NOT NULL ORDER BY file, pid, ts")
     memory = _parsed(slices.pop("extra").tolist(), _memory_args)
     for key in (ARG_PEAK_RSS, ARG_CUDA_PEAK):
         slices[key] = np.array([m.get(key, np.nan) for m in memory], float)
-    comm = _columns(con, f"""SELECT file, pid, step, name, ts, coalesce(dur, 0) AS dur, extra FROM ev
-        WHERE step IS NOT NULL AND ts IS NOT NULL
+    comm = _columns(con, f"""SELECT file, pid, coalesce(step, -1) AS step, name, ts, coalesce(dur, 0) AS dur, extra
+        FROM ev WHERE ts IS NOT NULL
         AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
         ORDER BY file, pid, ts""")
     comm["group"] = np.array(_parsed(comm.pop("extra").tolist(), _group), object)
@@ -293,7 +295,9 @@ class _Steps:
 
     def step_at(self, events):
         """The step of each of the ``events``: that of its process's step slice holding its ``ts``,
-        else its own. ``events``: columns file, pid, step, ts."""
+        else its own, else (-1: none, as in an evaluation) that of the last slice before it: a
+        collective that one rank makes after evaluating and the others in their step is the same
+        one. ``events``: columns file, pid, step, ts."""
         proc, step = self.index(events), np.asarray(events["step"], np.int64).copy()
         ts = np.asarray(events["ts"], float)
         at, slice_step, ends = (x[self.by_start] for x in (self.cols["ts"], self.cols["step"], self.end))
@@ -305,9 +309,12 @@ class _Steps:
                 continue
             lo, hi = self.cuts[i], self.cuts[i + 1]
             j = np.searchsorted(at[lo:hi], ts[own], side="right") - 1  # the last slice starting by ts
-            inside = j >= 0
-            inside[inside] = ts[own][inside] < ends[lo + j[inside]]
+            before = j >= 0
+            inside = before.copy()
+            inside[before] = ts[own][before] < ends[lo + j[before]]
+            after = before & ~inside & (step[own] < 0)
             step[own[inside]] = slice_step[lo + j[inside]]
+            step[own[after]] = slice_step[lo + j[after]]
         return step
 
     def common(self):
