@@ -14,6 +14,7 @@ use and calls only the fork hooks installed at that moment.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ _OURS = tuple(_PACKAGE_DIR + part for part in (f"backend{os.sep}", f"events{os.s
                                                "dftracer.py", "integrations.py"))
 
 
+@functools.lru_cache(maxsize=None)
 def torch_dir() -> str:
     return os.path.dirname(sys.modules["torch"].__file__) + os.sep
 
