@@ -28,7 +28,6 @@ or ``collect()``) every Dynamo compile in the process is reported.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import sys
 import threading
