@@ -1,7 +1,7 @@
 """A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, functional
 collectives in a compiled graph, a recompile on one rank, a large tensor in one step, or an
-evaluation of EVAL_MS on rank 0 that the others wait for (MODE), with rank DELAY_RANK sleeping
-DELAY_MS a step."""
+evaluation of EVAL_MS on rank 0 that the others wait for at a barrier, or (EVAL_ALL) in their
+own evaluation (MODE), with rank DELAY_RANK sleeping DELAY_MS a step."""
 import os
 import time
 
@@ -38,11 +38,13 @@ elif MODE == "eval":  # rank 0 evaluates every 4th step, then every rank meets a
         dist.all_reduce(loss.detach())
         opt.step()
         if i % 4 == 3:
-            if rank == 0:
+            if rank == 0 or os.environ.get("EVAL_ALL"):  # with EVAL_ALL the others evaluate at once
                 with torch.no_grad():
                     for _ in range(3):
                         model(torch.randn(8, 16))
-                        time.sleep(float(os.environ["EVAL_MS"]) / 3e3)
+                        time.sleep(float(os.environ["EVAL_MS"]) / 3e3 if rank == 0 else 0)
+                    if os.environ.get("EVAL_ALL"):
+                        dist.all_reduce(torch.ones(1))  # a metric: the others wait here, evaluating
             dist.barrier()
 elif MODE == "eager":
     for _ in range(STEPS):

@@ -16,7 +16,8 @@ difference between its collective ends and those of the lowest rank
 
 A collective is matched across ranks by (process group, op, step, its ordinal
 among the same op and group in that step); one in an evaluation counts in the
-step before it (rank 0 evaluates, then every rank meets at a barrier). The **wait** of rank r in a
+step before it (rank 0 evaluates, then every rank meets at a barrier), and one
+that every member made during an evaluation counts in no wait. The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
 sat in the collective before the last peer arrived. The last rank to arrive
 is the one waited for: it is charged the median wait of the others (one
@@ -142,6 +143,7 @@ def rows(con, kinds):
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
     # each event in the step whose slice holds it (per process: here, where its file is read)
     steps = _Steps(slices)
+    comm["in_step"] = comm["step"] >= 0  # else made during an evaluation
     comm["step"], spans["step"] = steps.step_at(comm), steps.step_at(spans)
     return {"slices": slices, "comm": comm, "spans": spans}
 
@@ -178,10 +180,14 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
     # collectives matched across ranks: (group, op, step, ordinal) -> process -> (start, end)
     matched, seen = {}, {}
     known = comm_proc >= 0
-    for q, s, name, ts, dur, group in zip(comm_proc[known].tolist(), comm_step[known].tolist(),
-                                          *(comm[c][known].tolist() for c in ("name", "ts", "dur", "group"))):
+    in_step = set()  # the collectives some member made in a step (not all during an evaluation)
+    for q, s, name, ts, dur, group, stepped in zip(
+            comm_proc[known].tolist(), comm_step[known].tolist(),
+            *(comm[c][known].tolist() for c in ("name", "ts", "dur", "group", "in_step"))):
         n = seen[(q, s, group, name)] = seen.get((q, s, group, name), -1) + 1
         matched.setdefault((group, name, s, n), {})[q] = (ts, ts + dur)
+        if stepped:
+            in_step.add((group, name, s, n))
     measured = clock.offsets_us(paths, clocks)
     if all(f in measured for f, _ in procs):
         offsets, how = [measured[f][0] for f, _ in procs], "measured offsets to rank 0 (process-group setup)"
@@ -195,9 +201,10 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
     steady = [s for s in common[1:].tolist() if s not in warm]
 
     wait_iv, blame = [], {}  # (proc, step, start, end) of the waits; (proc, step) -> wait charged
-    for (group, name, s, n), members in matched.items():
-        if len(members) < 2:
+    for key, members in matched.items():
+        if len(members) < 2 or key not in in_step:
             continue
+        s = key[2]
         arrive = {q: members[q][0] - offsets[q] for q in members}
         last_q = max(arrive, key=arrive.get)
         waits = {q: min(arrive[last_q] - arrive[q], members[q][1] - members[q][0]) for q in members}
