@@ -117,9 +117,8 @@ class _State:
     deferred: list = []  # (name, cat, start, end, args): slices held until it is known what follows
     segment_held = 0  # deferred[:segment_held] precede the evaluation's (undecided segment's) last forward
     step_sites: tuple = ()  # (code, instruction) of each user frame that made the last optimizer step
-    segment_params: set = set()  # id of the first parameter of each module the segment's forwards ran
-    segment_graphs: set = set()  # id of the modules of each of its graph calls
-    segment_repeats = False  # one of its graphs was called twice (an evaluation loop)
+    # the evaluation's (undecided segment's) forwards: id(modules) -> [modules, graph calls]
+    segment: dict = {}
     eval_mode_trains: Optional[bool] = None  # learnt from the first undecided segment of the trace
 
 
@@ -243,7 +242,7 @@ def _training(now: int, modules=()) -> None:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
         if (_state.mode in (EVAL, UNDECIDED) and len(_state.deferred) == _state.segment_held
-                and not _state.segment_repeats and not _trains_segment(modules)):
+                and not _evaluated_after_all(modules)):
             _set_mode(TRAIN)  # the step began where the segment did
             _core.set_step(_state.number)
             _flush()
@@ -261,31 +260,32 @@ def _training(now: int, modules=()) -> None:
         _flush()
 
 
-def _trains_segment(modules) -> bool:
-    """Whether ``modules`` (weak references) hold a parameter of a module the segment ran."""
-    if not _state.segment_params:
-        return False
-    alive = (ref() for ref in modules)
-    return any(id(p) in _state.segment_params for m in alive if m is not None for p in m.parameters())
+def _evaluated_after_all(modules) -> bool:
+    """Whether the segment that training work follows at once was an evaluation all the same: one
+    of its graphs ran twice (a loop over batches), or the training forward's ``modules`` hold a
+    parameter of a module it ran (the model trained next was evaluated)."""
+    if any(calls > 1 for _, calls in _state.segment.values()):
+        return True
+    ran = {id(p) for runs, _ in _state.segment.values() for m in _alive(runs) for p in m.parameters()}
+    return any(id(p) in ran for m in _alive(modules) for p in m.parameters())
 
 
-def _segment_runs(modules, starts: bool) -> None:
-    """The evaluation's (undecided segment's) forward runs ``modules``; ``starts``: the first."""
+def _segment_runs(modules, starts: bool, call: bool) -> None:
+    """The evaluation's (undecided segment's) forward runs ``modules`` (``call``: a graph call,
+    else a compile); ``starts``: its first."""
     if starts:
-        _state.segment_params, _state.segment_graphs, _state.segment_repeats = set(), set(), False
-    for m in (ref() for ref in modules):
-        first = None if m is None else next(m.parameters(), None)
-        if first is not None:
-            _state.segment_params.add(id(first))
+        _state.segment = {}
+    if modules:  # each graph's probe holds one tuple of its modules
+        _state.segment.setdefault(id(modules), [modules, 0])[1] += call
 
 
-def _undecided(now: int, modules=()) -> None:
+def _undecided(now: int, modules=(), call: bool = True) -> None:
     """A forward of eval-mode ``modules`` with grad enabled at ``now``: after a complete step, the
     step ends and what follows is undecided."""
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        _segment_runs(modules, _state.mode == COMPLETE)
+        _segment_runs(modules, _state.mode == COMPLETE, call)
         if _state.mode == COMPLETE:
             _finish(_boundary(now))
             _set_mode(UNDECIDED)
@@ -305,13 +305,13 @@ def _decided(trains: bool) -> None:
         _set_mode(EVAL)
 
 
-def _evaluation(now: int, modules=()) -> None:
+def _evaluation(now: int, modules=(), call: bool = True) -> None:
     """A graph call of ``modules`` with grad disabled at ``now``: after a complete step, evaluation
     begins."""
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        _segment_runs(modules, _state.mode == COMPLETE)
+        _segment_runs(modules, _state.mode == COMPLETE, call)
         if _state.mode == COMPLETE:
             _finish(_boundary(now))  # a step on each side of an evaluation: never one step
             _set_mode(EVAL)
@@ -516,22 +516,24 @@ def _forward(grad: bool, modules=(), call: bool = True, now: Optional[int] = Non
     learnt."""
     if _state.mode != TRAIN:
         try:
-            if not grad:
-                work = _evaluation
-            elif not _eval_mode(modules) or _state.eval_mode_trains:
-                work = _training
+            now = _core.now_ns() if now is None else now
+            if grad and (not _eval_mode(modules) or _state.eval_mode_trains):
+                _training(now, modules)
+            elif not grad or _state.eval_mode_trains is False:
+                _evaluation(now, modules, call)
             else:
-                work = _evaluation if _state.eval_mode_trains is False else _undecided
-            work(_core.now_ns() if now is None else now, modules)
-            if call and modules and _state.mode in (EVAL, UNDECIDED):  # each graph's probe: one tuple
-                _state.segment_repeats |= id(modules) in _state.segment_graphs
-                _state.segment_graphs.add(id(modules))
+                _undecided(now, modules, call)
         except Exception as exc:
             _fail(exc)
 
 
+def _alive(modules) -> list:
+    """The modules still alive of ``modules`` (weak references)."""
+    return [m for m in (ref() for ref in modules) if m is not None]
+
+
 def _eval_mode(modules) -> bool:
-    alive = [m for m in (ref() for ref in modules) if m is not None]
+    alive = _alive(modules)
     return bool(alive) and not any(m.training for m in alive)
 
 
