@@ -71,6 +71,13 @@ def ops(events, cat="dynamo"):
     return [e for e in events if e.get("cat") == cat and e.get("ph") == "X"]
 
 
+def inside(e, s):
+    """``e`` nests in the slice ``s`` as Perfetto nests it: a slice is [ts, ts + dur), so an
+    instant at ``s``'s end belongs to what follows."""
+    end = s["ts"] + s["dur"]
+    return s["ts"] <= e["ts"] < end and e["ts"] + e.get("dur", 0) <= end
+
+
 def graphs(events):
     return ops(events, "dynamo_graph")
 

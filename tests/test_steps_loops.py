@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from backend_support import ops, run_python
+from backend_support import inside, ops, run_python
 from dftrace_dynamo.traces.steps import quantile
 from scripts.clitools import summary_json
 from tracefile import read_events, traces
@@ -36,7 +36,7 @@ def step_slices(events):
 def optimizer_steps_in(events, s):
     """The ``SGD.step`` slices inside the slice ``s``."""
     return len([e for e in ops(events, "optimizer") if e["name"] == "SGD.step"
-                and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]])
+                and inside(e, s)])
 
 
 def assert_close(measured, truth, rel=0.05):
@@ -137,9 +137,8 @@ def test_evaluation_that_training_resumes_from_at_once_is_apart(tmp_path, shape)
     for s, t in zip(steps[1:], training[1:]):
         assert_close(s["dur"], t, rel=0.15)  # the step before a first evaluation ends at its compile
     for s in steps:
-        inside = sorted((e for e in ops(events, "optimizer")
-                         if s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]), key=lambda e: e["ts"])
-        assert [e["name"] for e in inside] == ["AdamW.step", "AdamW.zero_grad"], s["name"]
+        held = sorted((e for e in ops(events, "optimizer") if inside(e, s)), key=lambda e: e["ts"])
+        assert [e["name"] for e in held] == ["AdamW.step", "AdamW.zero_grad"], s["name"]
 
 
 def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):

@@ -3,7 +3,7 @@ previous step's optimizer step as before its first one, and never puts a step on
 
 import torch
 
-from backend_support import MLP, graphs, ops
+from backend_support import MLP, graphs, inside, ops
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import create_backend
 
@@ -34,7 +34,7 @@ def steps_of(events):
     slices = sorted(ops(events, "step"), key=lambda e: e["ts"])
     return [(s["name"], {e["args"].get("step") for e in events if e.get("ph") == "X" and e is not s
                          and e.get("cat") not in ("step", "eval")
-                         and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]})
+                         and inside(e, s)})
             for s in slices]
 
 
@@ -49,10 +49,9 @@ def test_update_with_a_resumed_count_and_an_evaluation_between_steps(rec):
     loop(create_backend(level="torch"), first=100, evaluate_before=102)
     events = rec.events()
     (ev,) = ops(events, "eval")
-    inside = [e for e in events if e.get("ph") == "X" and e is not ev
-              and ev["ts"] <= e["ts"] and e["ts"] + e["dur"] <= ev["ts"] + ev["dur"]]
-    eval_graphs = [g for g in graphs(inside) if g["args"]["grad_enabled"] == 0]
+    held = [e for e in events if e.get("ph") == "X" and e is not ev and inside(e, ev)]
+    eval_graphs = [g for g in graphs(held) if g["args"]["grad_enabled"] == 0]
     assert len(eval_graphs) == 2
-    assert all("step" not in e["args"] for e in inside), [e for e in inside if "step" in e["args"]]
-    assert len(ops(inside, "dynamo")) > 0  # its ops are there, without a step
+    assert all("step" not in e["args"] for e in held), [e for e in held if "step" in e["args"]]
+    assert len(ops(held, "dynamo")) > 0  # its ops are there, without a step
     assert steps_of(events) == [(f"step {k}", {k}) for k in range(100, 104)]
