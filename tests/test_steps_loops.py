@@ -141,6 +141,24 @@ def test_evaluation_that_training_resumes_from_at_once_is_apart(tmp_path, shape)
         assert [e["name"] for e in held] == ["AdamW.step", "AdamW.zero_grad"], s["name"]
 
 
+@pytest.mark.parametrize("shape, per_step", [
+    ("replaced", [["SGD.zero_grad", "SGD.step"]] * ITERS + [["AdamW.zero_grad", "AdamW.step"]] * 2 * ITERS),
+    ("sam", [["SAM.zero_grad", "SGD.step", "SAM.zero_grad"]] * ITERS),
+])
+def test_optimizers_of_the_same_parameters_step_as_one(tmp_path, shape, per_step):
+    """A new optimizer that takes over the parameters of an earlier one (a fine-tuning phase, a
+    new one per epoch) and a wrapper that steps the optimizer it wraps (SAM) count as one
+    optimizer: one step per iteration, each as long as its iteration."""
+    _, events, iterations, _ = run_loop(tmp_path, shape)
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(len(per_step))]
+    held = [[e["name"] for e in sorted(ops(events, "optimizer"), key=lambda e: e["ts"]) if inside(e, s)]
+            for s in steps]
+    assert held == per_step
+    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
+        assert_close(s["dur"], truth, rel=0.15)
+
+
 def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):
     _, events, iterations, _ = run_loop(tmp_path, "amp_skip")
     steps = step_slices(events)

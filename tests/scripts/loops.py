@@ -15,7 +15,9 @@ teacher's forward under ``no_grad``, then the student's training), ``amp_skip`` 
 backward, ``optimizer.step()`` and ``zero_grad()`` in one compiled function: Dynamo traces the
 optimizer's hooks), ``nanogpt`` (nanoGPT's loop: evaluation of the trained model at the top of
 every ``--iters``-th iteration, ``zero_grad()`` at the end, no DataLoader), ``ema_eval`` (an
-average of the model evaluated after each epoch, ``step(); zero_grad()`` on one line). Each
+average of the model evaluated after each epoch, ``step(); zero_grad()`` on one line),
+``replaced`` (fine-tuning phases, each with a new optimizer over the parameters of the last),
+``sam`` (a SAM wrapper whose ``second_step`` steps the optimizer it wraps). Each
 iteration sleeps ``SLEEP_S`` so that its time is well above the noise
 of a shared machine. The truth file holds ``iterations`` (start times, ns, of each iteration
 and the end of the last one; for ``marked``, the time of each mark instead) and, for
@@ -181,6 +183,69 @@ def compiled_step(n, marks):
         time.sleep(SLEEP_S)
 
 
+def replaced(n, marks):
+    """Fine-tuning in phases, each with an optimizer of its own: the head alone, then everything
+    with a new optimizer per epoch (the earlier ones stay alive); ``zero_grad()`` at the top of
+    each iteration, so a new optimizer's first one begins its phase. ``n`` iterations per phase."""
+    model = mlp()
+    compiled = torch.compile(model, backend=create_backend())
+    phases = [lambda: torch.optim.SGD(model[2].parameters(), lr=1e-3)]
+    phases += [lambda: torch.optim.AdamW(model.parameters(), lr=1e-4)] * 2
+    optimizers = []
+    for make in phases:
+        optimizers.append(make())
+        for _ in range(n):
+            marks.append(time.monotonic_ns())
+            optimizers[-1].zero_grad()
+            compiled(torch.randn(8, 16)).pow(2).mean().backward()
+            optimizers[-1].step()
+            time.sleep(SLEEP_S)
+
+
+class SAM(torch.optim.Optimizer):
+    """Sharpness-aware minimisation as users write it (after github.com/davda54/sam): a wrapper
+    whose ``second_step`` steps the optimizer it wraps, over the same parameter groups."""
+
+    def __init__(self, params, base_optimizer, rho=0.05, **kwargs):
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def first_step(self, zero_grad=False):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["e"] = p.grad * group["rho"]
+                    p.add_(self.state[p]["e"])
+        if zero_grad:
+            self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self, zero_grad=False):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if "e" in self.state[p]:
+                    p.sub_(self.state[p]["e"])
+        self.base_optimizer.step()
+        if zero_grad:
+            self.zero_grad()
+
+
+def sam(n, marks):
+    """SAM's two-pass loop: the wrapper itself never steps, the SGD it wraps does."""
+    model = torch.compile(mlp(), backend=create_backend())
+    opt = SAM(model.parameters(), torch.optim.SGD, lr=1e-3)
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        x = torch.randn(8, 16)
+        model(x).pow(2).mean().backward()
+        opt.first_step(zero_grad=True)
+        model(x).pow(2).mean().backward()
+        opt.second_step(zero_grad=True)
+        time.sleep(SLEEP_S)
+
+
 def nanogpt(n, marks, evals):
     """nanoGPT's loop: the model evaluated (``model.eval()``, ``no_grad``) at the top of every
     ``n``-th iteration from a batch function (no DataLoader), two accumulated micro-batches,
@@ -243,7 +308,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn",
                                       "frozen_norm", "distill", "amp_skip", "marked", "compiled_step",
-                                      "nanogpt", "ema_eval"))
+                                      "nanogpt", "ema_eval", "replaced", "sam"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)

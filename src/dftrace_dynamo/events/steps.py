@@ -20,6 +20,9 @@ A step is one training iteration. Without marks, optimizers decide where it ends
   loop's body) is the step's own, not the start of the next. Logging,
   checkpointing and other Python between the last optimizer step and that point
   stay in the step, so a step lasts as long as the iteration;
+* optimizers whose parameters overlap count as one (a wrapper such as SAM and the optimizer
+  it steps; a new optimizer for the next fine-tuning phase or epoch and the one it replaces),
+  and a new optimizer's first ``zero_grad()`` begins an iteration;
 * an optimizer joins the training's optimizers at its first ``zero_grad()`` or
   ``step()``; a complete step that an optimizer joins is not complete any more
   (so the first iteration of a GAN, whose G calls ``zero_grad()`` after D
@@ -79,6 +82,7 @@ import functools
 import operator
 import sys
 import threading
+import weakref
 from typing import Optional
 
 import torch
@@ -108,9 +112,11 @@ class _State:
     ops = False  # a trace is open and the current step is in a window
     broken = False
     mode = TRAIN
-    known: set = set()  # id(optimizer) of the training's optimizers
-    stepped: dict = {}  # id(optimizer) -> its steps in the current step
-    most: dict = {}  # id(optimizer) -> its most steps in one step since the last optimizer joined
+    known: set = set()  # the training's optimizers (their _group keys)
+    groups: dict = {}  # id(optimizer) -> its _group key
+    params: dict = {}  # _group key -> id() of the parameters its optimizers step
+    stepped: dict = {}  # _group key -> its steps in the current step
+    most: dict = {}  # _group key -> its most steps in one step since the last optimizer joined
     joined = False  # an optimizer joined in the current step (its counts teach nothing)
     complete_ns = 0  # when the current step became complete (its last optimizer step or the zero_grad after)
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
@@ -336,18 +342,39 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
         _slice(name, cat, start, args, end)
 
 
-def _join(optimizer) -> None:
-    """``optimizer`` is one of the training's optimizers from now on; a complete step that it
-    joins is not complete any more."""
+def _group(optimizer) -> int:
+    """The key of the optimizers that step ``optimizer``'s parameters: a wrapper (SAM, Lookahead)
+    and the optimizer it steps, or an optimizer and the one it replaced (a new optimizer for the
+    next epoch or fine-tuning phase), count as one."""
+    key = _state.groups.get(id(optimizer))
+    if key is None:
+        try:
+            params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        except (AttributeError, KeyError, TypeError):  # an optimizer-like object of its own shape
+            params = set()
+        key = next((k for k, ps in _state.params.items() if not ps.isdisjoint(params)), id(optimizer))
+        _state.params.setdefault(key, set()).update(params)
+        _state.groups[id(optimizer)] = key
+        weakref.finalize(optimizer, _state.groups.pop, id(optimizer), None)  # its id may be reused
+    return key
+
+
+def _join(optimizer) -> int:
+    """``optimizer`` is one of the training's optimizers from now on (returned: its group's key);
+    a complete step that it joins is not complete any more."""
     with _lock:
-        if id(optimizer) in _state.known or _state.explicit or _state.start_ns is None:
-            return
-        _state.known.add(id(optimizer))
+        if _state.explicit or _state.start_ns is None:
+            return 0
+        key = _group(optimizer)
+        if key in _state.known:
+            return key
+        _state.known.add(key)
         _state.most, _state.joined = {}, True
         if _state.mode == COMPLETE:
             _set_mode(TRAIN)
             _core.set_ops_on(_state.ops)
             _flush()
+        return key
 
 
 def _optimizer_stepped(optimizer, now: int) -> None:
@@ -356,8 +383,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
         if _state.start_ns is None or _state.broken or _state.explicit:
             _local.__dict__.pop("data", None)  # a batch before this step is not the first traced step's
             return
-        key = id(optimizer)
-        _join(optimizer)
+        key = _join(optimizer)
         stepped = _state.stepped
         stepped[key] = stepped.get(key, 0) + 1
         if any(n > 2 * _state.most[k] for k, n in stepped.items() if k in _state.most):
@@ -383,6 +409,7 @@ def _on_open() -> None:
             _state.named = _state.ended = _state.explicit = False
             _state.following = None
             _state.known, _state.most, _state.deferred = set(), {}, []
+            _state.groups, _state.params = {}, {}
             _state.eval_mode_trains = None
             # opened lazily (inside a compile): the step began with the work in progress on this thread
             data = _local.__dict__.pop("data", None)
@@ -696,10 +723,11 @@ def _wrap_zero_grad(original):
             return original(self, *args, **kwargs)
         finally:
             try:
+                seen = id(self) in _state.groups  # a new optimizer's first zero_grad() begins an iteration
                 _join(self)
                 cls = type(self).__name__
                 _held(f"{cls}.zero_grad", CAT_OPTIMIZER, start, _core.now_ns(), {ARG_OPTIMIZER: cls},
-                      _ends_iteration(sys._getframe(1)))
+                      seen and _ends_iteration(sys._getframe(1)))
             except Exception as exc:
                 _fail(exc)
 
