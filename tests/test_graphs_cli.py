@@ -89,6 +89,19 @@ def test_profile_json_with_measured_times(bert_json):
     assert len(linears) == 2 * 6 + 1  # q, k, v, out, intermediate, output per layer + pooler
 
 
+@pytest.mark.parametrize("where", ["current directory", "file path"])
+def test_a_model_of_the_users_own_module_loads(custom_module, tmp_path, where):
+    """``module:Name`` from the directory the user is in (as ``python -m`` imports), or
+    ``path/to/file.py:Name`` from anywhere; no PYTHONPATH needed."""
+    spec, cwd = (("gated_model:Convs", custom_module) if where == "current directory"
+                 else (f"{custom_module / 'gated_model.py'}:Convs", tmp_path))
+    p = cli("explore", spec, "--input-shape", "1", "3", "8", "8", cwd=cwd)
+    assert p.returncode == 0, p.stderr
+    assert "conv" in p.stdout
+    missing = cli("explore", f"{tmp_path / 'nothing.py'}:Convs", cwd=tmp_path)
+    assert_bad_input(missing, "cannot import", "no file")
+
+
 def test_profile_table_custom_model_falls_back_to_dynamo(custom_module):
     p = cli("profile", "gated_model:Gated", "--showshape", "--runs", "1", "--peak-flops", "1T", "--mem-bw", "1G",
             cwd=custom_module, env={"PYTHONPATH": str(custom_module)})

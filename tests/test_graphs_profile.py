@@ -110,6 +110,58 @@ def test_attention_flops_are_counted_on_cpu():
     assert sdpa.flops == 2 * (2 * 2 * 8 * 8 * 16) * 2  # QK^T and PV, 2 FLOPs per MAC
 
 
+class Recurrent(nn.Module):
+    """A recurrent layer after a data-dependent branch, which symbolic tracing cannot follow."""
+
+    def __init__(self, cls, batch_first):
+        super().__init__()
+        self.rnn = cls(16, 32, num_layers=2, bidirectional=True, batch_first=batch_first)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            x = -x
+        return self.rnn(x)[0]
+
+
+@pytest.mark.parametrize("cls, gates", [(nn.LSTM, 4), (nn.GRU, 3), (nn.RNN, 1)])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("method", ["fx", "dynamo"])
+def test_recurrent_layer_flops_are_their_gate_products(cls, gates, batch_first, method):
+    """Per layer and direction, 2 * tokens * gates * hidden * (input + hidden): the CPU LSTM runs
+    as one oneDNN kernel that torch's counter has no formula for, GRU and RNN as addmm/mm. Dynamo
+    (which torch.compile leaves such layers to run eagerly for) captures them in a graph."""
+    model = (Recurrent(cls, batch_first) if method == "dynamo" else nn.Sequential(cls(
+        16, 32, num_layers=2, bidirectional=True, batch_first=batch_first))).eval()
+    profile = profile_model(model, (torch.randn(5, 7, 16),), runs=0, method=method)
+    assert profile.method == {"fx": "symbolic_trace", "dynamo": "dynamo"}[method]
+    tokens = 5 * 7
+    per_direction = [2 * tokens * gates * 32 * (16 + 32), 2 * tokens * gates * 32 * (2 * 32 + 32)]
+    assert profile.total_flops == 2 * sum(per_direction)
+    assert profile.total_params == profile.model_params == sum(p.numel() for p in model.parameters())
+
+
+class Disabled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    @torch.compiler.disable
+    def tail(self, x):
+        return self.b(x)
+
+    def forward(self, x):
+        return self.tail(self.a(x))
+
+
+def test_parameters_no_graph_uses_are_reported():
+    profile = profile_model(Disabled(), (torch.randn(4, 16),), runs=0, method="dynamo")
+    assert (profile.total_params, profile.model_params) == (272, 544)
+    assert profile.summary()["model_params"] == 544
+    assert "parameters:        272 of the model's 544: the rest are in no graph" in render_profile(profile)
+    complete = profile_model(nn.Linear(16, 16), (torch.randn(4, 16),), runs=0)
+    assert "parameters:        272\n" in render_profile(complete)
+
+
 class Attention(nn.Module):
     def forward(self, q):
         return torch.nn.functional.scaled_dot_product_attention(q, q, q)

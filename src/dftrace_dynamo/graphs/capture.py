@@ -212,7 +212,8 @@ def _compile_and_run(model: Callable, args: tuple, kwargs: dict,
     compiler = tracer.create_backend(level="torch", on_graph=keep)
     torch._dynamo.reset()
     try:
-        with compile_events.collect() as records:
+        # RNN, GRU and LSTM layers into the graphs: torch.compile runs them eagerly after a break
+        with compile_events.collect() as records, torch._dynamo.config.patch(allow_rnn=True):
             output = torch.compile(model, backend=compiler)(*args, **kwargs)
     finally:
         # Cached code holds the captured graphs and the model: drop it.

@@ -2,8 +2,9 @@
 
 A model is named by one of (tried in this order):
 
-* ``package.module:attr`` — a class or factory called with no arguments
-  (a transformers model class is built from its default config);
+* ``package.module:attr`` or ``path/to/file.py:attr`` — a class or factory called with no
+  arguments (a transformers model class is built from its default config); modules in the
+  current directory import, as with ``python -m``;
 * a local ``*.json`` transformers config (its ``model_type`` picks the class);
 * a transformers model type (``bert``, ``gpt2``, ``vit``...): default config;
 * a torchvision model name (``resnet18``...) when torchvision is installed.
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import json
+import os
 import pathlib
 import sys
 from typing import Optional, Sequence
@@ -126,10 +129,31 @@ def _from_transformers_config(transformers, model_type: str, values: dict) -> to
         raise ModelError(f"transformers cannot build a {model_type!r} model: {_first_line(exc)}") from exc
 
 
+def _import(module_name: str):
+    """``package.module`` importable from the current directory too, as with ``python -m``, or a
+    ``path/to/file.py``."""
+    if module_name.endswith(".py"):
+        path = pathlib.Path(module_name)
+        if not path.is_file():
+            raise ModuleNotFoundError(f"no file {module_name}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module  # dataclasses and pickling look their module up by name
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[path.stem]
+            raise
+        return module
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(module_name)
+
+
 def _from_factory(spec: str, overrides: dict) -> torch.nn.Module:
-    module_name, _, attr = spec.partition(":")
+    module_name, _, attr = spec.rpartition(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj = _import(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as exc:  # ImportError, AttributeError or the module's own import-time error

@@ -36,7 +36,8 @@ def _positive_int(text: str) -> int:
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
-                        help="transformers model type (bert, gpt2, vit...), a config .json, package.module:Factory, "
+                        help="transformers model type (bert, gpt2, vit...), a config .json, package.module:Factory or "
+                             "file.py:Factory (the current directory is importable), "
                              "or a torchvision model name (needs torchvision). Weights are random; nothing is "
                              "downloaded.")
     group = parser.add_argument_group("model inputs")

@@ -15,6 +15,7 @@ bandwidth), memory-bound otherwise, and "none" when it moves nothing.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import torch
@@ -41,8 +42,16 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# flop_counter has formulas for the CUDA attention kernels but not the CPU one.
-_EXTRA_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+def _cpu_rnn_flops(input_shape, weight_ih_shape, weight_hh_shape, *args, **kwargs) -> int:
+    """One layer and direction of the oneDNN RNN that runs ``nn.LSTM`` on CPU: its gate GEMMs,
+    counted as ``aten.mm`` counts them (GRU and RNN run as addmm/mm, counted already)."""
+    return 2 * math.prod(input_shape[:-1]) * (math.prod(weight_ih_shape) + math.prod(weight_hh_shape))
+
+
+# flop_counter has formulas for the CUDA attention kernels but not the CPU one, and none for the
+# CPU LSTM kernel.
+_EXTRA_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
+                torch.ops.aten.mkldnn_rnn_layer: _cpu_rnn_flops}
 _EMBEDDING_FUNCTIONS = {torch.nn.functional.embedding, torch.embedding}
 
 
@@ -113,6 +122,7 @@ class ModelProfile:
     module_types: dict = dataclasses.field(default_factory=dict)  # module path -> class name
     graph_time_ns: Optional[float] = None  # measured time of one run of all graphs (median)
     timing_warnings: list = dataclasses.field(default_factory=list)
+    model_params: Optional[int] = None  # the model's parameters, used by the graphs or not
 
     @property
     def total_params(self) -> int:
@@ -160,6 +170,7 @@ class ModelProfile:
             "graph_breaks": [dataclasses.asdict(b) for b in self.graph_breaks],
             "nodes": len(self.nodes),
             "params": self.total_params,
+            "model_params": self.model_params,
             "macs": self.total_flops // 2,
             "flops": self.total_flops,
             "memory": {"inputs": self.input_bytes, "outputs": self.output_bytes, "weights": self.weight_bytes,
@@ -334,6 +345,7 @@ def profile_traced(traced, model: torch.nn.Module, args: tuple = (), kwargs: Opt
         traced.partitions, model=name, method=traced.method, fx_error=traced.fx_error,
         graph_breaks=traced.graph_breaks, model_inputs=(args, kwargs), model_output=traced.output,
         weights=weights, balance=balance, peak_flops=peak_flops, mem_bw=mem_bw)
+    profile.model_params = sum(p.numel() for p in model.parameters())
     if runs > 0:
         try:
             times = measure_op_times(traced.partitions, runs=runs)

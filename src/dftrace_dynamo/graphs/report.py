@@ -162,6 +162,14 @@ def _table(profile: ModelProfile, show_shapes: bool, depth: Optional[int] = None
     return out.getvalue()
 
 
+def _unseen_params(s: dict) -> str:
+    """What the parameter count leaves out: those of the model that no graph uses."""
+    if not s["model_params"] or s["params"] >= s["model_params"]:
+        return ""
+    return (f" of the model's {human(s['model_params'])}: the rest are in no graph (unused by this forward, "
+            "or run eagerly after a graph break)")
+
+
 def _summary_text(profile: ModelProfile) -> str:
     s = profile.summary()
     mem = s["memory"]
@@ -173,7 +181,7 @@ def _summary_text(profile: ModelProfile) -> str:
         lines.append(f"    break{where}: {brk.short_reason}")
     lines += [
         f"  nodes:             {s['nodes']}",
-        f"  parameters:        {human(s['params'])}",
+        f"  parameters:        {human(s['params'])}{_unseen_params(s)}",
         f"  MACs / FLOPs:      {human(s['macs'])} / {human(s['flops'])}",
         f"  memory:            inputs {human_bytes(mem['inputs'])}, outputs {human_bytes(mem['outputs'])}, "
         f"weights {human_bytes(mem['weights'])}, activations {human_bytes(mem['activations'])}",
