@@ -13,6 +13,7 @@ import perfetto_tp
 from tracefile import read_events, traces
 from backend_support import CNN, MLP, compile_records, executed_nodes, graphs, ops, run_py
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
+from scripts.clitools import summary_json
 from dftrace_dynamo import Dynamo, create_backend
 from dftrace_dynamo.backend import compile_events
 from dftrace_dynamo.session import config
@@ -161,6 +162,35 @@ def test_graph_breaks_are_reported_with_reason_and_location(rec):
     (event,) = [e for e in compile_records(events) if e["name"] == "graph break"]
     assert event["args"]["location"] == breaks[0]["location"]
     assert len(graphs(events)) == 2  # one graph on each side of the break
+
+
+class LSTMClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.fc = torch.nn.LSTM(8, 8, batch_first=True), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(self.lstm(x)[0][:, -1])  # Dynamo gives up on this frame: it runs eagerly
+
+
+def test_a_frame_dynamo_gives_up_on_is_a_graph_break_with_no_graph(rec):
+    """A graph break Dynamo cannot resume from (here an LSTM, as allow_rnn is off) makes it run
+    the whole frame eagerly; torch lists no graph break. The trace says why, and compiled
+    nothing."""
+    model, x = LSTMClassifier(), torch.randn(2, 5, 8)
+    with compile_events.collect() as records:
+        out = torch.compile(model, backend=create_backend(level="torch"))(x)
+    torch.testing.assert_close(out, model(x))
+    (brk,) = [r for r in records if r["kind"] == "graph_break"]
+    assert brk["reason"].startswith("the frame runs eagerly, in no graph: Attempted to wrap RNN")
+    assert brk["location"] == f"{__file__}:{LSTMClassifier.forward.__code__.co_firstlineno + 1}"
+    (compile_,) = [r for r in records if r["kind"] == "compile"]
+    assert compile_["graph_breaks"] == 1 and compile_["reason"] == brk["reason"]
+    path = rec.path()
+    assert not graphs(read_events(path))
+    result, _ = summary_json(path)
+    assert result["compile"]["graphs_compiled"] == 0
+    assert [b["reason"] for b in result["compile"]["graph_breaks"]] == [brk["reason"]]
 
 
 def test_recompiles_are_reported_with_the_failed_guard(rec):

@@ -14,7 +14,8 @@ A record is a dict with at least ``kind``, ``name``, ``start_ns``, ``end_ns``
 ``frame`` (function being compiled), ``location`` (``file:line``) and ``reason``.
 Kinds:
 
-``compile``          one Dynamo frame compile (its duration), or a lazy backward compile
+``compile``          one Dynamo frame compile (its duration; a ``reason`` when Dynamo gave up
+                     on the frame, which then runs eagerly), or a lazy backward compile
 ``graph_break``      ``reason`` why Dynamo split the frame, ``location`` of the user code
 ``recompile``        ``reason``: the guard that failed, ``location`` of the frame
 ``backend``          our backend's work on one captured graph (``graph``, ``level``,
@@ -147,6 +148,9 @@ def _traced(install_callbacks):
         try:
             with install_callbacks(trigger, compile_id):
                 yield
+        except Exception as exc:
+            _state.stack[-1]["failed"] = exc
+            raise
         finally:
             _end(_state.stack.pop())
 
@@ -317,19 +321,40 @@ def _guard_text(reason: str) -> str:
     return first.split("  #", 1)[0].strip()
 
 
+def _user_location(stack) -> Optional[str]:
+    """``file:line`` of the innermost user frame of a Dynamo user stack (its last frame if none)."""
+    stack = stack or []
+    frame = next((f for f in reversed(stack) if not hooks.not_user(f.filename)), stack[-1] if stack else None)
+    return f"{frame.filename}:{frame.lineno}" if frame else None
+
+
+def _eager_fallback(exc: Optional[BaseException]) -> Optional[str]:
+    """Why Dynamo gave up on the whole frame (it then runs eagerly, in no graph), or None: a graph
+    break it could not resume from, which torch records in no list of graph breaks."""
+    from torch._dynamo.exc import Unsupported, UserError
+
+    if not isinstance(exc, (Unsupported, UserError)):
+        return None
+    return f"the frame runs eagerly, in no graph: {_first_paragraph(str(exc))}"
+
+
 def _end(info: dict) -> None:
     end = _core.now_ns()
-    breaks = 0
+    breaks, fallback = 0, None
     if info["trigger"] == "dynamo":  # frame compiles hold Dynamo's compile lock: the break list is theirs
         reasons = _break_reasons()
         seen = info["breaks_seen"] if info["breaks_seen"] <= len(reasons) else 0
         breaks = len(reasons) - seen
         for reason in reasons[seen:]:
-            stack = reason.user_stack or []
-            frame = next((f for f in reversed(stack) if not hooks.not_user(f.filename)), stack[-1] if stack else None)
             emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
-                 location=f"{frame.filename}:{frame.lineno}" if frame else None,
+                 location=_user_location(reason.user_stack), frame=info["frame"], compile_id=info["compile_id"])
+        fallback = _eager_fallback(info.get("failed"))
+        if fallback:
+            breaks += 1
+            emit("graph_break", "graph break", end, end, reason=fallback,
+                 location=_user_location(getattr(info["failed"], "real_stack", None)) or info["location"],
                  frame=info["frame"], compile_id=info["compile_id"])
     name = f"dynamo compile {info['frame']}" if info["frame"] else f"compile ({info['trigger']})"
     emit("compile", name, info["start_ns"], _core.now_ns(), frame=info["frame"], location=info["location"],
-         module=info.get("module"), compile_id=info["compile_id"], trigger=info["trigger"], graph_breaks=breaks)
+         module=info.get("module"), compile_id=info["compile_id"], trigger=info["trigger"], graph_breaks=breaks,
+         **({"reason": fallback} if fallback else {}))

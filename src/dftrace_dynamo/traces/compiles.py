@@ -66,7 +66,8 @@ def report(records, label):
     """The summary's ``compile`` document. ``label(record)`` names its process."""
     by_kind = {k: [r for r in records if kind_of(r) == k] for k in KINDS}
     backends = {(r["file"], r["pid"], r.get("graph")) for r in by_kind["backend"]}
-    frames = [r for r in by_kind["compile"] if r.get("frame") or r["name"].startswith("dynamo compile")]
+    frames = [r for r in by_kind["compile"] if (r.get("frame") or r["name"].startswith("dynamo compile"))
+              and not r.get("reason")]  # a reason: Dynamo gave up on the frame, which made no graph
     return {
         "graphs_compiled": len(backends) if backends else len(frames),
         "compiles": [{"name": r["name"], "process": label(r), "step": r["step"], "dur_us": r["dur"],
