@@ -262,9 +262,11 @@ def test_update_step_takes_any_integer_and_ignores_other_values(rec):
     model(x)
     backend.update(step="five")  # ignored with a warning: the loop goes on
     model(x)
+    backend.update(step=2**64)  # beyond the trace's int64 and the C core's step
+    model(x)
     backend.update(step=torch.tensor(7))
     model(x)
-    assert [e["args"]["step"] for e in graphs(rec.events())] == [5, 5, 7]
+    assert [e["args"]["step"] for e in graphs(rec.events())] == [5, 5, 5, 7]
 
 
 def test_graph_call_runs_its_plain_graph_when_no_op_is_recorded(rec):

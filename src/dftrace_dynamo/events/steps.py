@@ -518,11 +518,11 @@ def name_step(number) -> None:
     """
     try:
         number = operator.index(number)
-        if number < 0:
+        if not 0 <= number < 2**62:  # the trace's integers are int64: room to count on
             raise ValueError
     except (TypeError, ValueError):
         config.get()  # sets up the dftrace_dynamo logger
-        config.log.warning("step=%r ignored: a step is named by a non-negative integer", number)
+        config.log.warning("step=%r ignored: a step is named by an integer from 0 to 2**62", number)
         return
     with _lock:
         _state.named = _state.start_ns is None
