@@ -117,6 +117,22 @@ def test_bad_configuration_turns_tracing_off_with_one_message(tmp_path, env, var
     assert traces(tmp_path) == [] and not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.parametrize("process_id, p_idx", [("7", 7), ("2**70", -1), ("'rank0'", -1)])
+def test_process_id_is_the_start_events_p_idx_or_ignored_with_one_message(tmp_path, process_id, p_idx):
+    """A process_id DFTracer's readers cannot hold (p_idx is an int64) must not stop the program."""
+    p = run_py(EMIT.replace('"/tmp/data", -1)', f'"/tmp/data", {process_id})'), tmp_path)
+    assert p.returncode == 0 and "done 6.0" in p.stdout, p.stderr
+    (path,) = traces(tmp_path / "out")
+    (start,) = [e for e in read_events(path) if e["name"] == "start"]
+    assert start["args"]["p_idx"] == p_idx
+    if p_idx == -1:
+        assert p.stderr.strip().splitlines() == [
+            f"dftrace_dynamo: initialize_log: process_id={eval(process_id)!r} ignored (p_idx is a 64-bit "
+            "integer): -1 is written"]
+    else:
+        assert p.stderr == ""
+
+
 def test_enable_zero_switches_off_even_initialize_log(tmp_path):
     p = run_py(EMIT, tmp_path, env={"DFTRACER_ENABLE": "0"})
     assert p.returncode == 0 and "done" in p.stdout and p.stderr == ""

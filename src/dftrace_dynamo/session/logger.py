@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import math
 import multiprocessing
+import operator
 import os
 import re
 import secrets
@@ -291,11 +292,24 @@ def initialize_log(logfile: Optional[str] = None, data_dir: Optional[str] = None
             prefix, source = str(logfile), "initialize_log(logfile)"
         else:
             prefix, source = _configured_log(cfg)
-        if _open(prefix, source, process_id):
+        if _open(prefix, source, _process_index(process_id)):
             # spawned children (multiprocessing 'spawn', torchrun workers) trace too, to their own files
             os.environ.setdefault("DFTRACER_ENABLE", "1")
             os.environ.setdefault("DFTRACER_LOG_FILE", _prefix)
     return Logger()
+
+
+def _process_index(process_id) -> int:
+    """``process_id`` as the ``p_idx`` DFTracer's readers expect (an int64), else -1 and a warning:
+    a bad value must not stop the program."""
+    try:
+        value = operator.index(process_id)
+        if -2**63 <= value < 2**63:
+            return value
+    except TypeError:
+        pass
+    config.log.warning("initialize_log: process_id=%r ignored (p_idx is a 64-bit integer): -1 is written", process_id)
+    return -1
 
 
 def _configured_log(cfg: config.Config) -> tuple[str, str]:
