@@ -355,7 +355,10 @@ def _group(optimizer) -> int:
         key = next((k for k, ps in _state.params.items() if not ps.isdisjoint(params)), id(optimizer))
         _state.params.setdefault(key, set()).update(params)
         _state.groups[id(optimizer)] = key
-        weakref.finalize(optimizer, _state.groups.pop, id(optimizer), None)  # its id may be reused
+        try:
+            weakref.finalize(optimizer, _state.groups.pop, id(optimizer), None)  # its id may be reused
+        except TypeError:  # a class with __slots__ and no __weakref__: kept until the trace closes
+            pass
     return key
 
 
