@@ -193,6 +193,32 @@ def test_a_frame_dynamo_gives_up_on_is_a_graph_break_with_no_graph(rec):
     assert [b["reason"] for b in result["compile"]["graph_breaks"]] == [brk["reason"]]
 
 
+NO_GRAPH = """
+    import torch
+    lstm = torch.compile(torch.nn.LSTM(8, 8, batch_first=True), backend="dftrace")
+    print(lstm(torch.randn(2, 5, 8))[0].shape)
+"""
+
+
+@pytest.mark.parametrize("enable", ["1", None])
+def test_a_lazy_trace_that_no_graph_opens_says_why_at_exit(tmp_path, enable):
+    """DFTRACER_ENABLE=1 opens the trace at the backend's first graph; when Dynamo hands it none
+    (it ran the whole model eagerly), no file is written and one line at exit says why. Without
+    DFTRACER_ENABLE nothing was asked for, and nothing is said."""
+    env = {"DFTRACER_LOG_FILE": str(tmp_path / "t"), **({"DFTRACER_ENABLE": enable} if enable else {})}
+    p = run_py(NO_GRAPH, tmp_path, env=env)
+    assert p.returncode == 0 and "torch.Size([2, 5, 8])" in p.stdout, p.stderr
+    assert traces(tmp_path) == []
+    lines = [line for line in p.stderr.splitlines() if line.startswith("dftrace_dynamo:")]
+    if enable:
+        (line,) = lines
+        assert line.startswith("dftrace_dynamo: DFTRACER_ENABLE=1 but no trace was written: Dynamo compiled 1 "
+                               "frame(s) and handed no graph to the dftrace backend; first graph break at ")
+        assert line.endswith(": Attempted to wrap RNN, GRU, or LSTM")
+    else:
+        assert lines == []
+
+
 def test_recompiles_are_reported_with_the_failed_guard(rec):
     def fn(x, n):
         return x * n

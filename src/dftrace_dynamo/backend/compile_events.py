@@ -46,6 +46,7 @@ from ..schema import ARG_KIND, CAT_COMPILE
 from . import sites
 
 _listeners: list[Callable[[dict], None]] = []
+_seen = {"frames": 0, "break": None}  # Dynamo frame compiles ended in this process; the first graph break
 _lock = threading.Lock()
 _state = threading.local()  # the compiles in progress on this thread (innermost last)
 
@@ -73,11 +74,18 @@ def collect() -> Iterator[list]:
         remove_listener(records.append)
 
 
+def frames_seen() -> tuple[int, Optional[dict]]:
+    """(Dynamo frame compiles ended in this process, the first graph break record or None)."""
+    return _seen["frames"], _seen["break"]
+
+
 def emit(kind: str, name: str, start_ns: int, end_ns: int, **fields) -> dict:
     """Writes one compile-side event and hands its record to the listeners."""
     args = {ARG_KIND: kind, **{k: v for k, v in fields.items() if v is not None}}  # kind: for summary's graphs view
     _core.log(name, CAT_COMPILE, start_ns, end_ns, args)
     record = dict(args, name=name, start_ns=start_ns, end_ns=end_ns)
+    if kind == "graph_break" and _seen["break"] is None:
+        _seen["break"] = record
     for fn in list(_listeners):
         try:
             fn(record)
@@ -342,6 +350,7 @@ def _end(info: dict) -> None:
     end = _core.now_ns()
     breaks, fallback = 0, None
     if info["trigger"] == "dynamo":  # frame compiles hold Dynamo's compile lock: the break list is theirs
+        _seen["frames"] += 1
         reasons = _break_reasons()
         seen = info["breaks_seen"] if info["breaks_seen"] <= len(reasons) else 0
         breaks = len(reasons) - seen

@@ -37,7 +37,7 @@ from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, 
                       ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, ARG_RECOMPUTE, ARG_STEP, CAT_GRAPH,
                       METADATA_ARGS, PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE, PHASE_RECOMPUTE)
 from ..events import cuda as cuda_events, steps
-from ..session import config, logger
+from ..session import config, hooks, logger
 from . import compile_events, instrument, modules, sites
 
 LEVELS = ("aten", "torch", "inductor")
@@ -343,5 +343,21 @@ tracer_backend = create_backend()
 dftracer_dynamo_backend = tracer_backend
 
 
+def _no_graph_note() -> None:
+    """At exit, when DFTRACER_ENABLE=1 opened no trace although Dynamo compiled frames: none of
+    them handed this backend a graph (Dynamo ran the model eagerly whole, as it does with
+    torch.compile of DDP around an nn.Sequential). Without a word the user finds no file."""
+    frames, first_break = compile_events.frames_seen()
+    if not frames or config.get().enable is not True or config.get().error or logger.attempted():
+        return
+    why = ""
+    if first_break is not None:
+        where = f" at {first_break['location']}" if first_break.get("location") else ""
+        why = f"; first graph break{where}: {first_break.get('reason', '')}"
+    config.log.warning("DFTRACER_ENABLE=1 but no trace was written: Dynamo compiled %d frame(s) and handed "
+                       "no graph to the dftrace backend%s", frames, why.split("\n", 1)[0][:500])
+
+
+hooks.install_one(hooks.declare(hooks.AtExit("no graph note", compile_events.GROUP, _no_graph_note)).name)
 # backend="dftrace" comes from the torch_dynamo_backends entry point in pyproject.toml
 compile_events.install()  # before the first compile, so its start is seen

@@ -349,6 +349,11 @@ def note_off() -> None:
     config.log.info("tracing is off (%s): nothing is recorded", reason)
 
 
+def attempted() -> bool:
+    """Whether this process has opened a trace file, or tried to (a failure was reported)."""
+    return _finalized or _prefix is not None or _core.is_open()
+
+
 def enabled() -> bool:
     """Whether a trace file is open (its events are recorded unless writing it failed, which
     has then been reported once)."""
