@@ -228,7 +228,7 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
         info["frame"] = code.co_name
         info["location"] = f"{code.co_filename}:{code.co_firstlineno}"
         if _in_torch(code.co_filename):  # a wrapper of torch's around the user's code
-            info.update(_user_code(compiling, f_locals))
+            info.update(_user_code(compiling, f_locals), in_torch=True)
         reason = _recompile_reason()
         if reason:
             emit("recompile", "recompile", start, start, reason=_guard_text(reason), detail=reason,
@@ -357,7 +357,8 @@ def _end(info: dict) -> None:
         for reason in reasons[seen:]:
             emit("graph_break", "graph break", end, end, reason=_first_paragraph(reason.reason),
                  location=_user_location(reason.user_stack), frame=info["frame"], compile_id=info["compile_id"])
-        fallback = _eager_fallback(info.get("failed"))
+        # a frame of torch's own (an optimizer's step wrapper) running eagerly is no news of the user's code
+        fallback = None if info.get("in_torch") else _eager_fallback(info.get("failed"))
         if fallback:
             breaks += 1
             emit("graph_break", "graph break", end, end, reason=fallback,
