@@ -190,6 +190,7 @@ def test_a_frame_dynamo_gives_up_on_is_a_graph_break_with_no_graph(rec):
     assert not graphs(read_events(path))
     result, _ = summary_json(path)
     assert result["compile"]["graphs_compiled"] == 0
+    assert (result["processes"], result["op_events"]) == (1, 0)  # a process that ran no traced op
     assert [b["reason"] for b in result["compile"]["graph_breaks"]] == [brk["reason"]]
 
 

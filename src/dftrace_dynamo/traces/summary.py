@@ -671,7 +671,7 @@ def _result(paths, views, top, groups, warnings, unparsed, records, step_info, f
     result = {
         "files": list(paths),
         "runs": [{"run": r["label"], "files": [paths[i] for i in r["files"]]} for r in found],
-        "processes": len(op_procs),
+        "processes": len(labels),  # those with ops, compiles or steps
         "op_events": n_ops,
         "op_time_us": op_time,
         "graph_calls": n_graph,
