@@ -12,6 +12,7 @@ import pytest
 from backend_support import inside, ops, run_python
 from dftrace_dynamo.traces.steps import quantile
 from scripts.clitools import summary_json
+from scripts.loops import SLEEP_S
 from tracefile import read_events, traces
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "loops.py")
@@ -155,6 +156,24 @@ def test_optimizers_of_the_same_parameters_step_as_one(tmp_path, shape, per_step
     held = [[e["name"] for e in sorted(ops(events, "optimizer"), key=lambda e: e["ts"]) if inside(e, s)]
             for s in steps]
     assert held == per_step
+    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
+        assert_close(s["dur"], truth, rel=0.15)
+
+
+def test_a_region_between_zero_grad_and_the_forward_is_in_the_step_it_begins(tmp_path):
+    """The step begins at ``zero_grad()``: the ``load`` region that follows, and the data slice
+    inside it, are in that step (its number, its slice), where they happened."""
+    _, events, iterations, _ = run_loop(tmp_path, "region_load")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    for i, s in enumerate(steps):
+        held = sorted((e for e in events if e.get("cat") in ("optimizer", "region", "data") and inside(e, s)),
+                      key=lambda e: e["ts"])
+        assert [e["name"] for e in held] == ["DataLoader.__iter__"] * (i == 0) + [
+            "SGD.zero_grad", "load", "data", "SGD.step"], (s["name"], held)
+        load, data = held[-3], held[-2]
+        assert load["args"]["step"] == data["args"]["step"] == i and inside(data, load), (load, data)
+        assert load["dur"] >= 1e6 * SLEEP_S and data["dur"] > 0, (load, data)
     for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
         assert_close(s["dur"], truth, rel=0.15)
 

@@ -17,7 +17,8 @@ optimizer's hooks), ``nanogpt`` (nanoGPT's loop: evaluation of the trained model
 every ``--iters``-th iteration, ``zero_grad()`` at the end, no DataLoader), ``ema_eval`` (an
 average of the model evaluated after each epoch, ``step(); zero_grad()`` on one line),
 ``replaced`` (fine-tuning phases, each with a new optimizer over the parameters of the last),
-``sam`` (a SAM wrapper whose ``second_step`` steps the optimizer it wraps). Each
+``sam`` (a SAM wrapper whose ``second_step`` steps the optimizer it wraps), ``region_load``
+(``zero_grad()``, then the batch loaded inside a ``region``). Each
 iteration sleeps ``SLEEP_S`` so that its time is well above the noise
 of a shared machine. The truth file holds ``iterations`` (start times, ns, of each iteration
 and the end of the last one; for ``marked``, the time of each mark instead) and, for
@@ -304,11 +305,30 @@ def ema_eval(n, marks, evals):
         evals.append((marks[-1], time.monotonic_ns()))
 
 
+def region_load(n, marks):
+    """``zero_grad()`` at the top of the body, then the batch loaded inside a ``region`` (a
+    DataLoader ``next()`` and a sleep), as pydftracer users annotate their data loading."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    net = mlp()
+    model = torch.compile(net, backend=create_backend())
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    batches = iter(DataLoader(TensorDataset(torch.randn(8 * n, 16)), batch_size=8))
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        opt.zero_grad()
+        with dftrace_dynamo.region("load"):
+            (x,) = next(batches)
+            time.sleep(SLEEP_S)
+        model(x).sum().backward()
+        opt.step()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn",
                                       "frozen_norm", "distill", "amp_skip", "marked", "compiled_step",
-                                      "nanogpt", "ema_eval", "replaced", "sam"))
+                                      "nanogpt", "ema_eval", "replaced", "sam", "region_load"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)

@@ -404,6 +404,17 @@ def _note_background_at_open() -> None:
     _background_at_open = _background_count()  # a fork child inherits its parent's counts
 
 
+def _holder(name, cat, start, end, args) -> bool:
+    return False
+
+
+def set_holder(hold) -> None:
+    """``hold(name, cat, start, end, args)`` may take a region's slice as it ends, to record it later
+    (True); steps set it: slices held back for the step they begin must stay in the order they end."""
+    global _holder
+    _holder = hold
+
+
 def add_hooks(on_open, on_close) -> None:
     """``on_open()`` runs after each trace file opens, ``on_close()`` before it closes; both must not raise."""
     _open_hooks.append(on_open)
@@ -542,8 +553,10 @@ class region(contextlib.ContextDecorator):
 
     def __exit__(self, *exc):
         start = self._starts.stack.pop()
-        if start is not None and _core.log(_text(self.name), _text(self.cat), start, _core.now_ns(), self.args):
-            note_arg_issues()
+        if start is not None:
+            name, cat, end = _text(self.name), _text(self.cat), _core.now_ns()
+            if not _holder(name, cat, start, end, self.args) and _core.log(name, cat, start, end, self.args):
+                note_arg_issues()
         return False
 
 
