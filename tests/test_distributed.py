@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from backend_support import run_py, run_torchrun
+from backend_support import inside, run_py, run_torchrun
 from scripts.clitools import summary_json
 from tracefile import read_events, traces
 
@@ -97,6 +97,33 @@ def test_functional_collectives_in_a_graph(tmp_path, monkeypatch):
         assert got == {"function._c10d_functional.all_reduce.default": all_reduce,
                        "function._c10d_functional.wait_tensor.default": wait,
                        "barrier": [(3, "barrier", 0, None, 2, rank)]}, got
+
+
+@pytest.mark.parametrize("nproc, late, batch", [(2, 0, False), (3, 1, False), (2, 0, True)])
+def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(tmp_path, monkeypatch, nproc, late, batch):
+    """One stage per rank, ``send``/``recv`` between neighbours, or ``isend``/``irecv`` through
+    ``batch_isend_irecv`` (which checks its ``P2POp``s against ``torch.distributed.isend`` by
+    identity; gloo's works have no future: their events end at ``wait()``); stage ``late`` sleeps
+    30 ms a step before sending on. Each receive is matched with its send (not with the other
+    ranks' receives): the neighbours wait for the late stage, which is the straggler. A receive
+    between ``zero_grad()`` and the forward is in the step it begins, where the trace shows it."""
+    files = job(tmp_path, monkeypatch, nproc, MODE="pipeline", STEPS=8, DELAY_MS=30, DELAY_RANK=late,
+                **({"BATCH": 1} if batch else {}))
+    send, recv = ("isend", "irecv") if batch else ("send", "recv")
+    for rank, path in enumerate(files):
+        events = read_events(path)
+        steps = {e["args"]["step"]: e for e in events if e.get("cat") == "step"}
+        p2p = sorted((e for e in comm_events(path) if e["name"] in (send, recv)), key=lambda e: e["ts"])
+        iteration = ([(recv, rank - 1)] if rank else []) + (
+            [(send, rank + 1), (recv, rank + 1)] if rank < nproc - 1 else []) + ([(send, rank - 1)] if rank else [])
+        assert [(e["name"], e["args"]["peer"]) for e in p2p] == iteration * 8 and len(steps) == 8, (p2p, sorted(steps))
+        for e in p2p:
+            assert inside(e, steps[e["args"]["step"]]), (e, steps[e["args"]["step"]])
+    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+    assert info["straggler"]["rank"] == f"rank{late}", info
+    waits = {r["rank"]: statistics.median(x["wait_us"] for x in info["rows"] if x["rank"] == r["rank"])
+             for r in info["ranks"]}
+    assert all((0.8 * 30e3 <= w <= 1.3 * 30e3) == (rank != f"rank{late}") for rank, w in waits.items()), waits
 
 
 def test_recompile_divergence(tmp_path, monkeypatch):

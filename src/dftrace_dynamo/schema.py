@@ -58,6 +58,7 @@ ARG_DTYPE = "dtype"
 ARG_GROUP = "group"  # the process group's name (same on every member)
 ARG_GROUP_SIZE = "group_size"
 ARG_RANK = "rank"  # this process's rank in the default group
+ARG_PEER = "peer"  # send/recv: the global rank sent to or received from
 ARG_ASYNC = "async_op"  # issued with async_op=True: the event ends when the work completed
 ARG_BUCKET = "bucket"  # DDP gradient bucket index
 # the ``clock`` record (cat ``dftracer``): this process's clock minus rank 0's, measured when the

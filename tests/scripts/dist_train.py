@@ -1,7 +1,8 @@
 """A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, functional
-collectives in a compiled graph, a recompile on one rank, a large tensor in one step, or an
+collectives in a compiled graph, a recompile on one rank, a large tensor in one step, an
 evaluation of EVAL_MS on rank 0 that the others wait for at a barrier, or (EVAL_ALL) in their
-own evaluation (MODE), with rank DELAY_RANK sleeping DELAY_MS a step."""
+own evaluation, or a pipeline of one stage per rank (MODE), with rank DELAY_RANK sleeping
+DELAY_MS a step."""
 import os
 import time
 
@@ -66,6 +67,36 @@ elif MODE == "functional":
     for _ in range(STEPS):
         fn(torch.ones(10))  # all_reduce and its wait_tensor in the graph, 40 bytes
         step()
+elif MODE == "pipeline":  # rank r is stage r of a chain: activations forward, gradients back
+    stage = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()), backend="dftrace")
+    opt = torch.optim.SGD(stage.parameters(), lr=0.01)
+
+    def p2p(send, tensor, peer):  # dist.send/recv, or (BATCH) batch_isend_irecv as pipelines issue them
+        if os.environ.get("BATCH"):
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, tensor, peer)]):
+                work.wait()
+        else:
+            (dist.send if send else dist.recv)(tensor, peer)
+
+    for _ in range(STEPS):
+        opt.zero_grad()
+        x = torch.randn(8, 16)
+        if rank > 0:
+            p2p(False, x, rank - 1)  # between zero_grad() and the forward: the step it begins
+            x.requires_grad_()
+        h = stage(x)
+        if rank == int(os.environ.get("DELAY_RANK", "0")):
+            time.sleep(DELAY)
+        if rank < world - 1:
+            p2p(True, h.detach(), rank + 1)
+            grad = torch.empty_like(h)
+            p2p(False, grad, rank + 1)
+            h.backward(grad)
+        else:
+            h.sum().backward()
+        if rank > 0:
+            p2p(True, x.grad, rank - 1)
+        opt.step()
 elif MODE == "memory":
     for i in range(STEPS):
         if i == 3:

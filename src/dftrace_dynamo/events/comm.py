@@ -25,7 +25,8 @@ synchronous call is timed around the call; with ``async_op=True`` (and for
 ``isend``/``irecv`` and DDP buckets) the event ends when the work's future
 completes (``Work.get_future().then``), on the thread that completes it, and
 carries ``args.async_op``. Args: ``op``, ``bytes`` (this rank's payload),
-``dtype``, ``group`` (the process group's name), ``group_size``, ``rank`` and,
+``dtype``, ``group`` (the process group's name), ``group_size``, ``rank``, for
+point-to-point operations ``peer`` (the global rank sent to or received from) and,
 for DDP, ``bucket``; ``step`` is the step in which the operation was issued.
 
 NCCL: a future completes when the work is enqueued, not when the GPU has run
@@ -42,6 +43,7 @@ wrapper costs one check before it calls the original.
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import sys
@@ -52,7 +54,7 @@ import torch
 
 from .. import _core
 from ..schema import (ARG_ASYNC, ARG_BUCKET, ARG_BYTES, ARG_DTYPE, ARG_GROUP, ARG_GROUP_SIZE, ARG_OP,
-                      ARG_RANK, ARG_STEP, CAT_COMM)
+                      ARG_PEER, ARG_RANK, ARG_STEP, CAT_COMM)
 from ..session import config, hooks, logger
 
 GROUP = "distributed"
@@ -79,6 +81,13 @@ OPS = {
     "all_reduce_coalesced": ("tensors", 0, 2, 3),
 }
 
+# point-to-point ops -> the argument naming the peer (a global rank; ``group_`` + it: a group rank)
+PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+UNWAITED_MAX = 4096
+# id(work) -> (work, op, start, args, end of its issue): async works without a future, whose event
+# ends at their wait() (held: the id stays theirs)
+_unwaited: "collections.OrderedDict" = collections.OrderedDict()
+_lock = threading.Lock()
 _local = threading.local()  # depth: inside a recorded operation (inner calls are its parts)
 _groups: dict = {}  # id(group) -> (name, size, rank, nccl, group)
 _watched: set = set()  # ids of the NCCL groups whose completion hook is registered
@@ -154,7 +163,19 @@ def _group(group) -> tuple:
     return info[:4]
 
 
-def _args(op: str, group, payload) -> Optional[dict]:
+def _peer(op: str, group, args, kwargs) -> Optional[int]:
+    """The global rank a point-to-point ``op`` sends to or receives from (None: any source)."""
+    name = PEER[op]
+    peer, group_peer = _arg(args, kwargs, name, 1), _arg(args, kwargs, f"group_{name}", 4)
+    if peer is None and group_peer is not None:
+        import torch.distributed as dist
+
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        peer = dist.get_global_rank(pg, group_peer)
+    return None if peer is None else int(peer)
+
+
+def _args(op: str, group, payload, peer: Optional[int] = None) -> Optional[dict]:
     name, size, rank, nccl = _group(group)
     if nccl:
         _watch_nccl(group)
@@ -164,6 +185,8 @@ def _args(op: str, group, payload) -> Optional[dict]:
             ARG_STEP: _core.get_step()}
     if dtype is not None:
         args[ARG_DTYPE] = dtype
+    if peer is not None:
+        args[ARG_PEER] = peer
     return args
 
 
@@ -180,19 +203,68 @@ def _completed(fut, op: str, start: int, args: dict):
     return fut.value()
 
 
+def _record(op: str, start: int, args: dict, timed: bool = False) -> None:
+    """The event of an operation, ending now on the thread that issued it; made between
+    ``zero_grad()`` and the forward (a pipeline stage's receive), it goes with the slices held
+    for the step it begins."""
+    from . import steps  # imports this module: looked up at run time
+
+    end, step = _core.now_ns(), args.pop(ARG_STEP)
+    if not steps.hold(op, CAT_COMM, start, end, args, timed):
+        args[ARG_STEP] = step
+        _core.log(op, CAT_COMM, start, end, args, timed=timed)
+
+
 def _when_done(work, op: str, start: int, args: dict) -> None:
-    """The event ends when ``work`` (a ``Work``, or a DDP hook's future) completes."""
+    """The event ends when ``work`` (a ``Work``, or a DDP hook's future) completes; for a work
+    without a future (gloo's ``isend``/``irecv``), when the program's ``wait()`` on it returns."""
     args[ARG_ASYNC] = True
     try:
         fut = work.get_future() if hasattr(work, "get_future") else work
         fut.then(functools.partial(_on_completion, op=op, start=start, args=args))
-    except Exception:  # a backend without futures: the event covers the issue only
-        _core.log(op, CAT_COMM, start, _core.now_ns(), args, timed=True)
+    except Exception:
+        with _lock:
+            if len(_unwaited) >= UNWAITED_MAX:  # never waited for: the oldest covers its issue only
+                _, (_, op_, start_, args_, issued) = _unwaited.popitem(last=False)
+                _core.log(op_, CAT_COMM, start_, issued, args_, timed=True)
+            _unwaited[id(work)] = (work, op, start, args, _core.now_ns())
+
+
+def _wrap_wait(original):
+    @functools.wraps(original)
+    def wait(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if _unwaited:
+            with _lock:
+                entry = _unwaited.pop(id(self), None)
+            if entry is not None:
+                try:
+                    _record(*entry[1:4], timed=True)
+                except Exception:  # the trace closed meanwhile
+                    pass
+        return result
+
+    return wait
+
+
+def _on_close() -> None:
+    """Works never waited for: their events cover the issue only."""
+    with _lock:
+        entries = list(_unwaited.values())
+        _unwaited.clear()
+    try:
+        for _, op, start, args, issued in entries:
+            _core.log(op, CAT_COMM, start, issued, args, timed=True)
+    except Exception as exc:
+        _fail(exc)
 
 
 def _wrap_op(op: str, spec: tuple):
     payload_name, payload_pos, group_pos, async_pos = spec
 
+    # one wrapper for both names of the function: torch tells ``isend`` from ``irecv`` by identity
+    # (``P2POp``, ``batch_isend_irecv``)
+    @functools.cache
     def wrap(original):
         @functools.wraps(original)
         def traced(*args, **kwargs):
@@ -201,8 +273,9 @@ def _wrap_op(op: str, spec: tuple):
             if torch.compiler.is_dynamo_compiling() or not _recording() or getattr(_local, "depth", 0):
                 return original(*args, **kwargs)
             try:
-                ev_args = _args(op, _arg(args, kwargs, "group", group_pos),
-                                _arg(args, kwargs, payload_name, payload_pos) if payload_name else None)
+                group = _arg(args, kwargs, "group", group_pos)
+                ev_args = _args(op, group, _arg(args, kwargs, payload_name, payload_pos) if payload_name else None,
+                                _peer(op, group, args, kwargs) if op in PEER else None)
             except Exception:  # not initialised, a bad argument: the original says so
                 ev_args = None
             if ev_args is None:
@@ -217,7 +290,9 @@ def _wrap_op(op: str, spec: tuple):
             if is_async and result is not None:
                 _when_done(result, op, start, ev_args)
             else:
-                _core.log(op, CAT_COMM, start, _core.now_ns(), ev_args)
+                if op == "recv" and ARG_PEER not in ev_args and isinstance(result, int) and result >= 0:
+                    ev_args[ARG_PEER] = result  # from any source: recv returns the sender's rank
+                _record(op, start, ev_args)
             return result
 
         return traced
@@ -393,9 +468,11 @@ def _ddp_class():
 
 for _op, _spec in OPS.items():
     # both names: the program's ``dist.x`` and torch's own calls inside distributed_c10d
-    hooks.declare(hooks.Patch(f"torch.distributed.{_op}", GROUP, _dist, _op, _wrap_op(_op, _spec)))
-    hooks.declare(hooks.Patch(f"distributed_c10d.{_op}", GROUP, _c10d, _op, _wrap_op(_op, _spec)))
+    _wrap = _wrap_op(_op, _spec)
+    hooks.declare(hooks.Patch(f"torch.distributed.{_op}", GROUP, _dist, _op, _wrap))
+    hooks.declare(hooks.Patch(f"distributed_c10d.{_op}", GROUP, _c10d, _op, _wrap))
 for _hook in (
+    hooks.Patch("Work.wait", GROUP, lambda: _c10d().Work, "wait", _wrap_wait),
     hooks.Patch("DistributedDataParallel.__init__", GROUP, _ddp_class, "__init__", _wrap_ddp_init),
     hooks.Patch("DistributedDataParallel.register_comm_hook", GROUP, _ddp_class, "register_comm_hook",
                 _wrap_register),
@@ -418,6 +495,6 @@ def _on_open() -> None:
         _fail(exc)
 
 
-logger.add_hooks(_on_open, lambda: None)
+logger.add_hooks(_on_open, _on_close)
 if _core.is_open():  # a trace opened before this module was imported
     _on_open()

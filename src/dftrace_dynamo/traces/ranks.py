@@ -15,7 +15,10 @@ difference between its collective ends and those of the lowest rank
 (``clock_offset_us``). Ranks on one host share a clock to within that.
 
 A collective is matched across ranks by (process group, op, step, its ordinal
-among the same op and group in that step); one in an evaluation counts in the
+among the same op and group in that step), a send and its receive by (process
+group, sender, receiver, step, ordinal among theirs: ``send`` or ``isend`` with
+``recv`` or ``irecv``; a receive from any source that names no sender stays
+unmatched); one in an evaluation counts in the
 step before it (rank 0 evaluates, then every rank meets at a barrier), and one
 that every member made during an evaluation counts in no wait. The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
@@ -40,11 +43,12 @@ import statistics
 
 import numpy as np
 
-from ..schema import ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS
+from ..schema import ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, ARG_PEER, ARG_RANK
 from . import clock, compiles
 from .reader import rank_of
 from .steps import quantile
 
+P2P = {"send": True, "isend": True, "recv": False, "irecv": False}  # point-to-point op -> it sends
 FUNCTIONAL = "function._c10d_functional."  # op events of functional collectives (events.comm)
 PARTS = ("wait", "comm", "data", "compute", "other")  # in the order an instant is counted
 PART_KEYS = tuple(f"{c}_us" for c in PARTS)  # the rows' fields
@@ -137,7 +141,8 @@ def rows(con, kinds):
         FROM ev WHERE ts IS NOT NULL
         AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
         ORDER BY file, pid, ts""")
-    comm["group"] = np.array(_parsed(comm.pop("extra").tolist(), _group), object)
+    channels = _parsed(list(zip(comm["name"].tolist(), comm.pop("extra").tolist())), _channel)
+    comm["group"], comm["name"] = (np.array(c, object) for c in zip(*channels)) if channels else (comm["name"],) * 2
     spans = _columns(con, f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
         WHERE step IS NOT NULL AND ts IS NOT NULL
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
@@ -353,9 +358,16 @@ def _memory_args(extra):
     return out
 
 
-def _group(extra):
-    """The process group of a collective (its ``extra`` text)."""
-    return (json.loads(extra) if extra else {}).get(ARG_GROUP) or "graph"
+def _channel(event):
+    """What a collective (``(name, extra text)``) is matched by across ranks besides its step and
+    ordinal: (its process group, its name); a send and the receive of it: (the group, sender and
+    receiver, ``"p2p"``)."""
+    name, extra = event
+    args = json.loads(extra) if extra else {}
+    group, peer, rank = args.get(ARG_GROUP) or "graph", args.get(ARG_PEER), args.get(ARG_RANK)
+    if name in P2P and peer is not None and rank is not None:  # (numbers as text, as the table holds them)
+        return f"{group} {rank}->{peer}" if P2P[name] else f"{group} {peer}->{rank}", "p2p"
+    return group, name
 
 
 def _offsets(count, matched):
