@@ -194,6 +194,18 @@ def test_a_frame_dynamo_gives_up_on_is_a_graph_break_with_no_graph(rec):
     assert [b["reason"] for b in result["compile"]["graph_breaks"]] == [brk["reason"]]
 
 
+def test_a_frame_compiled_into_no_graph_counts_none(rec):
+    """Dynamo compiles a frame and hands the backend no graph (it returns its input; FSDP2's
+    modules, whose hooks Dynamo skips, do the same): no graph compiled, not one per frame."""
+    def same(x):
+        return x
+
+    x = torch.ones(3)
+    assert torch.equal(torch.compile(same, backend=create_backend(level="torch"))(x), x)
+    result, _ = summary_json(rec.path())
+    assert len(result["compile"]["compiles"]) == 1 and result["compile"]["graphs_compiled"] == 0, result["compile"]
+
+
 NO_GRAPH = """
     import torch
     lstm = torch.compile(torch.nn.LSTM(8, 8, batch_first=True), backend="dftrace")

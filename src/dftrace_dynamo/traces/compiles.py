@@ -68,8 +68,10 @@ def report(records, label):
     backends = {(r["file"], r["pid"], r.get("graph")) for r in by_kind["backend"]}
     frames = [r for r in by_kind["compile"] if (r.get("frame") or r["name"].startswith("dynamo compile"))
               and not r.get("reason")]  # a reason: Dynamo gave up on the frame, which made no graph
+    # traces that record kinds record each graph the backend compiled (none: Dynamo made no graph,
+    # as for FSDP2's modules); older ones only the frames
     return {
-        "graphs_compiled": len(backends) if backends else len(frames),
+        "graphs_compiled": len(backends) if backends or any(r.get("kind") for r in records) else len(frames),
         "compiles": [{"name": r["name"], "process": label(r), "step": r["step"], "dur_us": r["dur"],
                       "frame": r.get("frame"), "location": r.get("location")}
                      for r in sorted(by_kind["compile"], key=lambda r: r["ts"])],
