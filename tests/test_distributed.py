@@ -126,6 +126,25 @@ def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(tmp_path, monkeyp
     assert all((0.8 * 30e3 <= w <= 1.3 * 30e3) == (rank != f"rank{late}") for rank, w in waits.items()), waits
 
 
+def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypatch):
+    """FSDP2 all-gathers and reduce-scatters through ``all_gather_single`` and
+    ``reduce_scatter_single``: every step of every rank holds the same ones, and the rank that
+    sleeps 30 ms a step is the straggler."""
+    files = job(tmp_path, monkeypatch, MODE="fsdp", STEPS=8, DELAY_MS=30)
+    per_rank = []
+    for path in files:
+        counts = {}
+        for e in comm_events(path):
+            if e["name"] != "barrier":
+                counts.setdefault(e["args"]["step"], []).append(e["name"])
+        per_rank.append({s: sorted(names) for s, names in counts.items()})
+    assert per_rank[0] == per_rank[1] and sorted(per_rank[0]) == list(range(8)), per_rank
+    assert {n for names in per_rank[0].values() for n in names} == {"all_gather_single", "reduce_scatter_single"}
+    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+    assert info["straggler"]["rank"] == "rank1", info
+    assert 0.8 * 30e3 <= info["straggler"]["wait_caused_median_us"] <= 1.3 * 30e3, info
+
+
 def test_recompile_divergence(tmp_path, monkeypatch):
     job(tmp_path, monkeypatch, MODE="recompile", STEPS=5)
     div = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]["divergence"]

@@ -1,7 +1,7 @@
 """A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, functional
 collectives in a compiled graph, a recompile on one rank, a large tensor in one step, an
 evaluation of EVAL_MS on rank 0 that the others wait for at a barrier, or (EVAL_ALL) in their
-own evaluation, or a pipeline of one stage per rank (MODE), with rank DELAY_RANK sleeping
+own evaluation, a pipeline of one stage per rank, or FSDP2 (MODE), with rank DELAY_RANK sleeping
 DELAY_MS a step."""
 import os
 import time
@@ -97,6 +97,20 @@ elif MODE == "pipeline":  # rank r is stage r of a chain: activations forward, g
         if rank > 0:
             p2p(True, x.grad, rank - 1)
         opt.step()
+elif MODE == "fsdp":  # FSDP2: each Linear and the model sharded, compiled (Dynamo skips FSDP's hooks)
+    from torch.distributed.fsdp import fully_shard
+
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    for layer in (net[0], net[2], net):
+        fully_shard(layer)
+    model = torch.compile(net, backend="dftrace")
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    for _ in range(STEPS):
+        if rank == int(os.environ.get("DELAY_RANK", "1")):
+            time.sleep(DELAY)
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
 elif MODE == "memory":
     for i in range(STEPS):
         if i == 3:

@@ -3,8 +3,9 @@
 Covered, on the rank that issues them:
 
 * eager ``torch.distributed`` calls (``all_reduce``, ``broadcast``, ``reduce``,
-  ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``,
-  ``reduce_scatter_tensor``, ``all_to_all``, ``all_to_all_single``, ``gather``,
+  ``all_gather``, ``all_gather_into_tensor``, ``all_gather_single``,
+  ``all_gather_coalesced``, ``reduce_scatter``, ``reduce_scatter_tensor``,
+  ``reduce_scatter_single``, ``all_to_all``, ``all_to_all_single``, ``gather``,
   ``scatter``, ``barrier``, ``send``, ``recv``, ``isend``, ``irecv``,
   ``all_reduce_coalesced``), which also covers what is built on them (FSDP2's
   all-gathers and reduce-scatters, the ``*_object`` collectives);
@@ -67,8 +68,11 @@ OPS = {
     "reduce": ("tensor", 0, 3, 4),
     "all_gather": ("tensor", 1, 2, 3),
     "all_gather_into_tensor": ("input_tensor", 1, 2, 3),
+    "all_gather_single": ("input_tensor", 1, 2, 3),  # what FSDP2 and all_gather_into_tensor call
+    "all_gather_coalesced": ("input_tensor_list", 1, 2, 3),
     "reduce_scatter": ("input_list", 1, 3, 4),
     "reduce_scatter_tensor": ("input", 1, 3, 4),
+    "reduce_scatter_single": ("input", 1, 3, 4),
     "all_to_all": ("input_tensor_list", 1, 2, 3),
     "all_to_all_single": ("input", 1, 4, 5),
     "gather": ("tensor", 0, 3, 4),
