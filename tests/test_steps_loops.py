@@ -178,6 +178,20 @@ def test_a_region_between_zero_grad_and_the_forward_is_in_the_step_it_begins(tmp
         assert_close(s["dur"], truth, rel=0.15)
 
 
+def test_a_zero_grad_through_an_optimizer_wrapper_ends_its_steps_iteration(tmp_path):
+    """accelerate's gradient accumulation: one step per optimizer step (4 batches), and the
+    ``zero_grad()`` after it at the end of the body, which reaches the optimizer through
+    accelerate's wrapper, is in that step, not the start of the next."""
+    _, events, iterations, _ = run_loop(tmp_path, "accelerate")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    held = [[e["name"] for e in sorted(ops(events, "optimizer"), key=lambda e: e["ts"]) if inside(e, s)]
+            for s in steps]
+    assert held == [["SGD.step", "SGD.zero_grad"]] * ITERS, held
+    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
+        assert_close(s["dur"], truth, rel=0.15)
+
+
 def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):
     _, events, iterations, _ = run_loop(tmp_path, "amp_skip")
     steps = step_slices(events)

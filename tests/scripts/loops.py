@@ -18,7 +18,8 @@ every ``--iters``-th iteration, ``zero_grad()`` at the end, no DataLoader), ``em
 average of the model evaluated after each epoch, ``step(); zero_grad()`` on one line),
 ``replaced`` (fine-tuning phases, each with a new optimizer over the parameters of the last),
 ``sam`` (a SAM wrapper whose ``second_step`` steps the optimizer it wraps), ``region_load``
-(``zero_grad()``, then the batch loaded inside a ``region``). Each
+(``zero_grad()``, then the batch loaded inside a ``region``), ``accelerate`` (accelerate's
+gradient accumulation, 4 batches per optimizer step; an iteration is one optimizer step). Each
 iteration sleeps ``SLEEP_S`` so that its time is well above the noise
 of a shared machine. The truth file holds ``iterations`` (start times, ns, of each iteration
 and the end of the last one; for ``marked``, the time of each mark instead) and, for
@@ -324,11 +325,31 @@ def region_load(n, marks):
         opt.step()
 
 
+def accelerate(n, marks):
+    """accelerate's gradient accumulation (4 batches per optimizer step): the loop's ``step()``
+    and ``zero_grad()`` go through its optimizer wrapper, ``zero_grad()`` at the end of the body,
+    then logging (a sleep)."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(gradient_accumulation_steps=4, cpu=True)
+    net = mlp()
+    net, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=1e-3))
+    model = torch.compile(net, backend=create_backend())
+    for i in range(4 * n):
+        if i % 4 == 0:
+            marks.append(time.monotonic_ns())
+        with acc.accumulate(model):
+            acc.backward(model(torch.randn(8, 16)).pow(2).mean())
+            opt.step()
+            opt.zero_grad()
+        time.sleep(SLEEP_S / 4)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn",
                                       "frozen_norm", "distill", "amp_skip", "marked", "compiled_step",
-                                      "nanogpt", "ema_eval", "replaced", "sam", "region_load"))
+                                      "nanogpt", "ema_eval", "replaced", "sam", "region_load", "accelerate"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)

@@ -766,11 +766,14 @@ def _ends_iteration(frame) -> bool:
     """Whether a ``zero_grad()`` called from ``frame`` ends the complete step's iteration: nothing
     is held since its optimizer steps, and a function that made them (the loop, or a helper it
     called) calls it after them (at the end of the loop's body; at its top, it begins the next
-    iteration)."""
+    iteration), directly or through a wrapper (accelerate's ``AcceleratedOptimizer``)."""
     if _state.mode != COMPLETE or _state.deferred or threading.get_ident() != _state.thread:
         return False
-    frame = hooks.user_frame(frame)
-    return frame is not None and any(code is frame.f_code and frame.f_lasti > at for code, at in _state.step_sites)
+    sites = dict(_state.step_sites)
+    for code, at in _user_sites(frame):  # the innermost frame that made the steps decides
+        if code in sites:
+            return at > sites[code]
+    return False
 
 
 def _torch_autograd():
