@@ -178,6 +178,15 @@ def test_a_region_between_zero_grad_and_the_forward_is_in_the_step_it_begins(tmp
         assert_close(s["dur"], truth, rel=0.15)
 
 
+def test_a_held_region_is_recorded_outside_the_step_windows_too(tmp_path):
+    """Regions are recorded in every step (data slices only in the windows), also those held
+    back behind a ``zero_grad()``."""
+    _, events, _, _ = run_loop(tmp_path, "region_load", env={"DFTRACER_STEPS": "2-3"})
+    loads = sorted(e["args"]["step"] for e in events if e.get("cat") == "region")
+    assert loads == list(range(ITERS)), loads
+    assert sorted(e["args"]["step"] for e in ops(events, "data") if e["name"] == "data") == [2, 3]
+
+
 def test_a_zero_grad_through_an_optimizer_wrapper_ends_its_steps_iteration(tmp_path):
     """accelerate's gradient accumulation: one step per optimizer step (4 batches), and the
     ``zero_grad()`` after it at the end of the body, which reaches the optimizer through

@@ -120,7 +120,8 @@ class _State:
     joined = False  # an optimizer joined in the current step (its counts teach nothing)
     complete_ns = 0  # when the current step became complete (its last optimizer step or the zero_grad after)
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
-    deferred: list = []  # (name, cat, start, end, args, timed): slices held until it is known what follows
+    # (name, cat, start, end, args, timed, windowed): slices held until it is known what follows
+    deferred: list = []
     segment_held = 0  # deferred[:segment_held] precede the evaluation's (undecided segment's) last forward
     step_sites: tuple = ()  # (code, instruction) of each user frame that made the last optimizer step
     # the evaluation's (undecided segment's) forwards: id(modules) -> [modules, graph calls]
@@ -209,10 +210,9 @@ def _flush(count: Optional[int] = None) -> None:
     recorded in what was decided."""
     count = len(_state.deferred) if count is None else count
     deferred, _state.deferred = _state.deferred[:count], _state.deferred[count:]
-    if _state.ops:
-        for name, cat, start, end, args, timed in deferred:
-            if _core.log(name, cat, start, end, args, timed=timed):
-                logger.note_arg_issues()
+    for name, cat, start, end, args, timed, windowed in deferred:
+        if (_state.ops or not windowed) and _core.log(name, cat, start, end, args, timed=timed):
+            logger.note_arg_issues()
 
 
 def _eval_slice(end: int) -> None:
@@ -337,23 +337,25 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
     elif _state.mode != TRAIN:
         with _lock:
             if _state.mode != TRAIN and threading.get_ident() == _state.thread:
-                _state.deferred.append((name, cat, start, end, args, False))
+                _state.deferred.append((name, cat, start, end, args, False, True))
                 return
     if _state.ops:
         _slice(name, cat, start, args, end)
 
 
-def hold(name: str, cat: str, start: int, end: int, args: Optional[dict] = None, timed: bool = False) -> bool:
+def hold(name: str, cat: str, start: int, end: int, args: Optional[dict] = None, timed: bool = False,
+         windowed: bool = True) -> bool:
     """Holds a slice that ends on the step's thread while earlier ones are held back (a collective
     or a ``region`` between ``zero_grad()`` and the forward): the writer places a thread's slices
     in the order they end, so it is recorded after them, in whatever they turn out to begin (the
-    step it carries is the one current then). False: nothing is held; record it now."""
+    step it carries is the one current then; ``windowed``: only if that step is in the step
+    windows). False: nothing is held; record it now."""
     if not _state.deferred:
         return False
     with _lock:
         if not _state.deferred or _state.mode == TRAIN or threading.get_ident() != _state.thread:
             return False
-        _state.deferred.append((name, cat, start, end, args, timed))
+        _state.deferred.append((name, cat, start, end, args, timed, windowed))
         return True
 
 
@@ -830,7 +832,7 @@ def _install() -> None:
 
 
 logger.add_hooks(_on_open, _on_close)
-logger.set_holder(hold)
+logger.set_holder(functools.partial(hold, windowed=False))  # regions: in every step
 if _core.is_open():  # a trace opened before this module was imported
     _on_open()
 elif config.get().enable:  # a trace will open lazily: see the batch that begins its first step
