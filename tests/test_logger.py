@@ -284,6 +284,38 @@ def test_bind_signals_finalizes_on_sigterm_then_terminates(tmp_path):
     assert events[-1]["name"] == "end"
 
 
+def test_a_sigterm_while_finalize_runs_lets_it_finish_then_terminates(tmp_path):
+    """A Pool worker's exit finalizes its trace; the SIGTERM of ``Pool.terminate()`` may land
+    then, inside a close hook holding a lock (the memory sampler's). Its handler must not run
+    finalize again inside (that deadlocked): finalize completes, then the signal ends the
+    process."""
+    code = """
+        import os, signal, threading, time
+        import dftrace_dynamo
+        from dftrace_dynamo import dftracer
+        from dftrace_dynamo.session import logger
+
+        lock = threading.Lock()
+
+        def on_close():
+            with lock:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # the handler runs here
+
+        logger.add_hooks(lambda: None, on_close)
+        log = dftracer.initialize_log("sig")
+        dftrace_dynamo.log_event("work", "app", dftracer.get_time(), 5)
+        log.finalize()
+        print("not reached")
+    """
+    proc = run_py(code, tmp_path, env={"DFTRACER_BIND_SIGNALS": "1"}, timeout=60)
+    assert proc.returncode == -signal.SIGTERM and "not reached" not in proc.stdout, proc.stderr
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    assert read_lines(path)[-1] == "]" and events[-1]["name"] == "end"
+    assert [e["name"] for e in events].count("work") == 1
+
+
 def test_region_as_decorator_and_log_event_times(tmp_path):
     code = """
         import time

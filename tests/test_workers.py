@@ -81,18 +81,14 @@ def test_every_worker_event_is_written_and_every_file_closed(tmp_path, method):
     p = run_python(["main.py", method], tmp_path, timeout=600)
     assert "exit codes [0, 0]" in p.stdout
     totals, per_file = collections.Counter(), []
-    for path in traces(tmp_path):
-        if not read_lines(path):  # a with-Pool worker terminated while opening its file
-            continue
+    for path in traces(tmp_path):  # a with-Pool worker terminated as it starts finalizes too
         events = read_events(path)
         names = collections.Counter(e["name"] for e in events if e.get("cat") == "region")
         totals.update(names)
         closed = read_lines(path)[-1] == "]" and events[-1]["name"] == "end"
         per_file.append((names, closed))
-        if closed:
-            assert events[-1]["args"]["num_events"] == sum(names.values())
-        else:  # a with-Pool worker terminated before it ran any task
-            assert not names, path
+        assert closed, path
+        assert events[-1]["args"]["num_events"] == sum(names.values())
     expected = {"pool": 6, "with_pool": 6, "process": 10}
     if method != "forkserver":
         expected |= {"loader_per_epoch": 8, "loader_persistent": 8}
@@ -102,7 +98,6 @@ def test_every_worker_event_is_written_and_every_file_closed(tmp_path, method):
     # non-persistent DataLoader workers are new processes each epoch: 2 epochs x 2 workers
     if method != "forkserver":
         assert len([n for n, _ in per_file if "loader_per_epoch" in n]) <= 4
-    assert all(closed for n, closed in per_file if n)
 
 
 GLOBAL_LOADER = """

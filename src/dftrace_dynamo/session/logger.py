@@ -40,6 +40,10 @@ _finalized = False  # finalize() was called, or opening failed: no lazy reopen
 _signals_bound = False
 _exit_hooked_pid: Optional[int] = None  # the multiprocessing child whose exit closes the trace
 _sigterm_watch = None  # the wakeup fd of this process's SIGTERM watcher
+_fork_sigterm = None  # the SIGTERM handler this forked child installed as it opened its file
+_ending = False  # a signal's default action is finalizing the trace, to end the process then
+_finalizing = False  # finalize() runs (a signal handler must not run it again inside)
+_pending_signal = 0  # a signal whose default action waits for the running finalize()
 _serial = itertools.count(1)  # names for a file whose first-choice name is taken
 _off_noted = False  # note_off() has logged
 _TRACE_SUFFIX = re.compile(r"(\.pfw)?(\.gz|\.zst)?$")
@@ -362,22 +366,29 @@ def enabled() -> bool:
 
 def finalize() -> Optional[dict]:
     """Writes everything buffered, the ``end`` record and ``]``; later events are not recorded."""
-    global _finalized, _prefix
+    global _finalized, _prefix, _finalizing
     with _lock:
         _finalized = True
         _prefix = None
-        if _core.is_open():
-            for hook in _close_hooks:
-                hook()
-        result = _core.close()
-        if result is not None:
-            result["adjusted"] = adjusted()
-            if result["num_events"] <= _background_since_open() and result["path"] and _in_child():
-                # a worker that recorded nothing (a DataLoader worker each epoch) leaves no file
-                with contextlib.suppress(OSError):
-                    os.unlink(result["path"])
-                    result["path"] = None
-        return result
+        _finalizing = True
+        try:
+            if _core.is_open():
+                for hook in _close_hooks:
+                    hook()
+            result = _core.close()
+            if result is not None:
+                result["adjusted"] = adjusted()
+                if result["num_events"] <= _background_since_open() and result["path"] and _in_child():
+                    # a worker that recorded nothing (a DataLoader worker each epoch) leaves no file
+                    with contextlib.suppress(OSError):
+                        os.unlink(result["path"])
+                        result["path"] = None
+            return result
+        finally:
+            _finalizing = False
+            if _pending_signal:  # it came while this ran: its default action now
+                signal.signal(_pending_signal, signal.SIG_DFL)
+                os.kill(os.getpid(), _pending_signal)
 
 
 def _in_child() -> bool:
@@ -562,7 +573,7 @@ class region(contextlib.ContextDecorator):
 
 def _after_fork_in_child() -> None:
     # the C core dropped the parent's buffer and file; the child gets its own
-    global _lock, _sigterm_watch
+    global _lock, _sigterm_watch, _fork_sigterm
     _lock = threading.RLock()
     if _sigterm_watch is not None:  # the parent's watcher thread is not here: its pipe must not hear our signals
         write_fd, _sigterm_watch = _sigterm_watch, None
@@ -572,6 +583,9 @@ def _after_fork_in_child() -> None:
                 signal.set_wakeup_fd(previous)
             hooks.remove_one(_SIGTERM_HOOK)
     if _prefix is not None:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            # before the file exists: a Pool worker killed while it starts up leaves none unfinished
+            _fork_sigterm = _chain_signal(signal.SIGTERM)
         _open(_prefix, _source, _p_idx)
 
 
@@ -588,10 +602,12 @@ def _hook_worker_exit() -> None:
         return
     _exit_hooked_pid = os.getpid()
     mp_util.Finalize(None, finalize, exitpriority=-100)  # after the child's other finalizers
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        handler = _chain_signal(signal.SIGTERM)
-        if handler is not None:
-            _watch_sigterm(handler)
+    current = signal.getsignal(signal.SIGTERM)
+    # ours since the fork, or none yet; a handler of the program's own is left alone
+    handler = _chain_signal(signal.SIGTERM) if current == signal.SIG_DFL else (
+        current if current is _fork_sigterm else None)
+    if handler is not None:
+        _watch_sigterm(handler)
 
 
 def _watch_sigterm(handler) -> None:
@@ -618,7 +634,7 @@ def _watch_sigterm(handler) -> None:
     def watch():
         while signal.SIGTERM not in os.read(read_fd, 64):
             pass
-        while signal.getsignal(signal.SIGTERM) is handler:
+        while signal.getsignal(signal.SIGTERM) is handler and not _ending:
             time.sleep(0.05)
             signal.pthread_kill(main, signal.SIGTERM)
 
@@ -656,9 +672,17 @@ def _chain_signal(sig: int):
         return None
 
     def handler(signum, frame):
+        global _ending
         if callable(previous):
             _core.flush()
             previous(signum, frame)
+            return
+        global _pending_signal
+        if _ending:  # a repeat (the SIGTERM watcher's) while finalize runs: it must not re-enter
+            return
+        _ending = True
+        if _finalizing:  # it interrupted finalize (a worker's exit): that ends the process when done
+            _pending_signal = signum
             return
         finalize()
         signal.signal(signum, signal.SIG_DFL)
