@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from backend_support import inside, run_py, run_torchrun
+from backend_support import inside, run_py, run_python, run_torchrun
 from scripts.clitools import summary_json
 from tracefile import read_events, traces
 
@@ -251,3 +251,47 @@ def test_a_rank_given_to_init_process_group_names_the_trace(tmp_path):
     (name,) = [e["args"]["name"] for e in events if e.get("name") == "process_name"]
     assert name.startswith("rank 0 (")
     assert [e["args"]["rank"] for e in events if e.get("name") == "start"] == ["0"]
+
+
+SPAWNED = """
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    import dftrace_dynamo
+
+    def run(rank, world, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dftrace_dynamo.initialize_log("run/spawned")  # before the process group: no rank in the name
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        model = torch.nn.parallel.DistributedDataParallel(torch.compile(torch.nn.Linear(16, 4), backend="dftrace"))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(8):
+            if rank == 1:
+                time.sleep(0.03)
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(run, args=(2, int(sys.argv[1])), nprocs=2)
+"""
+
+
+@pytest.mark.parametrize("source", ["aggregates", "events"])
+def test_ranks_whose_trace_opened_before_their_process_group_are_named_by_rank(tmp_path, source):
+    """Under ``torch.multiprocessing.spawn`` a trace opened before ``init_process_group`` has no
+    rank in its name: the rank view takes each process's rank from its clock record."""
+    import socket
+
+    (tmp_path / "spawned.py").write_text(textwrap.dedent(SPAWNED))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_python(["spawned.py", str(port)], tmp_path, timeout=600)
+    assert len(traces(tmp_path / "run")) == 2
+    info = summary_json(tmp_path / "run", "--by", "rank", "--source", source)[0]["ranks"]
+    assert [r["rank"] for r in info["ranks"]] == ["rank0", "rank1"], info["ranks"]
+    assert info["straggler"]["rank"] == "rank1", info

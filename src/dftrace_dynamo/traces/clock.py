@@ -4,13 +4,13 @@ A rank's events are moved onto rank 0's clock by its measured offset when the
 offset is larger than the measurement's error bound: ranks on one host read one
 clock, their measured offset is within its bound and nothing moves, so the
 merged view shows their true skew. The record is looked for in files whose name
-has ``rank<R>``, in their first ``SCAN_BYTES`` (it is written when the process
+has ``rank<R>`` (or whose aggregate records hold it), in their first ``SCAN_BYTES`` (it is written when the process
 group is set up or the trace opens, near the start).
 """
 
 import orjson
 
-from ..schema import ARG_CLOCK_ERROR, ARG_CLOCK_OFFSET
+from ..schema import ARG_CLOCK_ERROR, ARG_CLOCK_OFFSET, ARG_RANK
 from .reader import MAX_LINE, Damage, is_number, iter_chunks, rank_of
 
 MARK = f'"{ARG_CLOCK_OFFSET}"'.encode()
@@ -45,15 +45,31 @@ def record(path):
     return None
 
 
-def offsets_us(paths, known=None):
-    """``{input index: (offset µs to subtract from its times, error bound µs)}`` for every rank file
-    with a ``clock`` record; the offset is 0 where it is within its error bound. ``known``:
-    ``{input index: args of its clock record or None}`` for the files not to read (their aggregate
-    records hold a copy of every clock record)."""
+def ranks(paths, known=None, read=False, only=None):
+    """``{input index: rank}`` of the rank files (of the indices ``only``, if given): ``rank<R>``
+    in the name, else (a process that set up its process group after its trace opened, as under
+    ``torch.multiprocessing.spawn``) the rank of its ``clock`` record where ``known`` holds it, or
+    (``read``) read from the file."""
     out, known = {}, known or {}
     for index, path in enumerate(paths):
-        if rank_of(path) is None:
+        if only is not None and index not in only:
             continue
+        rank = rank_of(path)
+        if rank is None and (index in known or read):
+            rank = ((known[index] if index in known else record(path)) or {}).get(ARG_RANK)
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            out[index] = rank
+    return out
+
+
+def offsets_us(paths, known=None):
+    """``{input index: (offset µs to subtract from its times, error bound µs)}`` for every rank file
+    (:func:`ranks`) with a ``clock`` record; the offset is 0 where it is within its error bound.
+    ``known``: ``{input index: args of its clock record or None}`` for the files not to read (their
+    aggregate records hold a copy of every clock record)."""
+    out, known = {}, known or {}
+    for index in ranks(paths, known):
+        path = paths[index]
         args = (known[index] if index in known else record(path)) or {}
         off, err = args.get(ARG_CLOCK_OFFSET), args.get(ARG_CLOCK_ERROR)
         if is_number(off) and is_number(err):

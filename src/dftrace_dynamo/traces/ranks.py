@@ -45,7 +45,6 @@ import numpy as np
 
 from ..schema import ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, ARG_PEER, ARG_RANK
 from . import clock, compiles
-from .reader import rank_of
 from .steps import quantile
 
 P2P = {"send": True, "isend": True, "recv": False, "irecv": False}  # point-to-point op -> it sends
@@ -178,7 +177,8 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
     procs = steps.procs
     if len(procs) < 2:
         return None
-    label = [_label(paths, f, p, rank_of(paths[f])) for f, p in procs]
+    file_ranks = clock.ranks(paths, clocks, read=True, only={f for f, _ in procs})
+    label = [_label(paths, f, p, file_ranks.get(f)) for f, p in procs]
     comm, spans = rank_rows["comm"], rank_rows["spans"]
     comm_proc, comm_step = steps.index(comm), comm["step"]
     span_proc, span_step = steps.index(spans), spans["step"]
