@@ -672,12 +672,11 @@ def _chain_signal(sig: int):
         return None
 
     def handler(signum, frame):
-        global _ending
+        global _ending, _pending_signal
         if callable(previous):
             _core.flush()
             previous(signum, frame)
             return
-        global _pending_signal
         if _ending:  # a repeat (the SIGTERM watcher's) while finalize runs: it must not re-enter
             return
         _ending = True

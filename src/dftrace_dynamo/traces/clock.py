@@ -4,8 +4,9 @@ A rank's events are moved onto rank 0's clock by its measured offset when the
 offset is larger than the measurement's error bound: ranks on one host read one
 clock, their measured offset is within its bound and nothing moves, so the
 merged view shows their true skew. The record is looked for in files whose name
-has ``rank<R>`` (or whose aggregate records hold it), in their first ``SCAN_BYTES`` (it is written when the process
-group is set up or the trace opens, near the start).
+has ``rank<R>`` (or whose aggregate records hold it), in their first
+``SCAN_BYTES`` (it is written when the process group is set up or the trace
+opens, near the start).
 """
 
 import orjson
