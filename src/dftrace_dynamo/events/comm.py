@@ -49,6 +49,7 @@ import functools
 import gc
 import sys
 import threading
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -88,8 +89,8 @@ OPS = {
 # point-to-point ops -> the argument naming the peer (a global rank; ``group_`` + it: a group rank)
 PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 UNWAITED_MAX = 4096
-# id(work) -> (work, op, start, args, end of its issue): async works without a future, whose event
-# ends at their wait() (held: the id stays theirs)
+# id(work) -> (weak reference to the work, op, start, args, end of its issue): async works without a
+# future, whose event ends at their wait() (not kept alive: a work never waited for frees its tensors)
 _unwaited: "collections.OrderedDict" = collections.OrderedDict()
 _lock = threading.RLock()  # reentrant: a signal's finalize may interrupt its holder
 _local = threading.local()  # depth: inside a recorded operation (inner calls are its parts)
@@ -231,7 +232,7 @@ def _when_done(work, op: str, start: int, args: dict) -> None:
             if len(_unwaited) >= UNWAITED_MAX:  # never waited for: the oldest covers its issue only
                 _, (_, op_, start_, args_, issued) = _unwaited.popitem(last=False)
                 _core.log(op_, CAT_COMM, start_, issued, args_, timed=True)
-            _unwaited[id(work)] = (work, op, start, args, _core.now_ns())
+            _unwaited[id(work)] = (weakref.ref(work), op, start, args, _core.now_ns())
 
 
 def _wrap_wait(original):
@@ -240,7 +241,11 @@ def _wrap_wait(original):
         result = original(self, *args, **kwargs)
         if _unwaited:
             with _lock:
-                entry = _unwaited.pop(id(self), None)
+                entry = _unwaited.get(id(self))
+                if entry is not None and entry[0]() is self:  # not a collected work's reused id
+                    del _unwaited[id(self)]
+                else:
+                    entry = None
             if entry is not None:
                 try:
                     _record(*entry[1:4], timed=True)
