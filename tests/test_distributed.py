@@ -123,7 +123,8 @@ def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(tmp_path, monkeyp
     assert info["straggler"]["rank"] == f"rank{late}", info
     waits = {r["rank"]: statistics.median(x["wait_us"] for x in info["rows"] if x["rank"] == r["rank"])
              for r in info["ranks"]}
-    assert all((0.8 * 30e3 <= w <= 1.3 * 30e3) == (rank != f"rank{late}") for rank, w in waits.items()), waits
+    # a neighbour waits the 30 ms (and the late stage's own forward), the late stage far less
+    assert all((w >= 0.8 * 30e3) == (rank != f"rank{late}") for rank, w in waits.items()), waits
 
 
 def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypatch):
