@@ -230,8 +230,7 @@ def _when_done(work, op: str, start: int, args: dict) -> None:
     except Exception:
         with _lock:
             if len(_unwaited) >= UNWAITED_MAX:  # never waited for: the oldest covers its issue only
-                _, (_, op_, start_, args_, issued) = _unwaited.popitem(last=False)
-                _core.log(op_, CAT_COMM, start_, issued, args_, timed=True)
+                _issue_only(_unwaited.popitem(last=False)[1])
             _unwaited[id(work)] = (weakref.ref(work), op, start, args, _core.now_ns())
 
 
@@ -256,14 +255,19 @@ def _wrap_wait(original):
     return wait
 
 
+def _issue_only(entry: tuple) -> None:
+    """The event of an ``_unwaited`` entry never waited for: it covers the issue."""
+    _, op, start, args, issued = entry
+    _core.log(op, CAT_COMM, start, issued, args, timed=True)
+
+
 def _on_close() -> None:
-    """Works never waited for: their events cover the issue only."""
     with _lock:
         entries = list(_unwaited.values())
         _unwaited.clear()
     try:
-        for _, op, start, args, issued in entries:
-            _core.log(op, CAT_COMM, start, issued, args, timed=True)
+        for entry in entries:
+            _issue_only(entry)
     except Exception as exc:
         _fail(exc)
 

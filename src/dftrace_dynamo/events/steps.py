@@ -334,13 +334,20 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
     the complete step's iteration (which, if it is the last, ends after it)."""
     if tail:
         _state.complete_ns = end
-    elif _state.mode != TRAIN:
-        with _lock:
-            if _state.mode != TRAIN and threading.get_ident() == _state.thread:
-                _state.deferred.append((name, cat, start, end, args, False, True))
-                return
+    elif _state.mode != TRAIN and _defer((name, cat, start, end, args, False, True)):
+        return
     if _state.ops:
         _slice(name, cat, start, args, end)
+
+
+def _defer(entry: tuple, behind: bool = False) -> bool:
+    """Holds ``entry`` back (a ``deferred`` item) if it ends on the step's thread while the step is
+    complete or evaluation runs (``behind``: only behind slices held already); False: not held."""
+    with _lock:
+        if _state.mode == TRAIN or threading.get_ident() != _state.thread or (behind and not _state.deferred):
+            return False
+        _state.deferred.append(entry)
+        return True
 
 
 def hold(name: str, cat: str, start: int, end: int, args: Optional[dict] = None, timed: bool = False,
@@ -350,13 +357,7 @@ def hold(name: str, cat: str, start: int, end: int, args: Optional[dict] = None,
     in the order they end, so it is recorded after them, in whatever they turn out to begin (the
     step it carries is the one current then; ``windowed``: only if that step is in the step
     windows). False: nothing is held; record it now."""
-    if not _state.deferred:
-        return False
-    with _lock:
-        if not _state.deferred or _state.mode == TRAIN or threading.get_ident() != _state.thread:
-            return False
-        _state.deferred.append((name, cat, start, end, args, timed, windowed))
-        return True
+    return bool(_state.deferred) and _defer((name, cat, start, end, args, timed, windowed), behind=True)
 
 
 def _group(optimizer) -> int:
