@@ -570,7 +570,7 @@ static PyMethodDef methods[] = {
     {"arg_issues", py_arg_issues, METH_NOARGS,
      "Counts of arg values written in another form since start: deep (nested deeper than the "
      "limit), self_reference, unprintable (str() raised)."},
-    {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, start_ns, site, ...) -> now: records the closed (start_ns, site) spans; 0 when nothing is recorded"},
+    {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, grad, start_ns, site, ...) -> now: records the closed (start_ns, site) spans of a forward call with grad mode grad; 0 when nothing is recorded"},
     {"boundary", (PyCFunction)(void (*)(void))dft_py_boundary, METH_FASTCALL,
      "boundary(cell, opened, site, ...): closes this thread's innermost len(sites) open module "
      "slices (recorded as these sites, innermost first) and opens `opened` new ones"},

@@ -53,11 +53,13 @@ static inline PyObject *new_u64(uint64_t v) {
     return PyLong_FromUnsignedLongLong(v);
 }
 
-/* span(cell, start_ns, site, ...): records the closed (start_ns, site) spans,
+/* span(cell) returns now; span(cell, grad, start_ns, site, ...) records the
+ * closed (start_ns, site) spans of a module's forward call, with grad mode
+ * `grad` (as a graph call's context: forward, or inference without grad), and
  * returns now. */
 PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
-    if (DFT_UNLIKELY(nargs < 1 || !(nargs & 1))) {
-        PyErr_SetString(PyExc_TypeError, "span() takes a cell and (start_ns, site) pairs");
+    if (DFT_UNLIKELY(nargs < 1 || nargs == 2 || (nargs > 1 && (nargs & 1)))) {
+        PyErr_SetString(PyExc_TypeError, "span() takes a cell, then grad and (start_ns, site) pairs");
         return NULL;
     }
     PyObject *cell = args[0];
@@ -70,8 +72,15 @@ PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t now = dft_now();
     uint32_t tags = cell == Py_None ? 0 : ((dft_TagCell *)cell)->id;
     uint32_t nsites = atomic_load_explicit(&dft_sites.count, memory_order_relaxed);
-    uint32_t ctx = dft_tls.ctx;
-    for (Py_ssize_t i = 1; i < nargs; i += 2) {
+    uint32_t ctx = 0;
+    if (nargs > 1) {
+        int grad = PyObject_IsTrue(args[1]);
+        if (grad < 0)
+            return NULL;
+        ctx = grad ? DFT_FLAG_GRAD | DFT_PHASE_FORWARD << DFT_PHASE_SHIFT
+                   : DFT_PHASE_INFERENCE << DFT_PHASE_SHIFT;
+    }
+    for (Py_ssize_t i = 2; i < nargs; i += 2) {
         unsigned long long start, site;
         if (get_u64(args[i], &start) < 0 || get_u64(args[i + 1], &site) < 0)
             return NULL;

@@ -98,22 +98,27 @@ def test_span_records_closed_slices_with_graph_context_and_tags(tmp_path):
         cell.id = _core.intern_tags({"name": "run"})
         start = _core.span(cell)
         assert start > 0
-        assert _core.span(cell, 0, site) >= start  # opened while nothing was recorded: skipped
-        assert _core.span(cell, start, site, start, site) >= start
+        assert _core.span(cell, True, 0, site) >= start  # opened while nothing was recorded: skipped
+        assert _core.span(cell, True, start, site) >= start
+        assert _core.span(cell, False, start, site, start, site) >= start
         with pytest.raises(TypeError):
-            _core.span(cell, start)
+            _core.span(cell, True, start)
+        with pytest.raises(TypeError):
+            _core.span(cell, True)
         with pytest.raises(TypeError):
             _core.span(object())
         with pytest.raises(ValueError, match="unknown site"):
-            _core.span(None, start, 10 ** 9)
+            _core.span(None, True, start, 10 ** 9)
     finally:
         path = rec.path()
     events = [e for e in read_events(path) if e.get("cat") == "module"]
-    assert len(events) == 2
+    assert len(events) == 3
     for e in events:
         assert e["name"] == "enc.layer"
         assert e["args"]["module_type"] == "Layer" and e["args"]["graph"] == 7 and e["args"]["name"] == "run"
-        assert "phase" not in e["args"]  # called outside any graph
+    # the grad mode given, as a forward graph call of that mode would have it
+    assert [(e["args"]["grad_enabled"], e["args"]["phase"]) for e in events] == [
+        (1, "forward"), (0, "inference"), (0, "inference")]
 
 
 def test_boundary_keeps_open_slices_on_a_stack_per_thread(tmp_path):

@@ -80,6 +80,7 @@ def test_paths_after_a_graph_break_and_eager_time_in_the_module(rec, level):
     for e, (start, end) in zip(slow, SLEEPS[1:]):
         assert e["ts"] <= start / 1000 and end / 1000 <= e["ts"] + e["dur"]
         assert e["dur"] >= (end - start) / 1000
+        assert (e["args"]["grad_enabled"], e["args"]["phase"]) == (1, "forward")  # trained with grad
     for e in forward:
         if e["args"].get("module", "").startswith("slow") and e["args"]["step"] >= 1:
             assert any(within(e, s) for s in slow), e
@@ -134,3 +135,18 @@ def test_a_compiled_submodule_of_an_eager_model_has_its_path_in_the_model(rec, l
     assert {e["args"].get("module") for e in ops(events)} == {"enc", "enc.fc"}
     names = [e["name"] for e in events if e.get("cat") == "module"]
     assert set(names) == {"enc", "enc.fc"}  # enc: from its hooks (the second call on), or backward
+
+
+@pytest.mark.parametrize("level", ["torch", "aten"])
+def test_a_module_slice_around_eager_code_has_the_grad_mode_of_its_call(rec, level):
+    SLEEPS.clear()
+    compiled = torch.compile(Net(), backend=create_backend(level=level))
+    compiled(torch.randn(4, 8)).sum().backward()  # compiles; the hooks go in during this call
+    with torch.no_grad():
+        compiled(torch.randn(4, 8))
+    compiled(torch.randn(4, 8)).sum().backward()
+    slices = sorted((e for e in rec.events() if e.get("cat") == "module" and e["name"] == "slow"
+                     and e["args"].get("phase") != "backward"), key=lambda e: e["ts"])
+    assert [(e["args"]["grad_enabled"], e["args"]["phase"]) for e in slices] == [(0, "inference"), (1, "forward")]
+    for e, (start, end) in zip(slices, SLEEPS[1:]):
+        assert e["ts"] <= start / 1000 and end / 1000 <= e["ts"] + e["dur"]

@@ -148,7 +148,7 @@ def frame_slices(module: torch.nn.Module, path: str, cell) -> None:
         starts.append(_core.span(cell))  # now, or 0 outside the step windows
 
     def post(*_):
-        _core.span(cell, starts.pop() if starts else 0, site)
+        _core.span(cell, torch.is_grad_enabled(), starts.pop() if starts else 0, site)
 
     pre.__name__, post.__name__ = "dft_module_enter", "dft_module_exit"
     pre, post = torch._dynamo.disable(pre), torch._dynamo.disable(post)
