@@ -1,12 +1,17 @@
-"""A step mark (``dftrace_dynamo.step()``) during an evaluation: it ends the evaluation, what was
-held back before it stays in the evaluation, and from it on marks alone end steps."""
+"""Step marks and evaluation: a mark (``dftrace_dynamo.step()``) during an evaluation ends it, what
+was held back before it stays in the evaluation, and from it on marks alone end steps; an
+evaluation after a marked training step (between epochs, after the last one) is an ``eval`` slice,
+not part of a step, whether the loop marks with ``step()`` or ``step_context``."""
 
+import time
+
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from backend_support import MLP, ops
+from backend_support import MLP, inside, ops
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
-from dftrace_dynamo import create_backend, step
+from dftrace_dynamo import _core, create_backend, step, step_context
 
 
 def test_a_mark_during_an_evaluation_ends_it_and_marks_alone_end_later_steps(rec):
@@ -34,3 +39,52 @@ def test_a_mark_during_an_evaluation_ends_it_and_marks_alone_end_later_steps(rec
     held = [e for e in ops(events, "data") if ev["ts"] <= e["ts"] <= ev["ts"] + ev["dur"]]
     assert sorted(e["name"] for e in held) == ["DataLoader.__iter__", "data"]
     assert all(e["ts"] + e["dur"] <= ev["ts"] + ev["dur"] and "step" not in e["args"] for e in held), held
+
+
+@pytest.mark.parametrize("marking", ["step", "step_context"])
+def test_an_evaluation_after_a_marked_step_is_apart_from_the_steps(rec, marking):
+    torch.manual_seed(0)
+    model = MLP()
+    compiled = torch.compile(model, backend=create_backend(level="torch"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    iterations, evals = [], []  # the loop's own clock (the trace's): each step, each evaluation
+
+    def train():
+        start = _core.now_ns()
+        opt.zero_grad()
+        compiled(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        time.sleep(0.005)
+        if marking == "step":
+            step()
+        iterations.append((start, _core.now_ns()))
+
+    def evaluate():
+        start = _core.now_ns()
+        with torch.no_grad():
+            for _ in range(3):
+                compiled(torch.randn(4, 16))
+                time.sleep(0.01)
+        evals.append((start, _core.now_ns()))
+
+    for _ in range(2):  # epochs
+        for _ in range(3):
+            if marking == "step":
+                train()
+            else:
+                with step_context():
+                    train()
+        evaluate()
+    events = rec.events()
+    steps = sorted(ops(events, "step"), key=lambda e: e["ts"])
+    assert [s["name"] for s in steps] == [f"step {i}" for i in range(6)]  # no step for the evaluations
+    slices = sorted(ops(events, "eval"), key=lambda e: e["ts"])
+    assert len(slices) == 2
+    for e, (start, end) in zip(slices, evals):  # each evaluation, from the last mark to its end
+        assert e["ts"] <= start / 1e3 and end / 1e3 - 1 <= e["ts"] + e["dur"] <= end / 1e3 + 2000
+    for s, (start, end) in zip(steps[1:], iterations[1:]):  # each step ends at its mark
+        assert abs(s["ts"] + s["dur"] - end / 1e3) <= 1000 and s["ts"] <= start / 1e3 + 1000
+    forwards = [g for g in ops(events, "dynamo_graph") if g["args"].get("phase") == "inference"]
+    assert len(forwards) == 6 and all("step" not in g["args"] for g in forwards)
+    assert all(any(inside(g, e) for e in slices) for g in forwards)
+    assert all(any(inside(g, s) for s in steps) for g in ops(events, "dynamo_graph") if g not in forwards)

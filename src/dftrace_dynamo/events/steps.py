@@ -35,7 +35,10 @@ A step is one training iteration. Without marks, optimizers decide where it ends
 Marks override this: from the first :func:`step` / :func:`step_context` in a
 trace file on, the user's marks alone end steps (a mark just after an optimizer
 step ends that same step: no empty step; a mark during an evaluation ends the
-evaluation, and the step after it begins there).
+evaluation, and the step after it begins there). After a mark that ended a step
+which trained (a backward or an optimizer step), a forward without grad before
+the next training work is an evaluation from the mark on, as after a complete
+step below.
 
 Evaluation: with optimizer-driven steps, a graph call with grad disabled while
 the step is complete (or evaluation runs already) begins an ``eval`` slice (cat
@@ -93,10 +96,10 @@ from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_EVAL, CAT_OPTIMI
 from ..session import config, dataloaders, hooks, logger
 from . import clock, comm, memory  # their hooks go in with the trace file, like ours
 
-# where the iteration is (optimizer-driven steps only; with marks, always TRAIN); UNDECIDED: after
-# a complete step, a forward of eval-mode modules with grad enabled (evaluation unless a backward
-# or an optimizer step follows)
-TRAIN, COMPLETE, EVAL, UNDECIDED = range(4)
+# where the iteration is; UNDECIDED: after a complete step, a forward of eval-mode modules with
+# grad enabled (evaluation unless a backward or an optimizer step follows); MARKED: a mark ended a
+# step that trained, and no training work has come since (what follows may be an evaluation)
+TRAIN, COMPLETE, EVAL, UNDECIDED, MARKED = range(5)
 
 
 class _State:
@@ -107,6 +110,8 @@ class _State:
     recorded_at = 0  # events recorded when the current step began (is the last step empty?)
     ended = False  # a step ended in this trace file
     explicit = False  # the user marks steps in this trace: optimizer steps no longer end them
+    trained = False  # a backward or an optimizer step ran in the current step
+    between = False  # after a step_context block, before the next: no step runs
     windows: Optional[tuple] = None
     windows_set = False  # set_steps() was called: DFTRACER_STEPS no longer applies
     ops = False  # a trace is open and the current step is in a window
@@ -162,7 +167,7 @@ def _begin(now: int) -> None:
     """The current step starts at ``now``: its number goes into every record; window on or off."""
     _state.start_ns = now
     _set_mode(TRAIN)
-    _state.stepped, _state.joined = {}, False
+    _state.stepped, _state.joined, _state.trained = {}, False, False
     _enter(_state.number)
     _state.recorded_at = _recorded()
 
@@ -231,12 +236,16 @@ def _end(now: int) -> None:
             _state.number += 1
             return
         _state.explicit = True
+        trained = _state.trained and _state.mode != EVAL
         if _state.mode != TRAIN:
             _flush()  # held after the optimizer steps or during the evaluation, before the mark: theirs
         if _state.mode in (EVAL, UNDECIDED):
             _end_eval(now)  # the mark ends the evaluation; the step after it begins
         else:
             _finish(now)
+        if trained:  # a forward without grad before the next training work is an evaluation
+            _set_mode(MARKED)
+            _state.thread = threading.get_ident()
 
 
 def _training(now: int, modules=()) -> None:
@@ -262,6 +271,8 @@ def _training(now: int, modules=()) -> None:
             _finish(at)
         elif _state.mode == EVAL:
             _end_eval(at)
+        elif _state.mode == MARKED:
+            _set_mode(TRAIN)  # the step began at the mark
         else:
             return
         _flush()
@@ -292,10 +303,11 @@ def _undecided(now: int, modules=(), call: bool = True) -> None:
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        _segment_runs(modules, _state.mode == COMPLETE, call)
-        if _state.mode == COMPLETE:
-            _finish(_boundary(now))
-            _set_mode(UNDECIDED)
+        _segment_runs(modules, _state.mode in (COMPLETE, MARKED), call)
+        if _state.mode in (COMPLETE, MARKED):
+            if _state.mode == COMPLETE:
+                _finish(_boundary(now))
+            _set_mode(UNDECIDED)  # begun where the step did (at the mark, if marked)
             _core.set_step(None)
         if _state.mode == EVAL:
             _flush()
@@ -318,10 +330,11 @@ def _evaluation(now: int, modules=(), call: bool = True) -> None:
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        _segment_runs(modules, _state.mode == COMPLETE, call)
-        if _state.mode == COMPLETE:
-            _finish(_boundary(now))  # a step on each side of an evaluation: never one step
-            _set_mode(EVAL)
+        _segment_runs(modules, _state.mode in (COMPLETE, MARKED), call)
+        if _state.mode in (COMPLETE, MARKED):
+            if _state.mode == COMPLETE:
+                _finish(_boundary(now))  # a step on each side of an evaluation: never one step
+            _set_mode(EVAL)  # begun where the step did (at the mark, if marked)
             _core.set_step(None)  # evaluation belongs to no step
         if _state.mode == EVAL:
             _flush()
@@ -427,7 +440,7 @@ def _on_open() -> None:
             _install()
             if not _state.named:  # every trace file numbers its steps from 0
                 _state.number = 0
-            _state.named = _state.ended = _state.explicit = False
+            _state.named = _state.ended = _state.explicit = _state.between = False
             _state.following = None
             _state.known, _state.most, _state.deferred = set(), {}, []
             _state.groups, _state.params = {}, {}
@@ -464,8 +477,9 @@ def _on_close() -> None:
                 elif _state.mode == COMPLETE:
                     _write(_state.number, _state.start_ns, _state.complete_ns)
                     _flush()
-                elif _state.ended and _recorded() > _state.recorded_at:
+                elif _state.ended and not _state.between and _recorded() > _state.recorded_at:
                     _write(_state.number, _state.start_ns, now)
+                    _flush()  # held since a mark
             _state.start_ns = None
             _set_mode(TRAIN)
             _state.ops = False
@@ -498,16 +512,20 @@ class step_context:
             with _lock:
                 if _state.start_ns is not None and not _state.broken:
                     now = _core.now_ns()
-                    if _state.mode != TRAIN:  # a complete step or an evaluation ends here
+                    if _state.mode == MARKED:  # held between the blocks: this step's
+                        _set_mode(TRAIN)
+                        _flush()
+                    elif _state.mode != TRAIN:  # a complete step or an evaluation ends here
                         _end(now)
                     _state.start_ns = now
-                _state.explicit = True
+                _state.explicit, _state.between = True, False
         except Exception as exc:
             _fail(exc)
         return self
 
     def __exit__(self, *exc):
         step()
+        _state.between = True
         return False
 
 
@@ -553,7 +571,7 @@ def name_step(number) -> None:
             _arm_next()
             return
         _state.number = number
-        if tracking and _state.mode == TRAIN:  # during an evaluation: the step after it (_end_eval)
+        if tracking and _state.mode in (TRAIN, MARKED):  # during an evaluation: the step after it
             _enter(number)
 
 
@@ -632,6 +650,7 @@ def _work(now: int) -> None:
             _training(now)
         except Exception as exc:
             _fail(exc)
+    _state.trained = True  # in the step that the work is in (_training may have begun it)
 
 
 def _optimizer_begins(optimizer) -> int:
