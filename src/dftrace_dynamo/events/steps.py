@@ -466,7 +466,8 @@ def begin_no_later_than(anchor) -> None:
 
 def _on_close() -> None:
     """The step in progress is written if it is complete, or if steps ended before it and anything
-    was recorded in it; evaluation in progress is an ``eval`` slice."""
+    was recorded in it (not after a ``step_context`` block); evaluation in progress is an ``eval``
+    slice."""
     try:
         with _lock:
             if _state.start_ns is not None and not _state.broken:
@@ -477,9 +478,10 @@ def _on_close() -> None:
                 elif _state.mode == COMPLETE:
                     _write(_state.number, _state.start_ns, _state.complete_ns)
                     _flush()
-                elif _state.ended and not _state.between and _recorded() > _state.recorded_at:
-                    _write(_state.number, _state.start_ns, now)
-                    _flush()  # held since a mark
+                else:
+                    if _state.ended and not _state.between and _recorded() > _state.recorded_at:
+                        _write(_state.number, _state.start_ns, now)
+                    _flush()  # held since a mark (nothing is held otherwise)
             _state.start_ns = None
             _set_mode(TRAIN)
             _state.ops = False
