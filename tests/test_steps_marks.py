@@ -88,3 +88,24 @@ def test_an_evaluation_after_a_marked_step_is_apart_from_the_steps(rec, marking)
     assert len(forwards) == 6 and all("step" not in g["args"] for g in forwards)
     assert all(any(inside(g, e) for e in slices) for g in forwards)
     assert all(any(inside(g, s) for s in steps) for g in ops(events, "dynamo_graph") if g not in forwards)
+
+
+@pytest.mark.parametrize("marking", ["step", "step_context"])
+def test_what_runs_after_the_last_mark_is_written(rec, marking):
+    model = MLP()
+    compiled = torch.compile(model, backend=create_backend(level="torch"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(2):
+        if marking == "step":
+            compiled(torch.randn(4, 16)).sum().backward()
+            opt.step()
+            step()
+        else:
+            with step_context():
+                compiled(torch.randn(4, 16)).sum().backward()
+                opt.step()
+    opt.zero_grad()  # held back after the mark until it is known what it begins, then the trace closes
+    events = rec.events()
+    assert [e["name"] for e in ops(events, "optimizer")] == ["SGD.step", "SGD.step", "SGD.zero_grad"]
+    steps = [s["name"] for s in sorted(ops(events, "step"), key=lambda e: e["ts"])]
+    assert steps == (["step 0", "step 1", "step 2"] if marking == "step" else ["step 0", "step 1"])

@@ -479,7 +479,8 @@ def _on_close() -> None:
                     _write(_state.number, _state.start_ns, _state.complete_ns)
                     _flush()
                 else:
-                    if _state.ended and not _state.between and _recorded() > _state.recorded_at:
+                    if (_state.ended and not _state.between
+                            and (_state.deferred or _recorded() > _state.recorded_at)):
                         _write(_state.number, _state.start_ns, now)
                     _flush()  # held since a mark (nothing is held otherwise)
             _state.start_ns = None
