@@ -150,3 +150,37 @@ def test_a_module_slice_around_eager_code_has_the_grad_mode_of_its_call(rec, lev
     assert [(e["args"]["grad_enabled"], e["args"]["phase"]) for e in slices] == [(0, "inference"), (1, "forward")]
     for e, (start, end) in zip(slices, SLEEPS[1:]):
         assert e["ts"] <= start / 1000 and end / 1000 <= e["ts"] + e["dur"]
+
+
+class SlowNamedS(nn.Module):
+    """Slow, with its receiver named ``s`` (as ``self`` is only a convention)."""
+
+    def __init__(s):
+        super().__init__()
+        s.fc = nn.Linear(8, 8)
+
+    def forward(s, x):
+        x = slow_io(s.fc(x))
+        return F.relu(x)
+
+
+class NetNamedS(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.a, s.slow, s.b = nn.Linear(8, 8), SlowNamedS(), nn.Linear(8, 2)
+
+    def forward(s, x):
+        return s.b(s.slow(s.a(x)))
+
+
+@pytest.mark.parametrize("level", ["torch", "aten"])
+def test_a_receiver_not_named_self_gets_the_same_slices(rec, level):
+    SLEEPS.clear()
+    train(NetNamedS(), level)
+    modules = [e for e in rec.events() if e.get("cat") == "module"]
+    assert {e["name"] for e in modules} == {"a", "slow", "slow.fc", "b"}
+    slow = sorted((e for e in modules if e["name"] == "slow" and e["args"].get("phase") != "backward"),
+                  key=lambda e: e["ts"])
+    assert len(slow) == len(SLEEPS) - 1 == 2
+    for e, (start, end) in zip(slow, SLEEPS[1:]):
+        assert e["ts"] <= start / 1000 and end / 1000 <= e["ts"] + e["dur"]

@@ -240,20 +240,39 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 
 
+def _receiver(code: types.CodeType, f_locals: dict):
+    """The object a method's frame runs on: its ``self``, or its first argument whatever its name
+    (``def forward(s, x)``) when the object's class has the method of that code; else None."""
+    if "self" in f_locals:
+        return f_locals["self"]
+    if code.co_argcount and code.co_varnames[0] in f_locals:
+        obj = f_locals[code.co_varnames[0]]
+        try:
+            method = getattr(type(obj), code.co_name, None)
+        except Exception:  # a metaclass's __getattr__: not a method found there
+            return None
+        if getattr(method, "__code__", None) is code:
+            return obj
+    return None
+
+
 def _owner_locals(compiling: types.FrameType, code: types.CodeType) -> dict:
-    """The compiled frame's locals. A resume function (the rest of a function after a graph break)
-    holds only the live ones: its ``self`` is taken from the function it resumes, which is running
-    further up the stack."""
+    """The compiled frame's locals, its method's receiver as ``self`` whatever its name. A resume
+    function (the rest of a function after a graph break) holds only the live ones: its receiver
+    is taken from the function it resumes, which is running further up the stack."""
     f_locals = compiling.f_locals.get("locals") or {}
-    resumed = _RESUME.match(code.co_name)
-    if resumed is None or "self" in f_locals:
+    if "self" in f_locals:
         return f_locals
-    frame = compiling.f_back
-    while frame is not None:
-        if frame.f_code.co_name == resumed[1] and "self" in frame.f_locals:
-            return {**f_locals, "self": frame.f_locals["self"]}
-        frame = frame.f_back
-    return f_locals
+    resumed = _RESUME.match(code.co_name)
+    if resumed is None:
+        owner = _receiver(code, f_locals)
+    else:
+        owner, frame = None, compiling.f_back
+        while frame is not None and owner is None:
+            if frame.f_code.co_name == resumed[1]:
+                owner = _receiver(frame.f_code, frame.f_locals)
+            frame = frame.f_back
+    return f_locals if owner is None else {**f_locals, "self": owner}
 
 
 def _frame_values(compiling: types.FrameType, f_locals: dict) -> list:
@@ -280,7 +299,7 @@ def _register_modules(compiling: types.FrameType, f_locals) -> None:
     callers = []
     frame = compiling.f_back
     while frame is not None:
-        owner = frame.f_locals.get("self") if not _in_torch(frame.f_code.co_filename) else None
+        owner = _receiver(frame.f_code, frame.f_locals) if not _in_torch(frame.f_code.co_filename) else None
         if isinstance(owner, torch.nn.Module):
             callers.append(owner)
         frame = frame.f_back
