@@ -63,21 +63,25 @@ def test_ddp_straggler(tmp_path, monkeypatch, nproc, delay_ms):
     assert info["threshold_us"] > 0 and info["skew"]["median_us"] is not None
 
 
-@pytest.mark.parametrize("everyone", [False, True])
-def test_a_barrier_after_one_ranks_evaluation_is_a_wait_of_the_others(tmp_path, monkeypatch, everyone):
+@pytest.mark.parametrize("everyone, marked", [(False, False), (True, False), (False, True)])
+def test_a_barrier_after_one_ranks_evaluation_is_a_wait_of_the_others(tmp_path, monkeypatch, everyone, marked):
     """Rank 0 evaluates after every 4th step and the ranks then meet at a barrier: rank 1 waits
     there for the evaluation, in its step, and rank 0 is charged with it (its barrier is in no
-    step: it counts in the step the evaluation follows). When rank 1 evaluates too and waits in
-    its own evaluation (a metric's all-reduce), that wait is in no step: nobody is charged."""
+    step: it counts in the step rank 1 waits in, the one the evaluation follows; where
+    ``step()`` after ``optimizer.step()`` marks the steps, the one it precedes, which rank 1's
+    barrier after the mark is in). When rank 1 evaluates too and waits in its own evaluation (a
+    metric's all-reduce), that wait is in no step: nobody is charged."""
     eval_us = 150e3
-    job(tmp_path, monkeypatch, MODE="eval", STEPS=8, EVAL_MS=eval_us / 1e3, **({"EVAL_ALL": 1} if everyone else {}))
+    job(tmp_path, monkeypatch, MODE="eval", STEPS=8, EVAL_MS=eval_us / 1e3, **({"EVAL_ALL": 1} if everyone else {}),
+        **({"MARK": 1} if marked else {}))
     rows = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]["rows"]
     by = {(r["rank"], r["step"]): r for r in rows}
     steps = sorted({r["step"] for r in rows})
-    assert 3 in steps and 7 in steps, steps
+    waited_in = 4 if marked else 3
+    assert waited_in in steps and 7 in steps, steps
     for s in steps:
         waited, caused = by[("rank1", s)]["wait_us"], by[("rank0", s)]["wait_caused_us"]
-        if s % 4 == 3 and not everyone:
+        if s % 4 == waited_in % 4 and not everyone:
             assert waited >= 0.8 * eval_us and caused >= 0.8 * eval_us, (s, by[("rank1", s)], by[("rank0", s)])
         else:
             assert waited < eval_us / 2 and caused < eval_us / 2, (s, by[("rank1", s)], by[("rank0", s)])

@@ -1,8 +1,8 @@
 """A tiny torchrun job for tests/test_distributed.py: DDP steps, eager collectives, functional
 collectives in a compiled graph, a recompile on one rank, a large tensor in one step, an
 evaluation of EVAL_MS on rank 0 that the others wait for at a barrier, or (EVAL_ALL) in their
-own evaluation, a pipeline of one stage per rank, or FSDP2 (MODE), with rank DELAY_RANK sleeping
-DELAY_MS a step."""
+own evaluation (with MARK, steps marked with step()), a pipeline of one stage per rank, or FSDP2
+(MODE), with rank DELAY_RANK sleeping DELAY_MS a step."""
 import os
 import time
 
@@ -38,6 +38,8 @@ elif MODE == "eval":  # rank 0 evaluates every 4th step, then every rank meets a
         loss.backward()
         dist.all_reduce(loss.detach())
         opt.step()
+        if os.environ.get("MARK"):  # steps marked at the end of each iteration
+            step()
         if i % 4 == 3:
             if rank == 0 or os.environ.get("EVAL_ALL"):  # with EVAL_ALL the others evaluate at once
                 with torch.no_grad():

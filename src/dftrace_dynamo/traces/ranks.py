@@ -19,7 +19,8 @@ among the same op and group in that step), a send and its receive by (process
 group, sender, receiver, step, ordinal among theirs: ``send`` or ``isend`` with
 ``recv`` or ``irecv``; a receive from any source that names no sender stays
 unmatched); one in an evaluation counts in the
-step before it (rank 0 evaluates, then every rank meets at a barrier), and one
+step the other ranks were in when it completed (rank 0 evaluates, then every rank
+meets at a barrier; with measured clock offsets, else the step before it), and one
 that every member made during an evaluation counts in no wait. The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
 sat in the collective before the last peer arrived. The last rank to arrive
@@ -182,6 +183,9 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
     comm, spans = rank_rows["comm"], rank_rows["spans"]
     comm_proc, comm_step = steps.index(comm), comm["step"]
     span_proc, span_step = steps.index(spans), spans["step"]
+    measured = clock.offsets_us(paths, clocks)
+    if all(f in measured for f, _ in procs):
+        _steps_of_evaluations(steps, comm, comm_proc, comm_step, [measured[f][0] for f, _ in procs])
     # collectives matched across ranks: (group, op, step, ordinal) -> process -> (start, end)
     matched, seen = {}, {}
     known = comm_proc >= 0
@@ -193,7 +197,6 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
         matched.setdefault((group, name, s, n), {})[q] = (ts, ts + dur)
         if stepped:
             in_step.add((group, name, s, n))
-    measured = clock.offsets_us(paths, clocks)
     if all(f in measured for f, _ in procs):
         offsets, how = [measured[f][0] for f, _ in procs], "measured offsets to rank 0 (process-group setup)"
     else:
@@ -271,6 +274,20 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
             "collectives": sum(1 for m in matched.values() if len(m) > 1)}
 
 
+def _steps_of_evaluations(steps, comm, comm_proc, comm_step, offsets) -> None:
+    """A collective made during an evaluation counts in the step that the other ranks were in
+    when it completed (all members leave it together): the step before the evaluation where
+    steps end at their optimizer steps, the one after it where marks end them. Kept as
+    :func:`rows` gave it (the step before) where no other rank was in a step then."""
+    for i in np.flatnonzero(~comm["in_step"] & (comm_proc >= 0)).tolist():
+        q = comm_proc[i]
+        done = comm["ts"][i] + comm["dur"][i] - offsets[q]  # on rank 0's clock
+        held = [steps.holding(p, done + offsets[p]) for p in range(len(steps.procs)) if p != q]
+        held = [s for s in held if s is not None]
+        if held:
+            comm_step[i] = max(set(held), key=held.count)
+
+
 class _Steps:
     """The step slices of every process (:func:`rows`' ``slices``): per process and step the
     last slice (in time order) of that step."""
@@ -328,6 +345,15 @@ class _Steps:
             step[own[inside]] = slice_step[lo + j[inside]]
             step[own[after]] = slice_step[lo + j[after]]
         return step
+
+    def holding(self, proc, t):
+        """The step of process ``proc``'s slice holding time ``t`` (its clock), or None."""
+        lo, hi = self.cuts[proc], self.cuts[proc + 1]
+        order = self.by_start[lo:hi]
+        j = np.searchsorted(self.cols["ts"][order], t, side="right") - 1
+        if j >= 0 and t < self.end[order[j]]:
+            return int(self.cols["step"][order[j]])
+        return None
 
     def common(self):
         """The steps every process has, in order."""
