@@ -44,14 +44,19 @@ def assert_close(measured, truth, rel=0.05):
     assert abs(measured - truth) <= rel * truth, (measured, truth)
 
 
-def test_two_optimizers_make_one_step_per_iteration(tmp_path):
-    _, events, iterations, _ = run_loop(tmp_path, "gan")
+@pytest.mark.parametrize("shape", ["gan", "gan_sample"])
+def test_two_optimizers_make_one_step_per_iteration(tmp_path, shape):
+    """Also when each iteration begins with the generator's samples under ``no_grad`` and then the
+    critic's ``zero_grad()``: that is the iteration's start, not an evaluation."""
+    _, events, iterations, _ = run_loop(tmp_path, shape)
     steps = step_slices(events)
     assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
     # every step holds one D and one G optimizer step
     assert [optimizer_steps_in(events, s) for s in steps] == [2] * ITERS
     # steady steps last as long as the iterations (the last step ends at its last optimizer step)
     assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
+    assert not ops(events, "eval")
+    assert all(abs(a["ts"] + a["dur"] - b["ts"]) <= 1 for a, b in zip(steps, steps[1:]))  # nothing between
 
 
 def test_critic_steps_five_times_per_generator_step(tmp_path):

@@ -3,7 +3,8 @@ tests compare the trace with).
 
     python loops.py SHAPE --out PREFIX --truth FILE.json [--iters N]
 
-SHAPE: ``gan`` (D then G each step once per iteration), ``critic`` (5 critic steps per
+SHAPE: ``gan`` (D then G each step once per iteration), ``gan_sample`` (the same, G's samples
+for D taken under ``no_grad`` before D's ``zero_grad()``), ``critic`` (5 critic steps per
 generator step; an iteration is one generator step), ``validate`` (3 epochs of training, a
 ``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating under
 ``model.eval()`` alone, grad enabled), ``validate_loss_fn`` (the same, through one compiled
@@ -64,6 +65,24 @@ def gan(n, marks):
         opt_g.zero_grad()
         loss_g = -d(g(z)).mean()
         loss_g.backward()
+        opt_g.step()
+        time.sleep(SLEEP_S / 2)
+
+
+def gan_sample(n, marks):
+    """The generator's samples for the critic under ``no_grad`` at the top of the iteration, before
+    the critic's ``zero_grad()``, then the generator's own step."""
+    d, g, opt_d, opt_g = two_models()
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        with torch.no_grad():
+            fake = g(torch.randn(8, 16))
+        opt_d.zero_grad()
+        (d(torch.randn(8, 16)).mean() - d(fake).mean()).backward()
+        opt_d.step()
+        time.sleep(SLEEP_S / 2)
+        opt_g.zero_grad()
+        (-d(g(torch.randn(8, 16))).mean()).backward()
         opt_g.step()
         time.sleep(SLEEP_S / 2)
 
@@ -347,7 +366,7 @@ def accelerate(n, marks):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "critic", "validate", "validate_eval_mode", "validate_loss_fn",
+    ap.add_argument("shape", choices=("gan", "gan_sample", "critic", "validate", "validate_eval_mode", "validate_loss_fn",
                                       "frozen_norm", "distill", "amp_skip", "marked", "compiled_step",
                                       "nanogpt", "ema_eval", "replaced", "sam", "region_load", "accelerate"))
     ap.add_argument("--out", required=True)

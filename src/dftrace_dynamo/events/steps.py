@@ -53,7 +53,9 @@ events carry no step until that is known; the first such call in a trace file
 decides the rest of them (``model.eval()`` forwards then mean training, or
 evaluation, at once). Training work that follows such a segment's last forward
 at once, with no data slice or ``zero_grad`` between (a frozen teacher's or a
-GAN generator's forward under ``no_grad``, then the trained model's), makes the
+GAN generator's forward under ``no_grad``, then the trained model's), or with
+one between when the training's optimizers step every module the segment ran
+(a generator's samples before the critic's ``zero_grad``), makes the
 segment the start of the step, not an evaluation, unless the segment ran the
 model trained next (nanoGPT evaluates at the top of its loop) or called one of
 its graphs twice (a loop over evaluation batches). Graph calls are seen only in
@@ -257,7 +259,7 @@ def _training(now: int, modules=()) -> None:
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        if (_state.mode in (EVAL, UNDECIDED) and len(_state.deferred) == _state.segment_held
+        if (_state.mode in (EVAL, UNDECIDED) and (len(_state.deferred) == _state.segment_held or _ran_trained())
                 and not _evaluated_after_all(modules)):
             _set_mode(TRAIN)  # the step began where the segment did
             _core.set_step(_state.number)
@@ -286,6 +288,16 @@ def _evaluated_after_all(modules) -> bool:
         return True
     ran = {id(p) for runs, _ in _state.segment.values() for m in _alive(runs) for p in m.parameters()}
     return any(id(p) in ran for m in _alive(modules) for p in m.parameters())
+
+
+def _ran_trained() -> bool:
+    """Whether every module the segment ran has parameters that the training's optimizers step: a
+    GAN generator's samples under ``no_grad`` before the critic's ``zero_grad()`` and forward are
+    the iteration's start all the same (an averaged model's evaluation is not: no optimizer
+    steps it)."""
+    stepped = set().union(*(_state.params.get(k, ()) for k in _state.known))
+    ran = [_alive(runs) for runs, _ in _state.segment.values()]
+    return bool(ran) and all(m and any(id(p) in stepped for module in m for p in module.parameters()) for m in ran)
 
 
 def _segment_runs(modules, starts: bool, call: bool) -> None:
