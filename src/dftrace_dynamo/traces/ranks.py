@@ -310,6 +310,8 @@ class _Steps:
         self.end = self.cols["ts"] + self.cols["dur"]
         # every process's slices by start (then step), one process after the other
         self.by_start = np.lexsort((self.cols["step"], self.cols["ts"], self.proc))
+        self.start_sorted, self.end_sorted, self.step_sorted = (
+            x[self.by_start] for x in (self.cols["ts"], self.end, self.cols["step"]))
 
     def index(self, events):
         """The index in :attr:`procs` of each of the ``events``' process, -1 for a process without
@@ -329,7 +331,7 @@ class _Steps:
         one. ``events``: columns file, pid, step, ts."""
         proc, step = self.index(events), np.asarray(events["step"], np.int64).copy()
         ts = np.asarray(events["ts"], float)
-        at, slice_step, ends = (x[self.by_start] for x in (self.cols["ts"], self.cols["step"], self.end))
+        at, slice_step, ends = self.start_sorted, self.step_sorted, self.end_sorted
         by_proc = np.argsort(proc, kind="stable")
         cuts = np.searchsorted(proc[by_proc], np.arange(-1, len(self.procs) + 1))
         for i in range(len(self.procs)):
@@ -349,10 +351,9 @@ class _Steps:
     def holding(self, proc, t):
         """The step of process ``proc``'s slice holding time ``t`` (its clock), or None."""
         lo, hi = self.cuts[proc], self.cuts[proc + 1]
-        order = self.by_start[lo:hi]
-        j = np.searchsorted(self.cols["ts"][order], t, side="right") - 1
-        if j >= 0 and t < self.end[order[j]]:
-            return int(self.cols["step"][order[j]])
+        j = lo + np.searchsorted(self.start_sorted[lo:hi], t, side="right") - 1
+        if j >= lo and t < self.end_sorted[j]:
+            return int(self.step_sorted[j])
         return None
 
     def common(self):
