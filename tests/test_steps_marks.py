@@ -109,3 +109,28 @@ def test_what_runs_after_the_last_mark_is_written(rec, marking):
     assert [e["name"] for e in ops(events, "optimizer")] == ["SGD.step", "SGD.step", "SGD.zero_grad"]
     steps = [s["name"] for s in sorted(ops(events, "step"), key=lambda e: e["ts"])]
     assert steps == (["step 0", "step 1", "step 2"] if marking == "step" else ["step 0", "step 1"])
+
+
+def test_a_generators_samples_after_a_mark_at_the_top_of_the_loop_begin_the_step(rec):
+    """``step()`` at the top of a GAN's loop, then the generator's samples under ``no_grad`` and
+    the critic's ``zero_grad()``: the samples are the step's start, not an evaluation."""
+    g, d = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()), MLP()
+    cg, cd = (torch.compile(m, backend=create_backend(level="torch")) for m in (g, d))
+    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.01), torch.optim.SGD(d.parameters(), lr=0.01)
+    for _ in range(4):
+        step()
+        with torch.no_grad():
+            fake = cg(torch.randn(4, 8))
+        opt_d.zero_grad()
+        cd(fake).mean().backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        cd(cg(torch.randn(4, 8))).mean().backward()
+        opt_g.step()
+    events = rec.events()
+    steps = sorted(ops(events, "step"), key=lambda e: e["ts"])
+    assert [s["name"] for s in steps] == [f"step {i}" for i in range(5)]
+    assert not ops(events, "eval")
+    samples = sorted((g for g in ops(events, "dynamo_graph") if g["args"].get("phase") == "inference"),
+                     key=lambda e: e["ts"])
+    assert len(samples) == 4 and all(any(inside(g, s) for s in steps) for g in samples)

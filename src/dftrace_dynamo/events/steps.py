@@ -409,12 +409,14 @@ def _join(optimizer) -> int:
     """``optimizer`` is one of the training's optimizers from now on (returned: its group's key);
     a complete step that it joins is not complete any more."""
     with _lock:
-        if _state.explicit or _state.start_ns is None:
+        if _state.start_ns is None:
             return 0
         key = _group(optimizer)
         if key in _state.known:
             return key
         _state.known.add(key)
+        if _state.explicit:  # marks end the steps: known only for what it trains (_ran_trained)
+            return key
         _state.most, _state.joined = {}, True
         if _state.mode == COMPLETE:
             _set_mode(TRAIN)
