@@ -81,9 +81,9 @@ def test_an_evaluation_after_a_marked_step_is_apart_from_the_steps(rec, marking)
     slices = sorted(ops(events, "eval"), key=lambda e: e["ts"])
     assert len(slices) == 2
     for e, (start, end) in zip(slices, evals):  # each evaluation, from the last mark to its end
-        assert e["ts"] <= start / 1e3 and end / 1e3 - 1 <= e["ts"] + e["dur"] <= end / 1e3 + 2000
-    for s, (start, end) in zip(steps[1:], iterations[1:]):  # each step ends at its mark
-        assert abs(s["ts"] + s["dur"] - end / 1e3) <= 1000 and s["ts"] <= start / 1e3 + 1000
+        assert e["ts"] <= start / 1e3 and end / 1e3 - 1 <= e["ts"] + e["dur"] <= end / 1e3 + 5000
+    for s, (start, end) in zip(steps[1:], iterations[1:]):  # each step ends at its mark (5 ms steps)
+        assert abs(s["ts"] + s["dur"] - end / 1e3) <= 3000 and s["ts"] <= start / 1e3 + 3000
     forwards = [g for g in ops(events, "dynamo_graph") if g["args"].get("phase") == "inference"]
     assert len(forwards) == 6 and all("step" not in g["args"] for g in forwards)
     assert all(any(inside(g, e) for e in slices) for g in forwards)
