@@ -279,13 +279,20 @@ def _steps_of_evaluations(steps, comm, comm_proc, comm_step, offsets) -> None:
     when it completed (all members leave it together): the step before the evaluation where
     steps end at their optimizer steps, the one after it where marks end them. Kept as
     :func:`rows` gave it (the step before) where no other rank was in a step then."""
-    for i in np.flatnonzero(~comm["in_step"] & (comm_proc >= 0)).tolist():
-        q = comm_proc[i]
-        done = comm["ts"][i] + comm["dur"][i] - offsets[q]  # on rank 0's clock
-        held = [steps.holding(p, done + offsets[p]) for p in range(len(steps.procs)) if p != q]
-        held = [s for s in held if s is not None]
-        if held:
-            comm_step[i] = max(set(held), key=held.count)
+    evaluated = np.flatnonzero(~comm["in_step"] & (comm_proc >= 0))
+    if not len(evaluated):
+        return
+    offsets = np.asarray(offsets, float)
+    own = comm_proc[evaluated]
+    done = comm["ts"][evaluated] + comm["dur"][evaluated] - offsets[own]  # on rank 0's clock
+    held = np.full((len(evaluated), len(offsets)), -1, np.int64)  # the step each process was in
+    for p in range(len(offsets)):
+        j, inside = steps.last_started(np.where(own == p, -1, p), done + offsets[p])
+        held[inside, p] = steps.step_sorted[j[inside]]
+    for i, row in zip(evaluated.tolist(), held.tolist()):
+        found = [s for s in row if s >= 0]
+        if found:
+            comm_step[i] = max(set(found), key=found.count)
 
 
 class _Steps:
@@ -330,31 +337,24 @@ class _Steps:
         collective that one rank makes after evaluating and the others in their step is the same
         one. ``events``: columns file, pid, step, ts."""
         proc, step = self.index(events), np.asarray(events["step"], np.int64).copy()
-        ts = np.asarray(events["ts"], float)
-        at, slice_step, ends = self.start_sorted, self.step_sorted, self.end_sorted
-        by_proc = np.argsort(proc, kind="stable")
-        cuts = np.searchsorted(proc[by_proc], np.arange(-1, len(self.procs) + 1))
-        for i in range(len(self.procs)):
-            own = by_proc[cuts[i + 1]:cuts[i + 2]]
-            if not len(own):
-                continue
-            lo, hi = self.cuts[i], self.cuts[i + 1]
-            j = np.searchsorted(at[lo:hi], ts[own], side="right") - 1  # the last slice starting by ts
-            before = j >= 0
-            inside = before.copy()
-            inside[before] = ts[own][before] < ends[lo + j[before]]
-            after = before & ~inside & (step[own] < 0)
-            step[own[inside]] = slice_step[lo + j[inside]]
-            step[own[after]] = slice_step[lo + j[after]]
+        j, inside = self.last_started(proc, np.asarray(events["ts"], float))
+        take = inside | ((j >= 0) & (step < 0))
+        step[take] = self.step_sorted[j[take]]
         return step
 
-    def holding(self, proc, t):
-        """The step of process ``proc``'s slice holding time ``t`` (its clock), or None."""
-        lo, hi = self.cuts[proc], self.cuts[proc + 1]
-        j = lo + np.searchsorted(self.start_sorted[lo:hi], t, side="right") - 1
-        if j >= lo and t < self.end_sorted[j]:
-            return int(self.step_sorted[j])
-        return None
+    def last_started(self, proc, ts):
+        """For events of the processes ``proc`` (indices in :attr:`procs`, -1: none) at ``ts``
+        (their clocks): the index in the sorted slices of the last slice of their process that
+        started by then (-1: none), and whether it still ran then."""
+        j = np.full(len(ts), -1, np.int64)
+        for i in np.unique(proc[proc >= 0]).tolist():
+            own = proc == i
+            lo, hi = self.cuts[i], self.cuts[i + 1]
+            k = np.searchsorted(self.start_sorted[lo:hi], ts[own], side="right") - 1
+            j[own] = np.where(k >= 0, lo + k, -1)
+        inside = j >= 0
+        inside[inside] = ts[inside] < self.end_sorted[j[inside]]
+        return j, inside
 
     def common(self):
         """The steps every process has, in order."""
