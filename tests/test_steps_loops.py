@@ -44,10 +44,12 @@ def assert_close(measured, truth, rel=0.05):
     assert abs(measured - truth) <= rel * truth, (measured, truth)
 
 
-@pytest.mark.parametrize("shape", ["gan", "gan_sample"])
+@pytest.mark.parametrize("shape", ["gan", "gan_sample", "dcgan", "gan_loss_first", "actor_critic"])
 def test_two_optimizers_make_one_step_per_iteration(tmp_path, shape):
     """Also when each iteration begins with the generator's samples under ``no_grad`` and then the
-    critic's ``zero_grad()``: that is the iteration's start, not an evaluation."""
+    critic's ``zero_grad()``: that is the iteration's start, not an evaluation; and when the second
+    model's forward comes before its optimizer's first call (each model's own ``zero_grad()``, or
+    each loss before its ``zero_grad()``): the first iteration is one step, not two."""
     _, events, iterations, _ = run_loop(tmp_path, shape)
     steps = step_slices(events)
     assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
@@ -57,6 +59,22 @@ def test_two_optimizers_make_one_step_per_iteration(tmp_path, shape):
     assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
     assert not ops(events, "eval")
     assert all(abs(a["ts"] + a["dur"] - b["ts"]) <= 1 for a, b in zip(steps, steps[1:]))  # nothing between
+
+
+def test_a_model_that_no_optimizer_steps_leaves_one_step_per_iteration(tmp_path):
+    """A compiled backbone whose parameters require grad but no optimizer steps, the loss computed
+    before ``zero_grad()``: the first step waits for that model's optimizer, and ends when the
+    head's optimizer zeroes again; each later step begins at the iteration's forward."""
+    _, events, iterations, _ = run_loop(tmp_path, "untrained")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    assert [optimizer_steps_in(events, s) for s in steps] == [1] * ITERS
+    assert_close(statistics.median(e["dur"] for e in steps[1:-1]), statistics.median(iterations[1:-1]))
+    assert all(abs(a["ts"] + a["dur"] - b["ts"]) <= 1 for a, b in zip(steps, steps[1:]))
+    zero_grads = sorted((e["ts"] for e in ops(events, "optimizer") if e["name"] == "SGD.zero_grad"))
+    assert abs(steps[1]["ts"] - zero_grads[1]) <= 1
+    forwards = sorted(g["ts"] for g in ops(events, "dynamo_graph") if g["name"].endswith("forward"))
+    assert all(0 <= f - s["ts"] < 2000 for s, f in zip(steps[2:], forwards[4::2], strict=True))
 
 
 def test_critic_steps_five_times_per_generator_step(tmp_path):

@@ -4,7 +4,13 @@ tests compare the trace with).
     python loops.py SHAPE --out PREFIX --truth FILE.json [--iters N]
 
 SHAPE: ``gan`` (D then G each step once per iteration), ``gan_sample`` (the same, G's samples
-for D taken under ``no_grad`` before D's ``zero_grad()``), ``critic`` (5 critic steps per
+for D taken under ``no_grad`` before D's ``zero_grad()``), ``dcgan`` (PyTorch's DCGAN example:
+each model's own ``zero_grad()``, G's samples taken with grad and detached for D's step, then
+G's step through D), ``gan_loss_first`` (each loss computed before its optimizer's
+``zero_grad()``), ``actor_critic`` (a rollout of the actor under ``no_grad``, the critic's step,
+then the actor's through the critic, each loss before its ``zero_grad()``), ``untrained``
+(a compiled backbone whose parameters require grad but no optimizer steps, then the trained head,
+the loss before ``zero_grad()``), ``critic`` (5 critic steps per
 generator step; an iteration is one generator step), ``validate`` (3 epochs of training, a
 ``no_grad`` validation pass after each), ``validate_eval_mode`` (the same, validating under
 ``model.eval()`` alone, grad enabled), ``validate_loss_fn`` (the same, through one compiled
@@ -85,6 +91,69 @@ def gan_sample(n, marks):
         (-d(g(torch.randn(8, 16))).mean()).backward()
         opt_g.step()
         time.sleep(SLEEP_S / 2)
+
+
+def dcgan(n, marks):
+    d, g, opt_d, opt_g = two_models()
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        d.zero_grad()
+        d(torch.randn(8, 16)).mean().backward()
+        fake = g(torch.randn(8, 16))
+        (-d(fake.detach()).mean()).backward()
+        opt_d.step()
+        time.sleep(SLEEP_S / 2)
+        g.zero_grad()
+        d(fake).mean().backward()
+        opt_g.step()
+        time.sleep(SLEEP_S / 2)
+
+
+def gan_loss_first(n, marks):
+    d, g, opt_d, opt_g = two_models()
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        loss_d = d(torch.randn(8, 16)).mean() - d(g(torch.randn(8, 16)).detach()).mean()
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        time.sleep(SLEEP_S / 2)
+        loss_g = -d(g(torch.randn(8, 16))).mean()
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+        time.sleep(SLEEP_S / 2)
+
+
+def actor_critic(n, marks):
+    critic, actor, opt_c, opt_a = two_models()
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        with torch.no_grad():
+            state = actor(torch.randn(8, 16)).tanh()
+        loss_c = critic(state).pow(2).mean()
+        opt_c.zero_grad()
+        loss_c.backward()
+        opt_c.step()
+        time.sleep(SLEEP_S / 2)
+        loss_a = -critic(actor(state)).mean()
+        opt_a.zero_grad()
+        loss_a.backward()
+        opt_a.step()
+        time.sleep(SLEEP_S / 2)
+
+
+def untrained(n, marks):
+    backend = create_backend()
+    backbone, head = torch.compile(mlp(), backend=backend), torch.compile(nn.Linear(16, 1), backend=backend)
+    opt = torch.optim.SGD(head.parameters(), lr=1e-3)
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        loss = head(backbone(torch.randn(8, 16))).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(SLEEP_S)
 
 
 def critic(n, marks):
@@ -366,7 +435,8 @@ def accelerate(n, marks):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "gan_sample", "critic", "validate", "validate_eval_mode",
+    ap.add_argument("shape", choices=("gan", "gan_sample", "dcgan", "gan_loss_first", "actor_critic", "untrained",
+                                      "critic", "validate", "validate_eval_mode",
                                       "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "marked",
                                       "compiled_step", "nanogpt", "ema_eval", "replaced", "sam", "region_load",
                                       "accelerate"))

@@ -224,6 +224,7 @@ def _start(trigger: str, compile_id: Optional[str], started_ns: Optional[int] = 
     if compiling is not None:
         # the compiled frame's locals and globals name its modules (sites.user_stacks); held until its end
         info["locals"], info["globals"], info["modules"] = f_locals, compiling.f_locals.get("globals"), modules
+        info["code"] = code
         _register_modules(compiling, f_locals)
         info["frame"] = code.co_name
         info["location"] = f"{code.co_filename}:{code.co_firstlineno}"

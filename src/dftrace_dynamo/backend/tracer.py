@@ -138,7 +138,8 @@ def _probe(phase: str) -> Optional[Callable[[bool], None]]:
     grad mode, and the eval mode of the modules of the frame being compiled)."""
     if phase == PHASE_BACKWARD:
         return None
-    return steps.probe_for((compile_events.current() or {}).get("modules"))
+    info = compile_events.current() or {}
+    return steps.probe_for(info.get("modules"), info.get("code"))
 
 
 def _check_level(level) -> None:

@@ -20,6 +20,11 @@ A step is one training iteration. Without marks, optimizers decide where it ends
   loop's body) is the step's own, not the start of the next. Logging,
   checkpointing and other Python between the last optimizer step and that point
   stay in the step, so a step lasts as long as the iteration;
+* in the trace's first step, a complete step goes on when the training work that follows it at
+  once (nothing held between) runs a model, or the step ran one with grad enabled, whose
+  trainable parameters no known optimizer steps: its optimizer is still to come in the same
+  iteration (DCGAN, each loss computed before its ``zero_grad()``); if a known optimizer zeroes
+  or steps first, the step ends at that call (the forwards before it stay in the first step);
 * optimizers whose parameters overlap count as one (a wrapper such as SAM and the optimizer
   it steps; a new optimizer for the next fine-tuning phase or epoch and the one it replaces),
   and a new optimizer's first ``zero_grad()`` begins an iteration;
@@ -126,6 +131,13 @@ class _State:
     most: dict = {}  # _group key -> its most steps in one step since the last optimizer joined
     joined = False  # an optimizer joined in the current step (its counts teach nothing)
     complete_ns = 0  # when the current step became complete (its last optimizer step or the zero_grad after)
+    # the trace's first step's forwards: id(modules) -> [modules, graph calls, with grad]; whether one
+    # with grad trains no parameter that a known optimizer steps (computed when the step is complete)
+    runs: dict = {}
+    untrained = False
+    learning = False  # graph calls call their probe during a training step too (to fill runs)
+    probing = False  # the core's forward-probe switch
+    going = 0  # the complete first step goes on: when training work began after it (ns), 0: not
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
     # (name, cat, start, end, args, timed, windowed): slices held until it is known what follows
     deferred: list = []
@@ -142,10 +154,17 @@ _local = threading.local()  # per thread: backward depth, optimizer step starts
 
 
 def _set_mode(mode: int) -> None:
-    """Outside a training step, graph calls call their probe (``forward_probe``), in C."""
-    if (mode != TRAIN) != (_state.mode != TRAIN):
-        _core.set_forward_probe(mode != TRAIN)
     _state.mode = mode
+    _set_probe()
+
+
+def _set_probe() -> None:
+    """Outside a training step, and while the trace's first step learns which models train, graph
+    calls call their probe (``forward_probe``), in C."""
+    on = _state.mode != TRAIN or _state.learning
+    if on != _state.probing:
+        _core.set_forward_probe(on)
+        _state.probing = on
 
 
 def _fail(exc: BaseException) -> None:
@@ -153,6 +172,7 @@ def _fail(exc: BaseException) -> None:
     if not _state.broken:
         _state.broken = True
         _state.ops = False
+        _state.learning = False
         _set_mode(TRAIN)
         _core.set_ops_on(True)
         config.get()
@@ -168,8 +188,10 @@ def _recorded() -> int:
 def _begin(now: int) -> None:
     """The current step starts at ``now``: its number goes into every record; window on or off."""
     _state.start_ns = now
+    _state.learning = _state.learning and not _state.ended
     _set_mode(TRAIN)
     _state.stepped, _state.joined, _state.trained = {}, False, False
+    _state.runs, _state.untrained, _state.going = {}, False, 0
     _enter(_state.number)
     _state.recorded_at = _recorded()
 
@@ -259,6 +281,14 @@ def _training(now: int, modules=()) -> None:
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
+        if _state.going:
+            return
+        if _state.mode == COMPLETE and not (_state.ended or _state.deferred) and (
+                _state.untrained or _untrained([modules])):
+            # a model no known optimizer steps trains: its optimizer's first call is still to come
+            _state.going = now
+            _core.set_ops_on(_state.ops)
+            return
         if (_state.mode in (EVAL, UNDECIDED) and (len(_state.deferred) == _state.segment_held or _ran_trained())
                 and not _evaluated_after_all(modules)):
             _set_mode(TRAIN)  # the step began where the segment did
@@ -290,14 +320,50 @@ def _evaluated_after_all(modules) -> bool:
     return any(id(p) in ran for m in _alive(modules) for p in m.parameters())
 
 
+def _stepped_params() -> set:
+    """id() of the parameters that the training's optimizers step."""
+    return set().union(*(_state.params.get(k, ()) for k in _state.known))
+
+
 def _ran_trained() -> bool:
     """Whether every module the segment ran has parameters that the training's optimizers step: a
     GAN generator's samples under ``no_grad`` before the critic's ``zero_grad()`` and forward are
     the iteration's start all the same (an averaged model's evaluation is not: no optimizer
     steps it)."""
-    stepped = set().union(*(_state.params.get(k, ()) for k in _state.known))
+    stepped = _stepped_params()
     ran = [_alive(runs) for runs, _ in _state.segment.values()]
     return bool(ran) and all(m and any(id(p) in stepped for module in m for p in module.parameters()) for m in ran)
+
+
+def _untrained(runs) -> bool:
+    """Whether one of ``runs`` (tuples of weak references to modules) trains parameters that no
+    known optimizer steps: a model whose optimizer has not been seen yet."""
+    stepped = _stepped_params()
+    for modules in runs:
+        params = [p for m in _alive(modules) for p in m.parameters()]
+        if any(p.requires_grad for p in params) and not any(id(p) in stepped for p in params):
+            return True
+    return False
+
+
+def _learn(grad: bool, modules, call: bool) -> None:
+    """The trace's first step runs ``modules`` (``call``: a graph call, else a compile); those run
+    with grad enabled are kept. A graph called again stops the graph calls' probe for the rest of
+    the step: it has seen the models of the iteration (the compiles of later ones still tell)."""
+    entry = _state.runs.setdefault(id(modules), [modules, 0, False])
+    if call and entry[1]:
+        _state.learning = False
+        _set_probe()
+    entry[1] += call
+    entry[2] = entry[2] or grad
+
+
+def _goes_on_to_next(at: int) -> None:
+    """A known optimizer zeroes or steps again (from ``at``) while the complete first step went on:
+    the next iteration has begun. The step ends there, its forwards recorded since in it (slices
+    are written in the order they end: a boundary before them would be moved over them)."""
+    _finish(at)
+    _flush()
 
 
 def _segment_runs(modules, starts: bool, call: bool) -> None:
@@ -405,20 +471,23 @@ def _group(optimizer) -> int:
     return key
 
 
-def _join(optimizer) -> int:
+def _join(optimizer, at: Optional[int] = None) -> int:
     """``optimizer`` is one of the training's optimizers from now on (returned: its group's key);
-    a complete step that it joins is not complete any more."""
+    a complete step that it joins is not complete any more. ``at``: when its call began."""
     with _lock:
         if _state.start_ns is None:
             return 0
         key = _group(optimizer)
         if key in _state.known:
+            if _state.going and threading.get_ident() == _state.thread:
+                _goes_on_to_next(_core.now_ns() if at is None else at)
             return key
         _state.known.add(key)
         if _state.explicit:  # marks end the steps: known only for what it trains (_ran_trained)
             return key
         _state.most, _state.joined = {}, True
         if _state.mode == COMPLETE:
+            _state.going = 0  # what went on was this iteration's
             _set_mode(TRAIN)
             _core.set_ops_on(_state.ops)
             _flush()
@@ -438,6 +507,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
             _state.known = set(stepped)  # an optimizer that stopped stepping leaves
         if all(k in stepped for k in _state.known):
             _state.step_sites = _user_sites(sys._getframe(1))
+            _state.untrained = not _state.ended and _untrained(runs for runs, _, grad in _state.runs.values() if grad)
             _set_mode(COMPLETE)
             _state.complete_ns = now
             _state.thread = threading.get_ident()
@@ -459,6 +529,7 @@ def _on_open() -> None:
             _state.known, _state.most, _state.deferred = set(), {}, []
             _state.groups, _state.params = {}, {}
             _state.eval_mode_trains = None
+            _state.learning = True
             # opened lazily (inside a compile): the step began with the work in progress on this thread
             data = _local.__dict__.pop("data", None)
             anchors = [t for t in (a() for a in _open_anchors) if t is not None]
@@ -490,7 +561,7 @@ def _on_close() -> None:
                     _flush()
                     _eval_slice(now)
                 elif _state.mode == COMPLETE:
-                    _write(_state.number, _state.start_ns, _state.complete_ns)
+                    _write(_state.number, _state.start_ns, now if _state.going else _state.complete_ns)
                     _flush()
                 else:
                     if (_state.ended and not _state.between
@@ -498,6 +569,7 @@ def _on_close() -> None:
                         _write(_state.number, _state.start_ns, now)
                     _flush()  # held since a mark (nothing is held otherwise)
             _state.start_ns = None
+            _state.learning = False
             _set_mode(TRAIN)
             _state.ops = False
             _core.set_step(None)
@@ -592,16 +664,23 @@ def name_step(number) -> None:
             _enter(number)
 
 
-def _forward(grad: bool, modules=(), call: bool = True, now: Optional[int] = None) -> None:
+def _forward(grad: bool, modules=(), call: bool = True, now: Optional[int] = None, running=None) -> None:
     """Forward work begins (``modules``: weak references to those it runs, if known; ``call``: a
     graph call, else a compile): with grad enabled training work, without it evaluation (once
     the step is complete); with grad enabled and every module in eval mode, undecided until
-    learnt."""
-    if _state.mode != TRAIN:
+    learnt. ``running()``, if given, finds the modules that a graph shared by modules of one
+    structure runs (a frame walk: only where identity decides, never per evaluation call)."""
+    if _state.mode == TRAIN:
+        if _state.learning:
+            try:
+                _learn(grad, running() if running else modules, call)
+            except Exception as exc:
+                _fail(exc)
+    elif not _state.going:  # the first step goes on until an optimizer call says where it ends
         try:
             now = _core.now_ns() if now is None else now
             if grad and (not _eval_mode(modules) or _state.eval_mode_trains):
-                _training(now, modules)
+                _training(now, running() if running else modules)
             elif not grad or _state.eval_mode_trains is False:
                 _evaluation(now, modules, call)
             else:
@@ -627,16 +706,53 @@ def forward_probe(grad: bool) -> None:
     _forward(grad)
 
 
-def probe_for(modules):
+def probe_for(modules, code=None):
     """The probe of a forward graph compiled for ``modules`` (weak references: a compiled graph
-    must not keep a model alive): their eval mode counts, too."""
+    must not keep a model alive) in a frame of ``code``: their eval mode counts, too."""
     if not modules:
         return forward_probe
+    others = weakref.WeakKeyDictionary()  # a module the graph runs for: the weak references to it
+
+    def running():
+        try:
+            return _running(modules, code, others) if code is not None else modules
+        except Exception:  # an odd frame or module: the graph's own modules, as compiled
+            return modules
 
     def probe(grad: bool) -> None:
-        _forward(grad, modules)
+        _forward(grad, modules, running=running)
 
     return probe
+
+
+def _running(modules, code, others):
+    """The modules that a graph call runs. A graph compiled for one module serves every module of
+    the same structure (Dynamo passes their parameters in: twin models, a GAN's two MLPs): the
+    module whose call runs the frame of ``code`` (its ``self``; for a wrapper of torch's, the
+    module calling it), when it is another one, is the one."""
+    frame, above = sys._getframe(2), -1
+    for _ in range(_FRAMES):
+        if frame is None or above > 2:
+            return modules
+        f_code = frame.f_code
+        if above >= 0 or (f_code.co_name == code.co_name and f_code.co_filename == code.co_filename):
+            above += 1
+            receiver = frame.f_locals.get("self") if "self" in f_code.co_varnames + f_code.co_freevars else None
+            if isinstance(receiver, torch.nn.Module):
+                break
+        frame = frame.f_back
+    else:
+        return modules
+    receiver = getattr(receiver, "_orig_mod", receiver)  # torch.compile's wrapper: the user's module
+    if any(ref() is receiver for ref in modules):
+        return modules
+    found = others.get(receiver)
+    if found is None:
+        found = others[receiver] = (weakref.ref(receiver),)
+    return found
+
+
+_FRAMES = 48  # from a graph call up to the compiled frame: torch's wrappers and the backend's
 
 
 def compile_starts(modules=(), now: Optional[int] = None) -> None:
@@ -674,7 +790,7 @@ def _optimizer_begins(optimizer) -> int:
     """An optimizer step begins now (returned): the optimizer joins, training work goes on."""
     now = _core.now_ns()
     try:
-        _join(optimizer)
+        _join(optimizer, now)
     except Exception as exc:
         _fail(exc)
     _work(now)
@@ -781,7 +897,7 @@ def _wrap_zero_grad(original):
         finally:
             try:
                 seen = id(self) in _state.groups  # a new optimizer's first zero_grad() begins an iteration
-                _join(self)
+                _join(self, start)
                 cls = type(self).__name__
                 _held(f"{cls}.zero_grad", CAT_OPTIMIZER, start, _core.now_ns(), {ARG_OPTIMIZER: cls},
                       seen and _ends_iteration(sys._getframe(1)))
