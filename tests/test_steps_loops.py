@@ -234,6 +234,33 @@ def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):
         assert_close(s["dur"], truth)
 
 
+def test_an_optimizer_step_the_loop_skips_still_ends_the_iteration(tmp_path):
+    """``if torch.isfinite(loss): optimizer.step()``: the next ``zero_grad()`` after a backward that
+    no optimizer step followed begins the next iteration."""
+    _, events, iterations, _ = run_loop(tmp_path, "skip_nonfinite")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    sgd = [e["args"]["step"] for e in ops(events, "optimizer") if e["name"] == "SGD.step"]
+    assert sgd == [i for i in range(ITERS) if i not in (2, 3)]
+    zero_grads = sorted(e["ts"] for e in ops(events, "optimizer") if e["name"] == "SGD.zero_grad")
+    assert all(abs(s["ts"] - z) <= 1 for s, z in zip(steps[1:], zero_grads[1:], strict=True))
+    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
+        assert_close(s["dur"], truth)
+
+
+def test_an_lbfgs_closure_is_inside_its_step(tmp_path):
+    """The closure's ``zero_grad()`` and backward, called several times by ``LBFGS.step``, are the
+    step's: one step per iteration."""
+    _, events, iterations, _ = run_loop(tmp_path, "lbfgs")
+    steps = step_slices(events)
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
+    lbfgs = [e for e in ops(events, "optimizer") if e["name"] == "LBFGS.step"]
+    assert [len([e for e in lbfgs if inside(e, s)]) for s in steps] == [1] * ITERS
+    assert all(len([e for e in ops(events, "backward") if inside(e, s)]) >= 2 for s in steps)
+    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
+        assert_close(s["dur"], truth)
+
+
 def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
     _, events, iterations, _ = run_loop(tmp_path, "marked")
     steps = step_slices(events)

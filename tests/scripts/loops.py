@@ -18,6 +18,9 @@ function of the model and a loss module, which stays in training mode), ``frozen
 (training a model kept in eval mode, as with frozen batch norm), ``distill`` (a frozen
 teacher's forward under ``no_grad``, then the student's training), ``amp_skip`` (a
 ``GradScaler`` that skips the optimizer step of iterations 2 and 3: their loss overflows),
+``skip_nonfinite`` (the loop itself skips the optimizer step of iterations 2 and 3, whose loss is
+not finite), ``lbfgs`` (``LBFGS.step(closure)``, the closure calling ``zero_grad()`` and
+``backward()`` several times inside the step),
 ``marked`` (``dftrace_dynamo.step()`` after ``optimizer.step()``), ``compiled_step`` (forward,
 backward, ``optimizer.step()`` and ``zero_grad()`` in one compiled function: Dynamo traces the
 optimizer's hooks), ``nanogpt`` (nanoGPT's loop: evaluation of the trained model at the top of
@@ -245,6 +248,36 @@ def amp_skip(n, marks):
         time.sleep(SLEEP_S)
 
 
+def skip_nonfinite(n, marks):
+    model = torch.compile(mlp(), backend=create_backend())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for i in range(n):
+        marks.append(time.monotonic_ns())
+        opt.zero_grad()
+        loss = model(torch.randn(8, 16)).pow(2).mean() * (float("inf") if i in (2, 3) else 1.0)
+        loss.backward()
+        if torch.isfinite(loss):
+            opt.step()
+        time.sleep(SLEEP_S)
+
+
+def lbfgs(n, marks):
+    model = torch.compile(mlp(), backend=create_backend())
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+
+    def closure():
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        return loss
+
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        opt.step(closure)
+        time.sleep(SLEEP_S)
+
+
 def marked(n, marks):
     model = torch.compile(mlp(), backend=create_backend())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -437,7 +470,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=("gan", "gan_sample", "dcgan", "gan_loss_first", "actor_critic", "untrained",
                                       "critic", "validate", "validate_eval_mode",
-                                      "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "marked",
+                                      "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "skip_nonfinite", "lbfgs",
+                                      "marked",
                                       "compiled_step", "nanogpt", "ema_eval", "replaced", "sam", "region_load",
                                       "accelerate"))
     ap.add_argument("--out", required=True)

@@ -5,7 +5,9 @@ A step is one training iteration. Without marks, optimizers decide where it ends
 * every optimizer (``torch.optim.Optimizer``, seen through torch's global
   optimizer hooks: no change to the user's loop; a ``GradScaler.step`` that
   skips ``optimizer.step()`` for inf/NaN gradients counts as a step of it) that
-  has stepped in this trace file is one of the training's optimizers; a step is
+  has stepped in this trace file is one of the training's optimizers (a loop that
+  skips the step itself: its ``zero_grad()`` after a backward that no optimizer
+  step followed begins the next iteration); a step is
   *complete* once each of them has stepped in it (one optimizer: at its
   ``step()``; a GAN's D and G: at the second of the two; a critic stepping 5
   times per generator step: at the generator's step, so a step is one generator
@@ -138,6 +140,7 @@ class _State:
     learning = False  # graph calls call their probe during a training step too (to fill runs)
     probing = False  # the core's forward-probe switch
     going = 0  # the complete first step goes on: when training work began after it (ns), 0: not
+    unstepped = 0  # the thread whose backward no optimizer step has followed yet in this step (0: none)
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
     # (name, cat, start, end, args, timed, windowed): slices held until it is known what follows
     deferred: list = []
@@ -191,7 +194,7 @@ def _begin(now: int) -> None:
     _state.learning = _state.learning and not _state.ended
     _set_mode(TRAIN)
     _state.stepped, _state.joined, _state.trained = {}, False, False
-    _state.runs, _state.untrained, _state.going = {}, False, 0
+    _state.runs, _state.untrained, _state.going, _state.unstepped = {}, False, 0, 0
     _enter(_state.number)
     _state.recorded_at = _recorded()
 
@@ -501,6 +504,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
             _local.__dict__.pop("data", None)  # a batch before this step is not the first traced step's
             return
         key = _join(optimizer)
+        _state.unstepped = 0
         stepped = _state.stepped
         stepped[key] = stepped.get(key, 0) + 1
         if any(n > 2 * _state.most[k] for k, n in stepped.items() if k in _state.most):
@@ -798,6 +802,7 @@ def _optimizer_begins(optimizer) -> int:
 
 
 def _optimizer_pre_hook(optimizer, args, kwargs):
+    _local.stepping = getattr(_local, "stepping", 0) + 1  # an LBFGS closure's zero_grad() is inside
     now = _optimizer_begins(optimizer)
     if _state.ops:
         _local.__dict__.setdefault("opt", {})[id(optimizer)] = now
@@ -805,6 +810,7 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
 
 def _optimizer_post_hook(optimizer, args, kwargs):
     _local.post_hooks = getattr(_local, "post_hooks", 0) + 1  # see _wrap_scaler_step
+    _local.stepping = max(getattr(_local, "stepping", 0) - 1, 0)
     try:
         now = _core.now_ns()
         start = _local.__dict__.get("opt", {}).pop(id(optimizer), None)
@@ -830,6 +836,7 @@ def _wrap_backward(original):
             return original(*args, **kwargs)
         start = _core.now_ns()
         _work(start)
+        _state.unstepped = threading.get_ident()
         if not _state.ops:
             return original(*args, **kwargs)
         _local.backward = 1
@@ -898,6 +905,8 @@ def _wrap_zero_grad(original):
             try:
                 seen = id(self) in _state.groups  # a new optimizer's first zero_grad() begins an iteration
                 _join(self, start)
+                if seen:
+                    _after_skipped_step(sys._getframe(1), start)
                 cls = type(self).__name__
                 _held(f"{cls}.zero_grad", CAT_OPTIMIZER, start, _core.now_ns(), {ARG_OPTIMIZER: cls},
                       seen and _ends_iteration(sys._getframe(1)))
@@ -905,6 +914,19 @@ def _wrap_zero_grad(original):
                 _fail(exc)
 
     return zero_grad
+
+
+def _after_skipped_step(frame, at: int) -> None:
+    """A known optimizer's ``zero_grad()`` (from ``frame``, at ``at``) after a backward that no
+    optimizer step followed: the iteration skipped its step (``if torch.isfinite(loss):
+    optimizer.step()``), the next begins here. Not inside an optimizer's step (an LBFGS
+    closure) or method (SAM's ``first_step``)."""
+    with _lock:
+        if (_state.mode != TRAIN or _state.explicit or _state.start_ns is None or _state.broken
+                or _state.unstepped != threading.get_ident() or getattr(_local, "stepping", 0)
+                or isinstance(frame.f_locals.get("self"), torch.optim.Optimizer)):
+            return
+        _finish(at)
 
 
 def _user_sites(frame, depth: int = 16) -> tuple:
