@@ -139,7 +139,7 @@ class _State:
     untrained = False
     learning = False  # graph calls call their probe during a training step too (to fill runs)
     probing = False  # the core's forward-probe switch
-    going = 0  # the complete first step goes on: when training work began after it (ns), 0: not
+    going = False  # the complete first step goes on: the next optimizer call decides where it ends
     unstepped = 0  # the thread whose backward no optimizer step has followed yet in this step (0: none)
     thread = 0  # the thread whose optimizer step completed it: only its work ends the step
     # (name, cat, start, end, args, timed, windowed): slices held until it is known what follows
@@ -194,7 +194,7 @@ def _begin(now: int) -> None:
     _state.learning = _state.learning and not _state.ended
     _set_mode(TRAIN)
     _state.stepped, _state.joined, _state.trained = {}, False, False
-    _state.runs, _state.untrained, _state.going, _state.unstepped = {}, False, 0, 0
+    _state.runs, _state.untrained, _state.going, _state.unstepped = {}, False, False, 0
     _enter(_state.number)
     _state.recorded_at = _recorded()
 
@@ -289,7 +289,7 @@ def _training(now: int, modules=()) -> None:
         if _state.mode == COMPLETE and not (_state.ended or _state.deferred) and (
                 _state.untrained or _untrained([modules])):
             # a model no known optimizer steps trains: its optimizer's first call is still to come
-            _state.going = now
+            _state.going = True
             _core.set_ops_on(_state.ops)
             return
         if (_state.mode in (EVAL, UNDECIDED) and (len(_state.deferred) == _state.segment_held or _ran_trained())
@@ -490,7 +490,7 @@ def _join(optimizer, at: Optional[int] = None) -> int:
             return key
         _state.most, _state.joined = {}, True
         if _state.mode == COMPLETE:
-            _state.going = 0  # what went on was this iteration's
+            _state.going = False  # what went on was this iteration's
             _set_mode(TRAIN)
             _core.set_ops_on(_state.ops)
             _flush()
