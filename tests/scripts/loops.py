@@ -468,12 +468,10 @@ def accelerate(n, marks):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=("gan", "gan_sample", "dcgan", "gan_loss_first", "actor_critic", "untrained",
-                                      "critic", "validate", "validate_eval_mode",
-                                      "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "skip_nonfinite", "lbfgs",
-                                      "marked",
-                                      "compiled_step", "nanogpt", "ema_eval", "replaced", "sam", "region_load",
-                                      "accelerate"))
+    ap.add_argument("shape", choices=(
+        "gan", "gan_sample", "dcgan", "gan_loss_first", "actor_critic", "untrained", "critic", "validate",
+        "validate_eval_mode", "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "skip_nonfinite", "lbfgs",
+        "marked", "compiled_step", "nanogpt", "ema_eval", "replaced", "sam", "region_load", "accelerate"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)
