@@ -293,6 +293,54 @@ def _frame_modules(compiling: types.FrameType, f_locals: dict) -> tuple:
     return tuple(weakref.ref(module) for module in weighted or found.values())
 
 
+def running_modules(info: dict) -> Optional[Callable[[], tuple]]:
+    """For a graph of the frame compile ``info``: a function that, called from a call of the
+    graph, returns the modules that call runs. Dynamo shares a graph between modules of one
+    structure (their parameters are inputs: twin models, a GAN's two MLPs), so the compiled
+    modules are not always the running ones: the receiver of the compiled frame's running copy
+    (or, for a wrapper of torch's, of the nearest frame above it with one) is."""
+    modules, code = info.get("modules"), info.get("code")
+    if not modules or code is None:
+        return None
+    others = weakref.WeakKeyDictionary()  # a module the graph also runs for: the weak references to it
+
+    def running() -> tuple:
+        try:
+            receiver = _running_receiver(code)
+        except Exception:  # an odd frame or module: the modules as compiled
+            return modules
+        if receiver is None or any(ref() is receiver for ref in modules):
+            return modules
+        found = others.get(receiver)
+        if found is None:
+            found = others[receiver] = (weakref.ref(receiver),)
+        return found
+
+    return running
+
+
+_FRAMES = 48  # from a graph call up to the compiled frame: torch's wrappers and the backend's
+
+
+def _running_receiver(code: types.CodeType) -> Optional[torch.nn.Module]:
+    """The module whose call runs the frame of ``code`` now on this thread's stack (Dynamo runs a
+    copy of the code with its name and file), or of one of the 3 frames above it."""
+    frame, above = sys._getframe(1), -1
+    for _ in range(_FRAMES):
+        if frame is None or above > 2:
+            return None
+        f_code = frame.f_code
+        if above >= 0 or (f_code.co_name == code.co_name and f_code.co_filename == code.co_filename):
+            above += 1
+            # f_locals builds a dict: only where a receiver can be (an argument, or a closure's self)
+            if f_code.co_argcount or "self" in f_code.co_freevars:
+                receiver = _receiver(code if above == 0 else f_code, frame.f_locals)
+                if isinstance(receiver, torch.nn.Module):
+                    return getattr(receiver, "_orig_mod", receiver)  # torch.compile's wrapper: the user's
+        frame = frame.f_back
+    return None
+
+
 def _register_modules(compiling: types.FrameType, f_locals) -> None:
     """The modules a compiled frame holds (its ``self``, a model passed to it) are the user's roots,
     unless already known inside one (:func:`.sites.register`); so are the modules whose code calls

@@ -139,7 +139,7 @@ def _probe(phase: str) -> Optional[Callable[[bool], None]]:
     if phase == PHASE_BACKWARD:
         return None
     info = compile_events.current() or {}
-    return steps.probe_for(info.get("modules"), info.get("code"))
+    return steps.probe_for(info.get("modules"), compile_events.running_modules(info))
 
 
 def _check_level(level) -> None:

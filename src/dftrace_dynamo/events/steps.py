@@ -319,8 +319,13 @@ def _evaluated_after_all(modules) -> bool:
     parameter of a module it ran (the model trained next was evaluated)."""
     if any(calls > 1 for _, calls in _state.segment.values()):
         return True
-    ran = {id(p) for runs, _ in _state.segment.values() for m in _alive(runs) for p in m.parameters()}
-    return any(id(p) in ran for m in _alive(modules) for p in m.parameters())
+    ran = {id(p) for runs, _ in _state.segment.values() for p in _params(runs)}
+    return any(id(p) in ran for p in _params(modules))
+
+
+def _params(modules) -> list:
+    """The parameters of the live ones of ``modules`` (weak references)."""
+    return [p for m in _alive(modules) for p in m.parameters()]
 
 
 def _stepped_params() -> set:
@@ -334,8 +339,8 @@ def _ran_trained() -> bool:
     the iteration's start all the same (an averaged model's evaluation is not: no optimizer
     steps it)."""
     stepped = _stepped_params()
-    ran = [_alive(runs) for runs, _ in _state.segment.values()]
-    return bool(ran) and all(m and any(id(p) in stepped for module in m for p in module.parameters()) for m in ran)
+    ran = [_params(runs) for runs, _ in _state.segment.values()]
+    return bool(ran) and all(any(id(p) in stepped for p in params) for params in ran)
 
 
 def _untrained(runs) -> bool:
@@ -343,7 +348,7 @@ def _untrained(runs) -> bool:
     known optimizer steps: a model whose optimizer has not been seen yet."""
     stepped = _stepped_params()
     for modules in runs:
-        params = [p for m in _alive(modules) for p in m.parameters()]
+        params = _params(modules)
         if any(p.requires_grad for p in params) and not any(id(p) in stepped for p in params):
             return True
     return False
@@ -672,8 +677,7 @@ def _forward(grad: bool, modules=(), call: bool = True, now: Optional[int] = Non
     """Forward work begins (``modules``: weak references to those it runs, if known; ``call``: a
     graph call, else a compile): with grad enabled training work, without it evaluation (once
     the step is complete); with grad enabled and every module in eval mode, undecided until
-    learnt. ``running()``, if given, finds the modules that a graph shared by modules of one
-    structure runs (a frame walk: only where identity decides, never per evaluation call)."""
+    learnt. ``running()``: see :func:`probe_for` (never called per evaluation call)."""
     if _state.mode == TRAIN:
         if _state.learning:
             try:
@@ -710,53 +714,18 @@ def forward_probe(grad: bool) -> None:
     _forward(grad)
 
 
-def probe_for(modules, code=None):
+def probe_for(modules, running=None):
     """The probe of a forward graph compiled for ``modules`` (weak references: a compiled graph
-    must not keep a model alive) in a frame of ``code``: their eval mode counts, too."""
+    must not keep a model alive): their eval mode counts, too. ``running()``, if given, returns
+    the modules a call of that graph really runs (Dynamo shares a graph between modules of one
+    structure); it walks frames, so it is called only where identity decides."""
     if not modules:
         return forward_probe
-    others = weakref.WeakKeyDictionary()  # a module the graph runs for: the weak references to it
-
-    def running():
-        try:
-            return _running(modules, code, others) if code is not None else modules
-        except Exception:  # an odd frame or module: the graph's own modules, as compiled
-            return modules
 
     def probe(grad: bool) -> None:
         _forward(grad, modules, running=running)
 
     return probe
-
-
-def _running(modules, code, others):
-    """The modules that a graph call runs. A graph compiled for one module serves every module of
-    the same structure (Dynamo passes their parameters in: twin models, a GAN's two MLPs): the
-    module whose call runs the frame of ``code`` (its ``self``; for a wrapper of torch's, the
-    module calling it), when it is another one, is the one."""
-    frame, above = sys._getframe(2), -1
-    for _ in range(_FRAMES):
-        if frame is None or above > 2:
-            return modules
-        f_code = frame.f_code
-        if above >= 0 or (f_code.co_name == code.co_name and f_code.co_filename == code.co_filename):
-            above += 1
-            receiver = frame.f_locals.get("self") if "self" in f_code.co_varnames + f_code.co_freevars else None
-            if isinstance(receiver, torch.nn.Module):
-                break
-        frame = frame.f_back
-    else:
-        return modules
-    receiver = getattr(receiver, "_orig_mod", receiver)  # torch.compile's wrapper: the user's module
-    if any(ref() is receiver for ref in modules):
-        return modules
-    found = others.get(receiver)
-    if found is None:
-        found = others[receiver] = (weakref.ref(receiver),)
-    return found
-
-
-_FRAMES = 48  # from a graph call up to the compiled frame: torch's wrappers and the backend's
 
 
 def compile_starts(modules=(), now: Optional[int] = None) -> None:
