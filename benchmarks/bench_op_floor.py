@@ -9,8 +9,9 @@ blocks (thread CPU time, median of the paired differences per op, with the IQR):
 - ``plain``: the statements as the ``eager`` backend's graph runs them (``*`` and ``+``
   inline in the bytecode, no call);
 - ``called``: ``operator.mul``/``operator.add`` called instead, so every op is a call;
-- ``traced, not recording``: each op through its own ``_core.Interceptor`` while no op is
-  recorded (the interceptor's own call layer and its one state test);
+- ``traced, not recording``: each op through its own ``_core.Interceptor`` (called through
+  its ``builtin``, as the backend's generated code calls it) while no op is recorded (the
+  interceptor's own call layer and its one state test);
 - ``traced``: the same, recording (two clock reads and one ring push per op).
 
 Also printed: the cost of one ``rdtsc`` and one ``clock_gettime`` read in C on this core
@@ -62,7 +63,8 @@ def variants():
         plain += ["m = x * 1.0001", "a = m + 0.5", "x = torch.relu(a)"]
         called += ["m = mul(x, 1.0001)", "a = add(m, 0.5)", "x = torch.relu(a)"]
         for name, target in (("mul", operator.mul), ("add", operator.add), ("relu", torch.relu)):
-            scope[f"{name}_{i}"] = _core.Interceptor(target, _core.intern_site(name, "op"), None)
+            # called as the backend's generated code calls it (instrument.direct_calls)
+            scope[f"{name}_{i}"] = _core.Interceptor(target, _core.intern_site(name, "op"), None).builtin
         traced += [f"m = mul_{i}(x, 1.0001)", f"a = add_{i}(m, 0.5)", f"x = relu_{i}(a)"]
     fns = {}
     for name, lines in (("plain", plain), ("called", called), ("traced", traced)):

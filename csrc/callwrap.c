@@ -164,10 +164,12 @@ static binaryfunc find_binop(PyObject *target) {
  * binop, method; with a boundary or not) is its own function, made from
  * icpt_run with constant kind and bound, so the recorded path carries no mode
  * tests and an interceptor without a boundary not even a branch for it. */
-static inline PyObject *icpt_record(Interceptor *self, uint64_t t0, PyObject *r) {
+static inline uint32_t icpt_flags(Interceptor *self) { return (dft_tls.ctx & self->ctx_keep) | self->ctx_set; }
+
+/* site, flags, tags: read before the call, whose own memory traffic evicts the lines they are on */
+static inline PyObject *icpt_record(uint32_t site, uint32_t flags, uint32_t tags, uint64_t t0, PyObject *r) {
     uint64_t t1 = dft_now();
-    uint32_t flags = (dft_tls.ctx & self->ctx_keep) | self->ctx_set | (r ? 0 : DFT_FLAG_FAILED);
-    dft_push(self->site, t0, t1, flags, *self->tags, NULL);
+    dft_push(site, t0, t1, flags | (r ? 0 : DFT_FLAG_FAILED), tags, NULL);
     return r;
 }
 
@@ -187,7 +189,7 @@ __attribute__((noinline)) static PyObject *icpt_no_object(Interceptor *self, int
     uint64_t t0 = dft_ops_recording() ? dft_now() : 0;
     if (bound)
         icpt_boundary(self, t0);
-    return t0 ? icpt_record(self, t0, NULL) : NULL;
+    return t0 ? icpt_record(self->site, icpt_flags(self), *self->tags, t0, NULL) : NULL;
 }
 
 static inline __attribute__((always_inline)) PyObject *
@@ -209,22 +211,37 @@ icpt_run(PyObject *self_, int kind, int bound, PyObject *const *args, size_t nar
             icpt_boundary(self, 0);
         return icpt_target(self, kind, args, nargsf, kwnames);
     }
+    uint32_t site = self->site, flags = icpt_flags(self), tags = *self->tags;
     uint64_t t0 = dft_now();
     if (bound)
         icpt_boundary(self, t0);
-    return icpt_record(self, t0, icpt_target(self, kind, args, nargsf, kwnames));
+    return icpt_record(site, flags, tags, t0, icpt_target(self, kind, args, nargsf, kwnames));
 }
 
 #define ICPT_VECTORCALL(fn, kind, bound)                                                        \
     static PyObject *fn(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) { \
         return icpt_run(self, kind, bound, args, nargsf, kwnames);                               \
     }
-ICPT_VECTORCALL(icpt_call, K_CALL, 0)
-ICPT_VECTORCALL(icpt_binop, K_BINOP, 0)
-ICPT_VECTORCALL(icpt_method, K_METHOD, 0)
-ICPT_VECTORCALL(icpt_call_b, K_CALL, 1)
-ICPT_VECTORCALL(icpt_binop_b, K_BINOP, 1)
-ICPT_VECTORCALL(icpt_method_b, K_METHOD, 1)
+/* The same as the C function of a METH_FASTCALL | METH_KEYWORDS built-in (Interceptor.builtin). */
+#define ICPT_FASTCALL(fn, kind, bound)                                                              \
+    static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) { \
+        return icpt_run(self, kind, bound, args, (size_t)nargs, kwnames);                             \
+    }
+#define ICPT_KIND(name, kind, bound)          \
+    ICPT_VECTORCALL(icpt_##name, kind, bound) \
+    ICPT_FASTCALL(icpt_##name##_fast, kind, bound)
+ICPT_KIND(call, K_CALL, 0)
+ICPT_KIND(binop, K_BINOP, 0)
+ICPT_KIND(method, K_METHOD, 0)
+ICPT_KIND(call_b, K_CALL, 1)
+ICPT_KIND(binop_b, K_BINOP, 1)
+ICPT_KIND(method_b, K_METHOD, 1)
+
+/* Interceptor.builtin: the built-in function of each kind, found by the kind's vectorcall. */
+#define ICPT_DEF(name) {#name, (PyCFunction)(void (*)(void))icpt_##name##_fast, METH_FASTCALL | METH_KEYWORDS, NULL}
+static PyMethodDef icpt_builtins[] = {ICPT_DEF(call), ICPT_DEF(binop), ICPT_DEF(method),
+                                      ICPT_DEF(call_b), ICPT_DEF(binop_b), ICPT_DEF(method_b)};
+static const vectorcallfunc icpt_kinds[] = {icpt_call, icpt_binop, icpt_method, icpt_call_b, icpt_binop_b, icpt_method_b};
 
 /* boundary=(opened, (site, ...)) into self; -1 with TypeError/ValueError. */
 static int icpt_set_boundary(Interceptor *self, PyObject *b) {
@@ -391,7 +408,21 @@ static PyObject *icpt_get_boundary(Interceptor *s, void *c) {
     return sites ? Py_BuildValue("(IN)", s->b_opened, sites) : NULL;
 }
 
+/* CPython 3.11+ specialises a call of a METH_FASTCALL | METH_KEYWORDS built-in into a direct call
+ * of its C function; an object with tp_vectorcall takes the interpreter's generic call path. */
+static PyObject *icpt_get_builtin(Interceptor *s, void *c) {
+    for (size_t i = 0; i < sizeof icpt_kinds / sizeof icpt_kinds[0]; i++)
+        if (s->vectorcall == icpt_kinds[i])
+            return PyCFunction_NewEx(&icpt_builtins[i], (PyObject *)s, s->module);
+    PyErr_SetString(PyExc_SystemError, "Interceptor of no known kind");
+    return NULL;
+}
+
 static PyGetSetDef icpt_getset[] = {
+    {"builtin", (getter)icpt_get_builtin, NULL,
+     "a new built-in function that calls this interceptor (its __self__): what generated code "
+     "calls, as CPython calls a built-in's C function directly (cheaper than calling the object)",
+     NULL},
     {"__name__", (getter)icpt_get_name, (setter)icpt_set_name, NULL, NULL},
     {"__qualname__", (getter)icpt_get_qualname, (setter)icpt_set_qualname, NULL, NULL},
     {"__module__", (getter)icpt_get_module, (setter)icpt_set_module, NULL, NULL},

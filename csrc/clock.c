@@ -20,12 +20,7 @@
 #include <string.h>
 
 int64_t dft_epoch_off;
-int dft_use_tsc;
 #if DFT_HAVE_TSC
-#define N_SEGS 64 /* a reader holds a segment for nanoseconds; 64 wakes is seconds */
-static dft_tsc_seg segs[N_SEGS];
-static unsigned seg_next;
-dft_tsc_seg *_Atomic dft_tsc_cur;
 static uint64_t base_tick, base_mono; /* long baseline for the tick rate */
 static pthread_mutex_t clock_mu = PTHREAD_MUTEX_INITIALIZER;
 static int tsc_trusted;
@@ -76,12 +71,14 @@ static void sample(uint64_t *tick, uint64_t *mono) {
     }
 }
 
+/* Into the segment readers are not reading (dft_hot_t), then made the current one. */
 static void publish(uint64_t tick0, int64_t ns0, double ns_per_tick) {
-    dft_tsc_seg *g = &segs[seg_next++ % N_SEGS];
-    g->tick0 = tick0;
-    g->ns0 = ns0;
-    g->mult = (int64_t)(ns_per_tick * 4294967296.0);
-    atomic_store_explicit(&dft_tsc_cur, g, memory_order_release);
+    uint32_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_relaxed) + 1;
+    dft_tsc_seg *g = &dft_hot.seg[seq & 1];
+    __atomic_store_n(&g->tick0, tick0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->ns0, ns0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->mult, (int64_t)(ns_per_tick * 4294967296.0), __ATOMIC_RELAXED);
+    atomic_store_explicit(&dft_hot.seq, seq, memory_order_release);
 }
 
 static double rate_since_base(uint64_t tick, uint64_t mono) {
@@ -111,15 +108,15 @@ void dft_clock_update(int exact) {
     sample(&tick, &mono);
     double rate = rate_since_base(tick, mono);
     int64_t truth = (int64_t)mono + dft_epoch_off;
-    if (!dft_use_tsc) {
+    if (!dft_hot.use_tsc) {
         if (mono - base_mono >= MIN_BASE_NS) { /* the segment is published before readers use it */
             publish(tick, truth, rate);
-            __atomic_store_n(&dft_use_tsc, 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&dft_hot.use_tsc, 1, __ATOMIC_RELEASE);
         }
     } else if (exact) {
         publish(tick, truth, rate);
     } else {
-        int64_t model = dft_tsc_to_ns(atomic_load(&dft_tsc_cur), tick);
+        int64_t model = dft_tsc_to_ns(&dft_hot.seg[atomic_load(&dft_hot.seq) & 1], tick); /* ours: clock_mu */
         double slew = -(double)(model - truth) / STEER_NS;
         slew = slew > MAX_SLEW ? MAX_SLEW : slew < -MAX_SLEW ? -MAX_SLEW : slew;
         publish(tick, model, rate * (1.0 + slew));

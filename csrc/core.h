@@ -154,11 +154,10 @@ typedef struct {
 } dft_place_ent;
 
 typedef struct dft_ring {
-    /* producer side */
+    /* producer side (its pushes read the copies in dft_tls) */
     _Atomic uint64_t head;
-    uint64_t tail_cache;
     dft_rec *buf;
-    uint64_t mask, cap, half;
+    uint64_t mask, cap, half; /* cap <= RING_MAX */
     char _pad1[64];
     /* writer side */
     _Atomic uint64_t tail;
@@ -178,35 +177,60 @@ typedef struct dft_ring {
     struct dft_ring *_Atomic next;
 } dft_ring;
 
+/* One cache line per thread: what a push reads (the ring's buffer, head and the producer's
+ * view of the tail, copied from the ring so that the push reads no line of the ring's own)
+ * and the graph context. Between two pushes the op itself evicts the L1 cache: each line
+ * a push reads is a miss on its critical path. */
 typedef struct {
     dft_ring *ring;
+    dft_rec *buf;              /* ring->buf (NULL: no ring yet) */
+    uint64_t head, tail_cache; /* head: == ring->head, which only this thread writes */
+    uint32_t mask, half;       /* ring->mask, ring->half (0 with no ring: pushes take the slow path) */
     uint32_t ctx; /* grad/phase bits of the innermost GraphCall */
     uint32_t open_n, open_cap; /* module slices open in graphs (span.c): depth, room */
     uint64_t *open; /* their starts, innermost last (0: opened while nothing was recorded) */
-} dft_tls_t;
+} __attribute__((aligned(64))) dft_tls_t;
 extern _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
 
-/* Recording state, one word so that the hot path tests it with one load and
- * one branch: DFT_ST_OPEN while a file is open and recording (open() to
- * close() or a write error), DFT_ST_OPS_OFF outside the step windows (steps.c).
- * Op-level events are recorded when the word is exactly DFT_ST_OPEN. Bits are
- * set and cleared with atomic or/and (the writer thread clears OPEN). */
+/* The event clock's model (clock.c): ns = ns0 + (tick - tick0) * mult / 2^32. */
+typedef struct {
+    uint64_t tick0;
+    int64_t ns0, mult;
+} dft_tsc_seg;
+
+/* What every recorded op reads of the process's state, in one cache line (see dft_tls_t).
+ *
+ * state: DFT_ST_OPEN while a file is open and recording (open() to close() or a write
+ * error), DFT_ST_OPS_OFF outside the step windows (steps.c); op-level events are recorded
+ * when it is exactly DFT_ST_OPEN, one load and one branch. Bits are set and cleared with
+ * atomic or/and (the writer thread clears OPEN).
+ * step_tag: current step + 1 (0: none), copied into every record; read and written with
+ * the GIL held (every push holds it).
+ * use_tsc, seq, seg: the event clock (clock.c). The writer publishes a model into
+ * seg[(seq + 1) & 1], then increments seq; a reader takes seg[seq & 1] and reads again if
+ * seq moved meanwhile (it never waits for the writer). */
+typedef struct {
+    _Atomic int state;
+    int use_tsc;
+    uint32_t step_tag;
+    _Atomic uint32_t seq;
+    dft_tsc_seg seg[2];
+} __attribute__((aligned(64))) dft_hot_t;
+_Static_assert(sizeof(dft_hot_t) == 64, "dft_hot_t: one cache line");
+extern dft_hot_t dft_hot;
+
 #define DFT_ST_OPEN 1
 #define DFT_ST_OPS_OFF 2
-extern _Atomic int dft_state;
 static inline int dft_is_open(void) {
-    return atomic_load_explicit(&dft_state, memory_order_relaxed) & DFT_ST_OPEN;
+    return atomic_load_explicit(&dft_hot.state, memory_order_relaxed) & DFT_ST_OPEN;
 }
 
 /* ---- steps (steps.c) ---------------------------------------------------- */
 /* Whether op-level events (interceptors, graph calls, spans) are recorded now:
  * a file is open and the current step is inside the step windows. */
 static inline int dft_ops_recording(void) {
-    return atomic_load_explicit(&dft_state, memory_order_relaxed) == DFT_ST_OPEN;
+    return atomic_load_explicit(&dft_hot.state, memory_order_relaxed) == DFT_ST_OPEN;
 }
-/* dft_step_tag: current step + 1 (0: none), copied into every record; read
- * and written with the GIL held (every push holds it). */
-extern uint32_t dft_step_tag;
 /* GraphCalls call their probe (step tracking outside a training step); GIL held. */
 extern int dft_probe_on;
 extern PyMethodDef dft_step_methods[];
@@ -214,18 +238,19 @@ extern PyMethodDef dft_step_methods[];
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra);
 
-/* Writes record h of the ring and publishes it to the writer. */
-static inline int dft_ring_put(dft_ring *r, uint64_t h, uint32_t site, uint64_t s, uint64_t e,
-                               uint32_t flags, uint32_t tags, char *extra) {
-    dft_rec *x = &r->buf[h & r->mask];
+/* Writes the calling thread's next record and publishes it to the writer (room checked). */
+static inline int dft_ring_put(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags, char *extra) {
+    uint64_t h = dft_tls.head;
+    dft_rec *x = &dft_tls.buf[h & dft_tls.mask];
     x->start = s;
     x->end = e;
     x->site = site;
     x->tags = tags;
     x->flags = flags;
-    x->step = dft_step_tag;
+    x->step = dft_hot.step_tag;
     x->extra = extra;
-    atomic_store_explicit(&r->head, h + 1, memory_order_release);
+    dft_tls.head = h + 1;
+    atomic_store_explicit(&dft_tls.ring->head, h + 1, memory_order_release);
     return 0;
 }
 
@@ -236,13 +261,9 @@ static inline int dft_push(uint32_t site, uint64_t s, uint64_t e, uint32_t flags
                            char *extra) {
     if (!dft_is_open())
         return -1;
-    dft_ring *r = dft_tls.ring;
-    if (DFT_UNLIKELY(!r))
+    if (DFT_UNLIKELY(dft_tls.head - dft_tls.tail_cache >= dft_tls.half)) /* half 0: no ring yet */
         return dft_push_slow(site, s, e, flags, tags, extra);
-    uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
-    if (DFT_UNLIKELY(h - r->tail_cache >= r->half))
-        return dft_push_slow(site, s, e, flags, tags, extra);
-    return dft_ring_put(r, h, site, s, e, flags, tags, extra);
+    return dft_ring_put(site, s, e, flags, tags, extra);
 }
 
 extern pthread_mutex_t dft_list_mu;
@@ -255,7 +276,6 @@ uint64_t dft_rings_counts(uint64_t *pushed, uint64_t *pending);
 
 /* ---- clock (clock.c) --------------------------------------------------- */
 extern int64_t dft_epoch_off;
-extern int dft_use_tsc;
 static inline uint64_t dft_mono(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -268,12 +288,6 @@ void dft_clock_update(int exact);
 #if defined(__x86_64__) || defined(__i386__)
 #define DFT_HAVE_TSC 1
 #include <x86intrin.h>
-/* ns = ns0 + (tick - tick0) * mult / 2^32; published segments are never modified. */
-typedef struct {
-    uint64_t tick0;
-    int64_t ns0, mult;
-} dft_tsc_seg;
-extern dft_tsc_seg *_Atomic dft_tsc_cur;
 static inline int64_t dft_tsc_to_ns(const dft_tsc_seg *g, uint64_t tick) {
     /* signed: a tick read just before the segment's anchor gives a small negative delta */
     return g->ns0 + (int64_t)(((__int128)(int64_t)(tick - g->tick0) * g->mult) >> 32);
@@ -284,9 +298,17 @@ static inline int64_t dft_tsc_to_ns(const dft_tsc_seg *g, uint64_t tick) {
 
 static inline uint64_t dft_now(void) {
 #if DFT_HAVE_TSC
-    if (DFT_LIKELY(__atomic_load_n(&dft_use_tsc, __ATOMIC_ACQUIRE))) { /* set by the writer thread */
-        const dft_tsc_seg *g = atomic_load_explicit(&dft_tsc_cur, memory_order_acquire);
-        return (uint64_t)dft_tsc_to_ns(g, __rdtsc());
+    if (DFT_LIKELY(__atomic_load_n(&dft_hot.use_tsc, __ATOMIC_ACQUIRE))) { /* set by the writer thread */
+        uint64_t tick = __rdtsc();
+        for (;;) {
+            uint32_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_acquire);
+            const dft_tsc_seg *g = &dft_hot.seg[seq & 1];
+            dft_tsc_seg m = {__atomic_load_n(&g->tick0, __ATOMIC_RELAXED), __atomic_load_n(&g->ns0, __ATOMIC_RELAXED),
+                             __atomic_load_n(&g->mult, __ATOMIC_RELAXED)};
+            atomic_thread_fence(memory_order_acquire);
+            if (DFT_LIKELY(atomic_load_explicit(&dft_hot.seq, memory_order_relaxed) == seq))
+                return (uint64_t)dft_tsc_to_ns(&m, tick);
+        }
     }
 #endif
     return dft_mono() + (uint64_t)dft_epoch_off;

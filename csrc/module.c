@@ -466,9 +466,9 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_clock_update(1);
     uint64_t pending;
     dft_rings_counts(&dft_w.pushed_base, &pending);
-    atomic_fetch_or(&dft_state, DFT_ST_OPEN); /* before the writer starts: a write error clears it */
+    atomic_fetch_or(&dft_hot.state, DFT_ST_OPEN); /* before the writer starts: a write error clears it */
     if (dft_writer_start() < 0) {
-        atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
+        atomic_fetch_and(&dft_hot.state, ~DFT_ST_OPEN);
         PyErr_SetString(PyExc_RuntimeError, "cannot start the trace writer thread");
         goto undo;
     }
@@ -493,7 +493,7 @@ static PyObject *py_close(PyObject *m, PyObject *unused) {
     if (!dft_w.file_open)
         Py_RETURN_NONE;
     /* Pushes happen under the GIL, so none is in progress once this is 0. */
-    atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
+    atomic_fetch_and(&dft_hot.state, ~DFT_ST_OPEN);
     dft_w.file_open = 0;
     dft_w.end_tid = (uint32_t)syscall(SYS_gettid);
     dft_w.end_ts = dft_now();
@@ -547,7 +547,7 @@ static PyObject *py_stats(PyObject *m, PyObject *unused) {
                          (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
                          "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
                          (unsigned long long)pending, "rings", (unsigned long long)rings, "clock",
-                         dft_use_tsc ? "tsc" : "monotonic");
+                         dft_hot.use_tsc ? "tsc" : "monotonic");
 }
 
 static PyMethodDef methods[] = {

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
-_Atomic int dft_state;
+dft_hot_t dft_hot;
 
 pthread_mutex_t dft_list_mu = PTHREAD_MUTEX_INITIALIZER;
 dft_ring *_Atomic dft_rings;
@@ -19,6 +19,16 @@ static uint64_t retired;                 /* records of freed rings, under dft_li
 static void ring_thread_exit(void *p) {
     dft_ring *r = p;
     atomic_store_explicit(&r->dead, 1, memory_order_release);
+}
+
+/* The calling thread's copy of what its pushes read of ring r (NULL: none). */
+static void tls_bind(dft_ring *r) {
+    dft_tls.ring = r;
+    dft_tls.buf = r ? r->buf : NULL;
+    dft_tls.head = r ? atomic_load_explicit(&r->head, memory_order_relaxed) : 0;
+    dft_tls.tail_cache = r ? atomic_load_explicit(&r->tail, memory_order_acquire) : 0;
+    dft_tls.mask = r ? (uint32_t)r->mask : 0;
+    dft_tls.half = r ? (uint32_t)r->half : 0;
 }
 
 static void atfork_prepare(void) {
@@ -41,9 +51,9 @@ static void atfork_child(void) {
     pthread_cond_init(&dft_w.cv_wake, NULL);
     pthread_cond_init(&dft_w.cv_space, NULL);
     pthread_cond_init(&dft_w.cv_done, NULL);
-    atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
+    atomic_fetch_and(&dft_hot.state, ~DFT_ST_OPEN);
     atomic_store(&dft_rings, NULL);
-    dft_tls.ring = NULL;
+    tls_bind(NULL);
     pthread_setspecific(ring_key, NULL);
     budget_used = 0;
     retired = 0;
@@ -75,10 +85,11 @@ void dft_ring_set_budget(size_t bytes) {
  * buffer_size; a thread beyond that still gets a small ring rather than
  * losing events. */
 #define RING_MIN 256u
+#define RING_MAX (1ull << 31) /* dft_tls holds the mask in 32 bits */
 static uint64_t ring_cap_locked(void) {
     size_t left = budget_total > budget_used ? budget_total - budget_used : 0;
     uint64_t want = left / 4 / sizeof(dft_rec), cap = RING_MIN;
-    while (cap * 2 <= want)
+    while (cap * 2 <= want && cap < RING_MAX)
         cap *= 2;
     return cap;
 }
@@ -162,7 +173,6 @@ static void ring_discard(dft_ring *r) {
     for (uint64_t t = atomic_load(&r->tail); t < h; t++)
         free(r->buf[t & r->mask].extra);
     atomic_store_explicit(&r->tail, h, memory_order_release);
-    r->tail_cache = h;
 }
 
 /* Ring missing, or past half full: refresh our view of the writer's tail,
@@ -176,29 +186,29 @@ int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_
             atomic_fetch_add(&dft_w.dropped, 1);
             return -1;
         }
-        dft_tls.ring = r;
+        tls_bind(r);
         if (!dft_is_open()) /* closed while ring_new ran Python */
             return -1;
     }
-    uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
-    r->tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
-    if (h - r->tail_cache >= r->half) {
+    uint64_t h = dft_tls.head;
+    dft_tls.tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
+    if (h - dft_tls.tail_cache >= r->half) {
         dft_writer_kick();
-        if (h - r->tail_cache >= r->cap) {
+        if (h - dft_tls.tail_cache >= r->cap) {
             pthread_mutex_lock(&dft_w.mu);
             atomic_fetch_add(&dft_w.waiters, 1);
-            while ((r->tail_cache = atomic_load(&r->tail), h - r->tail_cache >= r->cap) &&
+            while ((dft_tls.tail_cache = atomic_load(&r->tail), h - dft_tls.tail_cache >= r->cap) &&
                    dft_w.running)
                 dft_cond_wait_ns(&dft_w.cv_space, &dft_w.mu, 50000000);
             atomic_fetch_sub(&dft_w.waiters, 1);
             pthread_mutex_unlock(&dft_w.mu);
-            if (h - r->tail_cache >= r->cap) { /* writer gone */
+            if (h - dft_tls.tail_cache >= r->cap) { /* writer gone */
                 atomic_fetch_add(&dft_w.dropped, 1);
                 return -1;
             }
         }
     }
-    return dft_ring_put(r, h, site, s, e, flags, tags, extra);
+    return dft_ring_put(site, s, e, flags, tags, extra);
 }
 
 /* Before a new file starts (writer not running): events left from a previous

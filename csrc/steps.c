@@ -5,7 +5,6 @@
 #include "core.h"
 
 /* Read and written with the GIL held (every push holds it). */
-uint32_t dft_step_tag;
 int dft_probe_on;
 
 static int get_step_arg(PyObject *o, uint32_t *tag) {
@@ -28,14 +27,14 @@ static PyObject *py_set_step(PyObject *m, PyObject *o) {
     uint32_t tag;
     if (get_step_arg(o, &tag) < 0)
         return NULL;
-    dft_step_tag = tag;
+    dft_hot.step_tag = tag;
     Py_RETURN_NONE;
 }
 
 static PyObject *py_get_step(PyObject *m, PyObject *unused) {
-    if (!dft_step_tag)
+    if (!dft_hot.step_tag)
         Py_RETURN_NONE;
-    return PyLong_FromUnsignedLong(dft_step_tag - 1);
+    return PyLong_FromUnsignedLong(dft_hot.step_tag - 1);
 }
 
 static PyObject *py_set_ops_on(PyObject *m, PyObject *o) {
@@ -43,9 +42,9 @@ static PyObject *py_set_ops_on(PyObject *m, PyObject *o) {
     if (on < 0)
         return NULL;
     if (on)
-        atomic_fetch_and(&dft_state, ~DFT_ST_OPS_OFF);
+        atomic_fetch_and(&dft_hot.state, ~DFT_ST_OPS_OFF);
     else
-        atomic_fetch_or(&dft_state, DFT_ST_OPS_OFF);
+        atomic_fetch_or(&dft_hot.state, DFT_ST_OPS_OFF);
     Py_RETURN_NONE;
 }
 
@@ -58,7 +57,7 @@ static PyObject *py_set_forward_probe(PyObject *m, PyObject *o) {
 }
 
 static PyObject *py_ops_on(PyObject *m, PyObject *unused) {
-    return PyBool_FromLong(!(atomic_load(&dft_state) & DFT_ST_OPS_OFF));
+    return PyBool_FromLong(!(atomic_load(&dft_hot.state) & DFT_ST_OPS_OFF));
 }
 
 /* step_slice(step, start_ns, end_ns, args=None): the slice "step N" (cat step)
@@ -77,11 +76,11 @@ static PyObject *py_step_slice(PyObject *m, PyObject *args) {
     char *extra = NULL;
     if (extra_args != Py_None && !(extra = dft_extra_text(NULL, NULL, extra_args)))
         return NULL;
-    uint32_t saved = dft_step_tag;
-    dft_step_tag = tag;
+    uint32_t saved = dft_hot.step_tag;
+    dft_hot.step_tag = tag;
     if (dft_push(0, s, e, DFT_FLAG_NOCTX | DFT_FLAG_STEP, 0, extra) < 0)
         free(extra);
-    dft_step_tag = saved;
+    dft_hot.step_tag = saved;
     Py_RETURN_NONE;
 }
 

@@ -553,7 +553,7 @@ static void write_failed(void) {
     dft_sink *k = &dft_w.sink;
     int err = k->err;
     dft_w.failed = 1;
-    atomic_fetch_and(&dft_state, ~DFT_ST_OPEN);
+    atomic_fetch_and(&dft_hot.state, ~DFT_ST_OPEN);
     /* the member's events are lost, but for those in the whole lines kept (plain text: one
      * "ph" each, thread names "M"; a quote inside a string is escaped); a deleted file loses
      * them all */

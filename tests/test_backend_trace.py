@@ -60,6 +60,37 @@ def test_torch_level_one_event_per_executed_node_nested_in_graph_event(rec):
         {"parent": "layers", "depth": 2, "n": 3 * 6}, *({"parent": f"layers.{i}", "depth": 3, "n": 3} for i in range(6))]
 
 
+@pytest.mark.parametrize("level", ["torch", "aten"])
+def test_generated_code_calls_each_interceptor_through_its_builtin(rec, level):
+    """A graph's generated code calls every node's interceptor as a built-in function bound to it
+    (``Interceptor.builtin``: CPython calls its C function directly) and its forward is the
+    generated one from the start, not a stub that generates it and calls the module again."""
+    import types
+
+    from dftrace_dynamo import _core
+
+    torch.manual_seed(0)
+    backend, seen = capture(level)
+    model = MLP()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(8, 16)
+    compiled(x).sum().backward()
+    seen = [(gm, info) for gm, info in seen if info["level"] == level]  # at ATen level: not Dynamo's graph
+    assert len(seen) == (1 if level == "torch" else 2)
+    for gm, _ in seen:
+        code = type(gm).forward.__code__
+        assert "real_recompile" not in code.co_names
+        namespace = type(gm).forward.__globals__
+        called = {id(v.__self__): v for v in namespace.values() if isinstance(getattr(v, "__self__", None), _core.Interceptor)}
+        targets = [n.target for n in executed_nodes(gm)]
+        assert targets and all(type(t) is _core.Interceptor for t in targets)
+        assert {id(t) for t in targets} == set(called)
+        assert all(type(v) is types.BuiltinFunctionType for v in called.values())
+        assert not any(type(v) is _core.Interceptor for v in namespace.values())
+    assert len(ops(read_events(rec.path()))) == sum(len(executed_nodes(gm)) for gm, _ in seen)
+    torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_aten_level_labels_forward_and_backward_with_modules(rec):
     torch.manual_seed(0)
     model = CNN().train()

@@ -310,3 +310,55 @@ def test_boundary_before_each_kind_of_call(tmp_path, site):
     op_add, slice_a, op_upper, slice_b, op_abs = ev[:5]
     assert slice_a["ts"] <= op_add["ts"] and slice_a["ts"] + slice_a["dur"] <= op_upper["ts"]
     assert slice_b["ts"] <= op_upper["ts"] and slice_b["ts"] + slice_b["dur"] <= op_abs["ts"]
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["plain", "boundary"])
+def test_builtin_calls_the_interceptor(tmp_path, site, bound):
+    """``Interceptor.builtin`` (what generated code calls) is a built-in function bound to the
+    interceptor: each kind (call, operator, method) passes results, kwargs and errors through
+    and records the same events as calling the interceptor itself."""
+    import operator
+    import types
+
+    a = _core.intern_site("a", "module", {"module_type": "M"})
+    cell = _core.TagCell()
+    tags = _core.intern_tags({"k": 7})
+
+    def make(target, mode=_core.CALL):
+        return _core.Interceptor(target, site, cell, mode, boundary=(1, (a,)) if bound else None)
+
+    def target(*args, **kwargs):
+        if kwargs.get("fail"):
+            raise KeyError("boom")
+        return args, kwargs
+
+    ics = make(target), make(operator.add), make("upper", _core.METHOD)
+    for ic in ics:
+        b = ic.builtin
+        assert type(b) is types.BuiltinFunctionType and b.__self__ is ic and b.__module__ == ic.__module__
+        assert b is not ic.builtin  # a new one each time, all calling the same interceptor
+
+    def run(call):
+        fn, add, upper = (call(ic) for ic in ics)
+        out = [fn(1, x=2), add(2, 3), add([1], [2]), upper("x"), upper("y")]
+        with pytest.raises(KeyError):
+            fn(fail=True)
+        with pytest.raises(TypeError):
+            add(1, 2, 3)  # not two arguments: a plain call of operator.add, which raises
+        with pytest.raises(TypeError, match="needs the object"):
+            upper()
+        return out
+
+    def both():
+        _core.boundary(None, 1)  # an open slice for the first boundary to close
+        cell.id = tags
+        return run(lambda ic: ic), run(lambda ic: ic.builtin)
+
+    (direct, via_builtin), ev = recorded(tmp_path, both)
+    assert direct == via_builtin == [((1,), {"x": 2}), 5, [1, 2], "X", "Y"]
+    shapes = [(e["name"], e["args"].get("k"), "failed" in e["args"]) for e in ev]
+    assert shapes[:len(shapes) // 2] == shapes[len(shapes) // 2:]
+    ops = [s for s in shapes if s[0] == "op"]
+    assert len(ops) == 2 * 8 and all(k == 7 for _, k, _ in ops)
+    assert [f for _, _, f in ops[:8]] == [False] * 5 + [True] * 3
+    assert sum(name == "a" for name, _, _ in shapes) == (16 if bound else 0)

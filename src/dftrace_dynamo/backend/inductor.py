@@ -324,7 +324,7 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
         namespace["_dft_span"] = modules.span_function(cell)
     for i, (name, target, site) in enumerate(kernels):
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL, _core.GRAD_INHERIT, name=name,
-                                            boundary=folds.get(i))
+                                            boundary=folds.get(i)).builtin  # see instrument.direct_calls
     code = compile(ast.fix_missing_locations(ast.Module(body=[*subgraphs, call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
     local: dict = {}

@@ -23,6 +23,7 @@ import threading
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .. import _core
 from ..events import comm
@@ -146,7 +147,20 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
     if executed and config.get().module_slices:
         modules.add_spans(gm.graph, *zip(*executed), graph_id, cell, hooked=not backward)
     gm.recompile()
+    # Dynamo's lazy graph modules generate their code at the first call, through a stub forward that
+    # stays in every reference to gm.forward taken before: generate it now
+    _LazyGraphModule.force_recompile(gm)
+    direct_calls(type(gm).forward.__globals__)
     return sum(node.target is not _CHECKPOINT for node, _ in executed)
+
+
+def direct_calls(namespace: dict) -> None:
+    """The generated code in ``namespace`` calls each Interceptor through its ``builtin``: the
+    interpreter calls a built-in function's C code directly, where calling the Interceptor object
+    takes its generic call path (a few ns more per op). Graph nodes keep the Interceptor."""
+    for name, value in list(namespace.items()):
+        if type(value) is _core.Interceptor:
+            namespace[name] = value.builtin
 
 
 def _instrument_body(gm: torch.fx.GraphModule, node: torch.fx.Node, graph_id: int, cell, with_metadata: bool,
