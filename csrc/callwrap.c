@@ -175,7 +175,7 @@ static inline PyObject *icpt_record(uint32_t site, uint32_t flags, uint32_t tags
 
 /* The module-slice boundary before the op, at the op's start (0: nothing is
  * recorded): what boundary() does, without a call of its own. */
-static inline void icpt_boundary(Interceptor *self, uint64_t now) {
+static inline __attribute__((always_inline)) void icpt_boundary(Interceptor *self, uint64_t now) {
     dft_boundary(now, self->b_opened, self->b_sites, self->b_closed, *self->tags);
 }
 

@@ -73,11 +73,11 @@ static void sample(uint64_t *tick, uint64_t *mono) {
 
 /* Into the segment readers are not reading (dft_hot_t), then made the current one. */
 static void publish(uint64_t tick0, int64_t ns0, double ns_per_tick) {
-    uint32_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_relaxed) + 1;
+    uint64_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_relaxed) + 1;
     dft_tsc_seg *g = &dft_hot.seg[seq & 1];
-    __atomic_store_n(&g->tick0, tick0, __ATOMIC_RELAXED);
-    __atomic_store_n(&g->ns0, ns0, __ATOMIC_RELAXED);
-    __atomic_store_n(&g->mult, (int64_t)(ns_per_tick * 4294967296.0), __ATOMIC_RELAXED);
+    uint64_t mult = (uint64_t)(ns_per_tick * 4294967296.0);
+    __atomic_store_n(&g->mult, mult, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->base, ns0 - dft_tsc_to_ns(0, mult, tick0), __ATOMIC_RELAXED); /* ns0 at tick0 */
     atomic_store_explicit(&dft_hot.seq, seq, memory_order_release);
 }
 
@@ -108,15 +108,15 @@ void dft_clock_update(int exact) {
     sample(&tick, &mono);
     double rate = rate_since_base(tick, mono);
     int64_t truth = (int64_t)mono + dft_epoch_off;
-    if (!dft_hot.use_tsc) {
-        if (mono - base_mono >= MIN_BASE_NS) { /* the segment is published before readers use it */
+    uint64_t seq = atomic_load(&dft_hot.seq);
+    if (!seq) {
+        if (mono - base_mono >= MIN_BASE_NS) /* seq 1: readers use the model from now on */
             publish(tick, truth, rate);
-            __atomic_store_n(&dft_hot.use_tsc, 1, __ATOMIC_RELEASE);
-        }
     } else if (exact) {
         publish(tick, truth, rate);
     } else {
-        int64_t model = dft_tsc_to_ns(&dft_hot.seg[atomic_load(&dft_hot.seq) & 1], tick); /* ours: clock_mu */
+        const dft_tsc_seg *g = &dft_hot.seg[seq & 1]; /* only this function writes it: clock_mu */
+        int64_t model = dft_tsc_to_ns(g->base, g->mult, tick);
         double slew = -(double)(model - truth) / STEER_NS;
         slew = slew > MAX_SLEW ? MAX_SLEW : slew < -MAX_SLEW ? -MAX_SLEW : slew;
         publish(tick, model, rate * (1.0 + slew));

@@ -192,10 +192,10 @@ typedef struct {
 } __attribute__((aligned(64))) dft_tls_t;
 extern _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
 
-/* The event clock's model (clock.c): ns = ns0 + (tick - tick0) * mult / 2^32. */
+/* The event clock's model (clock.c): ns = base + tick * mult / 2^32 (mult: ns per tick, 32.32). */
 typedef struct {
-    uint64_t tick0;
-    int64_t ns0, mult;
+    int64_t base;
+    uint64_t mult;
 } dft_tsc_seg;
 
 /* What every recorded op reads of the process's state, in one cache line (see dft_tls_t).
@@ -206,14 +206,13 @@ typedef struct {
  * atomic or/and (the writer thread clears OPEN).
  * step_tag: current step + 1 (0: none), copied into every record; read and written with
  * the GIL held (every push holds it).
- * use_tsc, seq, seg: the event clock (clock.c). The writer publishes a model into
- * seg[(seq + 1) & 1], then increments seq; a reader takes seg[seq & 1] and reads again if
- * seq moved meanwhile (it never waits for the writer). */
+ * seq, seg: the event clock (clock.c). The writer publishes a model into seg[(seq + 1) & 1],
+ * then increments seq; a reader takes seg[seq & 1] and reads again if seq moved meanwhile
+ * (it never waits for the writer). seq 0: no model yet, events read the monotonic clock. */
 typedef struct {
     _Atomic int state;
-    int use_tsc;
     uint32_t step_tag;
-    _Atomic uint32_t seq;
+    _Atomic uint64_t seq;
     dft_tsc_seg seg[2];
 } __attribute__((aligned(64))) dft_hot_t;
 _Static_assert(sizeof(dft_hot_t) == 64, "dft_hot_t: one cache line");
@@ -288,9 +287,8 @@ void dft_clock_update(int exact);
 #if defined(__x86_64__) || defined(__i386__)
 #define DFT_HAVE_TSC 1
 #include <x86intrin.h>
-static inline int64_t dft_tsc_to_ns(const dft_tsc_seg *g, uint64_t tick) {
-    /* signed: a tick read just before the segment's anchor gives a small negative delta */
-    return g->ns0 + (int64_t)(((__int128)(int64_t)(tick - g->tick0) * g->mult) >> 32);
+static inline int64_t dft_tsc_to_ns(int64_t base, uint64_t mult, uint64_t tick) {
+    return base + (int64_t)(uint64_t)(((unsigned __int128)tick * mult) >> 32);
 }
 #else
 #define DFT_HAVE_TSC 0
@@ -298,16 +296,18 @@ static inline int64_t dft_tsc_to_ns(const dft_tsc_seg *g, uint64_t tick) {
 
 static inline uint64_t dft_now(void) {
 #if DFT_HAVE_TSC
-    if (DFT_LIKELY(__atomic_load_n(&dft_hot.use_tsc, __ATOMIC_ACQUIRE))) { /* set by the writer thread */
+    uint64_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_acquire);
+    if (DFT_LIKELY(seq)) {
         uint64_t tick = __rdtsc();
         for (;;) {
-            uint32_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_acquire);
             const dft_tsc_seg *g = &dft_hot.seg[seq & 1];
-            dft_tsc_seg m = {__atomic_load_n(&g->tick0, __ATOMIC_RELAXED), __atomic_load_n(&g->ns0, __ATOMIC_RELAXED),
-                             __atomic_load_n(&g->mult, __ATOMIC_RELAXED)};
+            int64_t base = __atomic_load_n(&g->base, __ATOMIC_RELAXED);
+            uint64_t mult = __atomic_load_n(&g->mult, __ATOMIC_RELAXED);
             atomic_thread_fence(memory_order_acquire);
-            if (DFT_LIKELY(atomic_load_explicit(&dft_hot.seq, memory_order_relaxed) == seq))
-                return (uint64_t)dft_tsc_to_ns(&m, tick);
+            uint64_t again = atomic_load_explicit(&dft_hot.seq, memory_order_relaxed);
+            if (DFT_LIKELY(again == seq))
+                return (uint64_t)dft_tsc_to_ns(base, mult, tick);
+            seq = again;
         }
     }
 #endif

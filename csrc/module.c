@@ -547,7 +547,7 @@ static PyObject *py_stats(PyObject *m, PyObject *unused) {
                          (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
                          "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
                          (unsigned long long)pending, "rings", (unsigned long long)rings, "clock",
-                         dft_hot.use_tsc ? "tsc" : "monotonic");
+                         atomic_load(&dft_hot.seq) ? "tsc" : "monotonic");
 }
 
 static PyMethodDef methods[] = {
