@@ -20,9 +20,10 @@ module call`` = (slices on − slices off) per call / module calls (slices) per 
 Ops are the instrumented ops, not the module-slice boundary calls; boundaries are
 counted whether they are calls of their own or folded into an op's interceptor
 (``bench_modules.graph_counts``). The
-report gives, for each build, the median of these over rounds and their IQR, and
-for the candidate minus the baseline the median of the paired per-round differences
-and its IQR (the noise: a difference smaller than that IQR is not resolved). Times
+report gives, for each build, the median of these over rounds with their IQR (how much
+one round varies) and the distribution-free 95 % interval of the median (how well the
+median is known: a target is met only where that interval lies below it), and for the
+candidate minus the baseline the same of the paired per-round differences. Times
 are CPU time of the worker process (``time.process_time_ns``: the trace writer thread
 included, other processes not), or with ``--timer thread`` of its calling thread alone
 (what the user's thread pays; the writer's work is then left out). The ``perf_counter_ns()`` cost and the load average
@@ -45,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_modules import graph_counts  # noqa: E402
-from bench_overhead import CLOCKS, clock_call_ns, run, time_block, workload  # noqa: E402
+from bench_overhead import CLOCKS, clock_call_ns, median_ci, run, time_block, workload  # noqa: E402
 
 
 # ---- builds ------------------------------------------------------------------------------------
@@ -195,7 +196,8 @@ def fmt(values, unit="ns"):
     if not values:
         return "-"
     med, q1, q3 = stats(values)
-    return f"{med:7.1f} {unit} (IQR {q1:.1f}..{q3:.1f})"
+    low, high = median_ci(values)
+    return f"{med:7.1f} {unit} (IQR {q1:.1f}..{q3:.1f}; median's 95% CI {low:.1f}..{high:.1f})"
 
 
 def main(argv=None):

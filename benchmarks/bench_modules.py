@@ -34,7 +34,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import CLOCKS, clock_call_ns, measure_in_child, ops_per_call, run, time_block, workload  # noqa: E402
+from bench_overhead import (CLOCKS, clock_call_ns, measure_in_child, median_ci, ops_per_call, run,  # noqa: E402
+                            time_block, workload)
 
 LEVELS = ("torch", "aten")
 
@@ -125,9 +126,7 @@ def measure_pair(wname, level, rounds, block_calls, on_first, clock):
         diffs.append((b - a) / block_calls)
         ratios.append(b / a)
     q1, median, q3 = statistics.quantiles(diffs, n=4)
-    # distribution-free 95 % interval of the median: order statistics n/2 -+ 0.98 sqrt(n) (binomial)
-    ordered, half = sorted(diffs), 0.98 * len(diffs) ** 0.5
-    low, high = ordered[max(0, int(len(diffs) / 2 - half))], ordered[min(len(diffs) - 1, int(len(diffs) / 2 + half))]
+    low, high = median_ci(diffs)
     per_mod = f"{median / mods:.0f} [{low / mods:.0f}, {high / mods:.0f}]" if mods else "-"
     print(f"{wname:<10} {level:<6} {'on' if on_first else 'off':<5} {n:>8} {mods:>9} {a / block_calls / 1e3:>12.1f} "
           f"{median / n:>7.1f} "

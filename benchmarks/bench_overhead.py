@@ -195,6 +195,13 @@ def measure(fn, inputs, train, tool, rounds, block_calls, traced_first):
     return median, (q1, q3), statistics.fmean(diffs), statistics.median(ratios), a / block_calls
 
 
+def median_ci(values):
+    """The distribution-free 95 % interval of the median of ``values``: the order statistics
+    n/2 -+ 0.98 sqrt(n) (binomial). Where the median is the figure, this is its noise."""
+    ordered, half = sorted(values), 0.98 * len(values) ** 0.5
+    return ordered[max(0, int(len(values) / 2 - half))], ordered[min(len(values) - 1, int(len(values) / 2 + half))]
+
+
 def clock_call_ns(n=200_000):
     """Cost of one time.perf_counter_ns() call from Python: this machine's speed right now
     (shared/loaded machines vary several-fold; 45 ns when this kind of machine is idle)."""

@@ -238,7 +238,8 @@ def _inline_ranges(path):
 
 
 # what each inlined helper of csrc/core.h is, in the report
-PART = {"dft_ops_recording": "window check", "dft_now": "clock", "dft_tsc_to_ns": "clock", "dft_mono": "clock",
+PART = {"dft_ops_recording": "window check", "dft_now": "clock", "dft_tick": "clock", "dft_tsc_to_ns": "clock",
+        "dft_mono": "clock",
         "dft_push": "ring push", "dft_ring_put": "ring push", "dft_is_open": "ring push",
         "dft_boundary": "slice stack"}
 

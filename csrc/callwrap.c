@@ -164,11 +164,13 @@ static binaryfunc find_binop(PyObject *target) {
  * binop, method; with a boundary or not) is its own function, made from
  * icpt_run with constant kind and bound, so the recorded path carries no mode
  * tests and an interceptor without a boundary not even a branch for it. */
-static inline uint32_t icpt_flags(Interceptor *self) { return (dft_tls.ctx & self->ctx_keep) | self->ctx_set; }
+static inline uint32_t icpt_flags(Interceptor *self) {
+    return (dft_tls.ctx & self->ctx_keep) | self->ctx_set | dft_hot.ticks;
+}
 
 /* site, flags, tags: read before the call, whose own memory traffic evicts the lines they are on */
 static inline PyObject *icpt_record(uint32_t site, uint32_t flags, uint32_t tags, uint64_t t0, PyObject *r) {
-    uint64_t t1 = dft_now();
+    uint64_t t1 = dft_tick();
     dft_push(site, t0, t1, flags | (r ? 0 : DFT_FLAG_FAILED), tags, NULL);
     return r;
 }
@@ -186,7 +188,7 @@ static PyObject *icpt_call_b(PyObject *, PyObject *const *, size_t, PyObject *);
 
 __attribute__((noinline)) static PyObject *icpt_no_object(Interceptor *self, int bound) {
     PyErr_SetString(PyExc_TypeError, "method interceptor needs the object as first argument");
-    uint64_t t0 = dft_ops_recording() ? dft_now() : 0;
+    uint64_t t0 = dft_ops_recording() ? dft_tick() : 0;
     if (bound)
         icpt_boundary(self, t0);
     return t0 ? icpt_record(self->site, icpt_flags(self), *self->tags, t0, NULL) : NULL;
@@ -212,7 +214,7 @@ icpt_run(PyObject *self_, int kind, int bound, PyObject *const *args, size_t nar
         return icpt_target(self, kind, args, nargsf, kwnames);
     }
     uint32_t site = self->site, flags = icpt_flags(self), tags = *self->tags;
-    uint64_t t0 = dft_now();
+    uint64_t t0 = dft_tick();
     if (bound)
         icpt_boundary(self, t0);
     return icpt_record(site, flags, tags, t0, icpt_target(self, kind, args, nargsf, kwnames));
@@ -515,12 +517,12 @@ static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t na
     uint32_t ctx = (grad ? DFT_FLAG_GRAD : 0) | (phase << DFT_PHASE_SHIFT);
     uint32_t saved = dft_tls.ctx, open_n = dft_tls.open_n;
     dft_tls.ctx = ctx;
-    uint64_t t0 = dft_now();
+    uint64_t t0 = dft_tick();
     PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
-    uint64_t t1 = dft_now();
+    uint64_t t1 = dft_tick();
     dft_tls.ctx = saved;
     dft_tls.open_n = open_n;
-    dft_push(self->site, t0, t1, ctx | (r ? 0 : DFT_FLAG_FAILED), cell_id(self->cell), NULL);
+    dft_push(self->site, t0, t1, ctx | dft_hot.ticks | (r ? 0 : DFT_FLAG_FAILED), cell_id(self->cell), NULL);
     return r;
 }
 

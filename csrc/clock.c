@@ -15,6 +15,7 @@
  * that many ns, as a host whose clock is off would. */
 #include "core.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,15 @@ static int tsc_trusted;
 #define MIN_BASE_NS 50000000 /* 50 ms: a rate error under 1e-6 from two ~20 ns samples */
 #define MAX_SLEW 5e-4 /* steering changes the rate by at most 0.05% */
 #define STEER_NS 1e9  /* an offset is steered away over about a second */
+/* The models published since the last exact one, each from its first tick on: the writer
+ * converts an event's ticks on the model that was current when they were read. Written by
+ * publish() (the writer thread, or open() before the writer starts), read by the writer. */
+#define N_HIST 64 /* the writer drains every ring on each wake, after publishing at most one */
+static struct {
+    uint64_t tick0;
+    dft_tsc_seg m;
+} hist[N_HIST];
+static uint64_t hist_n;
 #endif
 
 /* Epoch offset of the monotonic clock, from the tightest of a few brackets. */
@@ -72,13 +82,20 @@ static void sample(uint64_t *tick, uint64_t *mono) {
 }
 
 /* Into the segment readers are not reading (dft_hot_t), then made the current one. */
-static void publish(uint64_t tick0, int64_t ns0, double ns_per_tick) {
+static void publish(uint64_t tick0, int64_t ns0, double ns_per_tick, int exact) {
     uint64_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_relaxed) + 1;
     dft_tsc_seg *g = &dft_hot.seg[seq & 1];
     uint64_t mult = (uint64_t)(ns_per_tick * 4294967296.0);
+    int64_t base = ns0 - dft_tsc_to_ns(0, mult, tick0); /* ns0 at tick0 */
     __atomic_store_n(&g->mult, mult, __ATOMIC_RELAXED);
-    __atomic_store_n(&g->base, ns0 - dft_tsc_to_ns(0, mult, tick0), __ATOMIC_RELAXED); /* ns0 at tick0 */
+    __atomic_store_n(&g->base, base, __ATOMIC_RELAXED);
     atomic_store_explicit(&dft_hot.seq, seq, memory_order_release);
+    if (exact) /* a new file: no event of the models before is left to convert */
+        hist_n = 0;
+    unsigned i = hist_n++ % N_HIST;
+    hist[i].tick0 = tick0;
+    hist[i].m.base = base;
+    hist[i].m.mult = mult;
 }
 
 static double rate_since_base(uint64_t tick, uint64_t mono) {
@@ -96,6 +113,20 @@ void dft_clock_init(void) {
         return;
     sample(&base_tick, &base_mono);
     tsc_trusted = 1;
+    dft_hot.ticks = DFT_FLAG_TICKS;
+#endif
+}
+
+uint64_t dft_clock_ns(uint64_t tick) {
+#if DFT_HAVE_TSC
+    /* the newest model that had begun by then (before the oldest kept: the oldest) */
+    uint64_t k = hist_n, oldest = hist_n > N_HIST ? hist_n - N_HIST : 0;
+    while (k > oldest + 1 && tick < hist[(k - 1) % N_HIST].tick0)
+        k--;
+    const dft_tsc_seg *m = &hist[(k - 1) % N_HIST].m;
+    return (uint64_t)dft_tsc_to_ns(m->base, m->mult, tick);
+#else
+    return tick;
 #endif
 }
 
@@ -106,20 +137,28 @@ void dft_clock_update(int exact) {
     pthread_mutex_lock(&clock_mu);
     uint64_t tick, mono;
     sample(&tick, &mono);
+    if (exact && !atomic_load(&dft_hot.seq) && mono - base_mono < MIN_BASE_NS) {
+        /* a file opened within MIN_BASE_NS of import: the events' ticks need a model */
+        uint64_t left = MIN_BASE_NS - (mono - base_mono);
+        struct timespec ts = {0, (long)left};
+        while (nanosleep(&ts, &ts) && errno == EINTR)
+            ;
+        sample(&tick, &mono);
+    }
     double rate = rate_since_base(tick, mono);
     int64_t truth = (int64_t)mono + dft_epoch_off;
     uint64_t seq = atomic_load(&dft_hot.seq);
     if (!seq) {
         if (mono - base_mono >= MIN_BASE_NS) /* seq 1: readers use the model from now on */
-            publish(tick, truth, rate);
+            publish(tick, truth, rate, exact);
     } else if (exact) {
-        publish(tick, truth, rate);
+        publish(tick, truth, rate, 1);
     } else {
         const dft_tsc_seg *g = &dft_hot.seg[seq & 1]; /* only this function writes it: clock_mu */
         int64_t model = dft_tsc_to_ns(g->base, g->mult, tick);
         double slew = -(double)(model - truth) / STEER_NS;
         slew = slew > MAX_SLEW ? MAX_SLEW : slew < -MAX_SLEW ? -MAX_SLEW : slew;
-        publish(tick, model, rate * (1.0 + slew));
+        publish(tick, model, rate * (1.0 + slew), 0);
     }
     pthread_mutex_unlock(&clock_mu);
 #endif

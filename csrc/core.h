@@ -32,6 +32,7 @@
 #define DFT_FLAG_STEP 64u
 #define DFT_FLAG_NOSTEP 128u
 #define DFT_FLAG_COUNTER 256u /* a counter sample ("ph":"C", steps.c counter()): not placed */
+#define DFT_FLAG_TICKS 512u   /* start and end are TSC ticks (dft_tick): the writer converts them */
 /* the bits a caller of record() may set; the others are the writer's own */
 #define DFT_FLAGS_PUBLIC (DFT_FLAG_GRAD | DFT_PHASE_MASK | DFT_FLAG_FAILED)
 enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE };
@@ -208,11 +209,13 @@ typedef struct {
  * the GIL held (every push holds it).
  * seq, seg: the event clock (clock.c). The writer publishes a model into seg[(seq + 1) & 1],
  * then increments seq; a reader takes seg[seq & 1] and reads again if seq moved meanwhile
- * (it never waits for the writer). seq 0: no model yet, events read the monotonic clock. */
+ * (it never waits for the writer). seq 0: no model yet, events read the monotonic clock.
+ * ticks: DFT_FLAG_TICKS where the kernel trusts the TSC (set at import), else 0. */
 typedef struct {
     _Atomic int state;
     uint32_t step_tag;
     _Atomic uint64_t seq;
+    uint32_t ticks;
     dft_tsc_seg seg[2];
 } __attribute__((aligned(64))) dft_hot_t;
 _Static_assert(sizeof(dft_hot_t) == 64, "dft_hot_t: one cache line");
@@ -313,6 +316,20 @@ static inline uint64_t dft_now(void) {
 #endif
     return dft_mono() + (uint64_t)dft_epoch_off;
 }
+
+/* The times of op-level events (interceptors, graph calls, module-slice boundaries): with
+ * dft_hot.ticks, raw TSC ticks, which their records carry with DFT_FLAG_TICKS and the writer
+ * converts on the model in effect at each tick (dft_clock_ns); else dft_now(). No time is
+ * taken while no file is open, and open() makes sure the model exists. */
+static inline uint64_t dft_tick(void) {
+#if DFT_HAVE_TSC
+    if (DFT_LIKELY(dft_hot.ticks))
+        return __rdtsc();
+#endif
+    return dft_now();
+}
+/* ns on the epoch timeline of a tick read while a file was open; writer thread only. */
+uint64_t dft_clock_ns(uint64_t tick);
 
 /* ---- output sink (sink.c) ---------------------------------------------- */
 #include <zlib.h>
@@ -428,7 +445,7 @@ static inline void dft_boundary(uint64_t now, uint32_t opened, const uint32_t *s
             uint32_t i = n - 1 - j; /* wraps when more are closed than open: start 0 */
             uint64_t start = i < n && i < dft_tls.open_cap ? dft_tls.open[i] : 0;
             if (start)
-                dft_push(sites[j], start, now, ctx, tags, NULL);
+                dft_push(sites[j], start, now, ctx | dft_hot.ticks, tags, NULL);
         }
     }
     n = closed < n ? n - closed : 0;

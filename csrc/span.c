@@ -165,7 +165,7 @@ PyObject *dft_py_boundary(PyObject *m, PyObject *const *args, Py_ssize_t nargs) 
                 PyMem_Free(sites);
             return NULL;
         }
-        now = dft_now();
+        now = dft_tick();
     }
     dft_boundary(now, (uint32_t)opened, sites, closed, cell == Py_None ? 0 : ((dft_TagCell *)cell)->id);
     if (sites != few)

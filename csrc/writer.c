@@ -630,6 +630,11 @@ static void drain_ring(dft_ring *r) {
         uint64_t stop = h - t > DRAIN_BATCH ? t + DRAIN_BATCH : h;
         for (; t != stop; t++) {
             dft_rec *x = &r->buf[t & r->mask];
+            if (x->flags & DFT_FLAG_TICKS) {
+                x->start = dft_clock_ns(x->start);
+                x->end = dft_clock_ns(x->end);
+                x->flags &= ~DFT_FLAG_TICKS;
+            }
             if (dft_w.failed || emit_event(r, x) < 0)
                 atomic_fetch_add(&dft_w.dropped, 1);
             if (x->extra)
