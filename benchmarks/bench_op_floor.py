@@ -4,7 +4,8 @@
 
 The elem workload's statements (``x * 1.0001``, ``+ 0.5``, ``torch.relu``, 100 times, 8x8
 tensors, no grad) run as four functions that differ in one thing each, timed in paired
-blocks (thread CPU time, median of the paired differences per op, with the IQR):
+blocks (thread CPU time, median of the paired differences per op, with the IQR and the
+median's 95 % interval):
 
 - ``plain``: the statements as the ``eager`` backend's graph runs them (``*`` and ``+``
   inline in the bytecode, no call);
@@ -33,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import ELEM_LAYERS, clock_call_ns  # noqa: E402
+from bench_overhead import ELEM_LAYERS, clock_call_ns, median_ci  # noqa: E402
 from callgrind_costs import c_library  # noqa: E402
 
 CLOCKS_C = r"""
@@ -88,7 +89,8 @@ def paired(a, b, x, rounds, calls):
         t = {f: block(f, x, calls) for f in ((a, b) if r % 2 == 0 else (b, a))}
         diffs.append((t[b] - t[a]) / ops)
     q1, median, q3 = statistics.quantiles(diffs, n=4)
-    return f"{median:6.1f} ns/op (IQR {q1:.1f}..{q3:.1f})"
+    low, high = median_ci(diffs)
+    return f"{median:6.1f} ns/op (IQR {q1:.1f}..{q3:.1f}; median's 95% CI {low:.1f}..{high:.1f})"
 
 
 def main():

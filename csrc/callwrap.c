@@ -243,7 +243,8 @@ ICPT_KIND(method_b, K_METHOD, 1)
 #define ICPT_DEF(name) {#name, (PyCFunction)(void (*)(void))icpt_##name##_fast, METH_FASTCALL | METH_KEYWORDS, NULL}
 static PyMethodDef icpt_builtins[] = {ICPT_DEF(call), ICPT_DEF(binop), ICPT_DEF(method),
                                       ICPT_DEF(call_b), ICPT_DEF(binop_b), ICPT_DEF(method_b)};
-static const vectorcallfunc icpt_kinds[] = {icpt_call, icpt_binop, icpt_method, icpt_call_b, icpt_binop_b, icpt_method_b};
+static const vectorcallfunc icpt_kinds[] = {icpt_call,   icpt_binop,   icpt_method,
+                                            icpt_call_b, icpt_binop_b, icpt_method_b};
 
 /* boundary=(opened, (site, ...)) into self; -1 with TypeError/ValueError. */
 static int icpt_set_boundary(Interceptor *self, PyObject *b) {

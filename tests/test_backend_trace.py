@@ -81,7 +81,8 @@ def test_generated_code_calls_each_interceptor_through_its_builtin(rec, level):
         code = type(gm).forward.__code__
         assert "real_recompile" not in code.co_names
         namespace = type(gm).forward.__globals__
-        called = {id(v.__self__): v for v in namespace.values() if isinstance(getattr(v, "__self__", None), _core.Interceptor)}
+        called = {id(v.__self__): v for v in namespace.values()
+                  if isinstance(getattr(v, "__self__", None), _core.Interceptor)}
         targets = [n.target for n in executed_nodes(gm)]
         assert targets and all(type(t) is _core.Interceptor for t in targets)
         assert {id(t) for t in targets} == set(called)

@@ -322,9 +322,11 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     if module_slices and sum(add_spans(fdef, stacks, graph_id, not backward, folds)
                              for fdef in [call_def, *subgraphs]):
         namespace["_dft_span"] = modules.span_function(cell)
+    # the Interceptor itself, not its builtin (instrument.direct_calls): Inductor's kernels evict the
+    # L2 cache between calls, and a builtin is one more object line to miss per call
     for i, (name, target, site) in enumerate(kernels):
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL, _core.GRAD_INHERIT, name=name,
-                                            boundary=folds.get(i)).builtin  # see instrument.direct_calls
+                                            boundary=folds.get(i))
     code = compile(ast.fix_missing_locations(ast.Module(body=[*subgraphs, call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
     local: dict = {}
