@@ -53,6 +53,7 @@ class Interceptor:
     mode: int
     grad: int
     boundary: Optional[tuple[int, tuple[int, ...]]]
+    builtin: Callable[..., Any]  # a new built-in function calling this interceptor (its __self__)
     def __init__(self, target: Any, site: int, cell: Optional[TagCell], mode: int = ..., grad: int = ...,
                  name: Optional[str] = ..., *, boundary: Optional[tuple[int, Sequence[int]]] = ...) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
