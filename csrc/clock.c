@@ -8,8 +8,11 @@
  * (+ the epoch offset). The writer thread adds a segment on every wake;
  * open() re-anchors the model exactly. Until the first update after at least
  * MIN_BASE_NS since import (the model's rate is only as good as its
- * baseline, and nothing steers it before a trace opens) and elsewhere, events
- * use clock_gettime: every process on a host reads the same clock.
+ * baseline, and nothing steers it before a trace opens) and elsewhere,
+ * now_ns() uses clock_gettime: every process on a host reads the same clock.
+ * Op-level events keep their raw ticks (dft_tick); the writer converts them
+ * on the segment that was current at each tick (dft_clock_ns), and open()
+ * waits for the first segment where there is none yet.
  *
  * DFTRACER_TEST_CLOCK_SHIFT_NS (for tests only) shifts this process's clock by
  * that many ns, as a host whose clock is off would. */
