@@ -5,6 +5,7 @@ import os
 import pytest
 
 from scripts.clitools import assert_bad_input, cli
+from subproc import shell
 from tracefile import read_events
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -108,3 +109,38 @@ def test_script_options_are_the_scripts_even_when_they_look_like_runs(tmp_path):
     script.write_text("import sys\nprint(sys.argv[1:])\n")
     p = cli("run", "--out", tmp_path / "t", script, "-m", "foo", "--out", "bar", "--help")
     assert p.returncode == 0 and p.stdout == "['-m', 'foo', '--out', 'bar', '--help']\n"
+
+
+DIST = os.path.join(SCRIPTS, "compile_dist.py")
+TORCHRUN = "torchrun --standalone --nproc-per-node=2"
+
+
+@pytest.mark.parametrize("command", [
+    f"dftrace-dynamo run --out t --compile-all {TORCHRUN} {DIST} a -- --b",
+    f"dftrace-dynamo run --out t --compile-all -m torch.distributed.run --standalone --nproc_per_node 2 {DIST} a -- --b",
+    f"{TORCHRUN} --no-python dftrace-dynamo run --out t --compile-all {DIST} a -- --b",
+])
+def test_every_rank_of_a_torchrun_job_traces_into_one_run_directory(tmp_path, command):
+    """``run`` around torchrun (the command or its module) or torchrun around ``run``: every
+    worker runs the script with --compile-all (its own backend replaced), the script's arguments
+    pass through unchanged (``--`` included), and both ranks write into one run directory."""
+    p = shell(command, tmp_path, {"OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted(p.stdout.splitlines()) == [f"rank {r} args ['a', '--', '--b']" for r in range(2)], p.stdout
+    (run_dir,) = (tmp_path / "t").iterdir()
+    assert run_dir.name.startswith("compile_dist-")
+    files = sorted(run_dir.iterdir())
+    assert [f.name.split("-")[1] for f in files] == ["rank0", "rank1"], files
+    for path in files:
+        names = {e["name"] for e in ops(str(path))}
+        assert {"function.addmm.default", "function.threshold_backward.default"} <= names, names
+    assert p.stderr.count(f"dftrace-dynamo summary {run_dir}") == 1, p.stderr
+
+
+def test_a_torchrun_job_that_compiles_nothing_says_so(tmp_path):
+    p = shell(f"dftrace-dynamo run --out t --compile-all {TORCHRUN} {DIST}", tmp_path,
+              {"OMP_NUM_THREADS": "1", "NO_COMPILE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    (line,) = [x for x in p.stderr.splitlines() if "no trace written" in x]
+    assert "called no torch.compile" in line
+    assert not (tmp_path / "t").exists()

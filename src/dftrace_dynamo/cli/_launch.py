@@ -2,17 +2,21 @@
 ``torch.compile`` through the tracer, then runs the user's script or module as
 ``__main__`` with its own ``sys.argv``.
 
-    python -m dftrace_dynamo.cli._launch [--compile-all LEVEL [--keep-backend]] (SCRIPT | -m MODULE) ARGS...
+    python -m dftrace_dynamo.cli._launch [--compile-all LEVEL [--keep-backend] [--report FILE]] (SCRIPT | -m MODULE) ARGS...
+
+``--report FILE``: the first ``torch.compile`` call appends a line to FILE, which tells ``run``
+why a run that wrote no trace wrote none.
 """
 
 import argparse
+import contextlib
 import functools
 import os
 import runpy
 import sys
 
 
-def compile_all(level, keep_backend):
+def compile_all(level, keep_backend, report=None):
     """Patches ``torch.compile`` (``nn.Module.compile`` goes through it too).
 
     Default: whatever backend the script asked for, the graph is compiled by
@@ -26,9 +30,14 @@ def compile_all(level, keep_backend):
 
     original = torch.compile
     shared = create_backend(level=level)
+    reported = []
 
     @functools.wraps(original)
     def traced_compile(model=None, *, backend=None, mode=None, options=None, **kwargs):
+        if report and not reported:
+            reported.append(True)
+            with contextlib.suppress(OSError), open(report, "a") as f:
+                f.write(f"{os.getpid()}\n")
         if isinstance(backend, TracerBackend) or backend == BACKEND_NAME:
             return original(model, backend=backend, mode=mode, options=options, **kwargs)
         if level == "inductor" and not keep_backend:  # Inductor compiles: its mode/options apply
@@ -62,12 +71,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="dftrace_dynamo.cli._launch")
     ap.add_argument("--compile-all", metavar="LEVEL")
     ap.add_argument("--keep-backend", action="store_true")
-    ap.add_argument("-m", dest="module")
+    ap.add_argument("--report")
+    ap.add_argument("-m", dest="module", nargs=argparse.REMAINDER)  # the module's options are its own
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
+    if a.module:  # (argparse hands what follows a "--" to the positionals)
+        a.module, a.args = a.module[0], a.module[1:] + a.args
     sys.excepthook = functools.partial(_user_frames_only, sys.excepthook)
     if a.compile_all:
-        compile_all(a.compile_all, a.keep_backend)
+        compile_all(a.compile_all, a.keep_backend, a.report)
     if a.module:
         sys.argv = [a.module, *a.args]
         runpy.run_module(a.module, run_name="__main__", alter_sys=True)
