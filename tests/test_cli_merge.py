@@ -1,5 +1,6 @@
 """dftrace-dynamo merge: one Perfetto file, one named process per input."""
 
+import json
 import os
 
 import perfetto_tp
@@ -107,3 +108,32 @@ def test_bad_inputs(tmp_path):
     (tmp_path / "junk.pfw").write_text("garbage\n")
     assert_bad_input(cli("merge", tmp_path / "junk.pfw", "-o", tmp_path / "m.pfw"), "not a trace file")
     assert not (tmp_path / "m.pfw").exists()
+
+
+def test_times_moved_onto_rank0s_clock_stay_whole_microseconds(tmp_path):
+    """Rank 1's clock is 12.3456789 ms ahead of rank 0's (its clock record says so): merge moves
+    its events by a whole number of µs, so every ``ts`` stays an integer, the graph slices still
+    hold their ops exactly, ``validate`` passes and Perfetto keeps every slice."""
+    inputs = []
+    for r in range(2):
+        path = tracegen.write(tmp_path / f"job-rank{r}-h-{50 + r}.pfw", 2_000, pid=50 + r, rank=r)
+        lines = path.read_text().splitlines()
+        clock = {"name": "clock", "cat": "dftracer", "pid": 50 + r, "tid": 50 + r, "ph": "X", "dur": 0,
+                 "ts": 1_760_934_170_000_000, "args": {"rank": r, "clock_offset_ns": 12_345_678.9 * r,
+                                                       "clock_error_ns": 50_000 * (r + 1)}}
+        lines.insert(2, json.dumps(clock))
+        path.write_text("\n".join(lines) + "\n")
+        inputs.append(path)
+    out = tmp_path / "m.pfw.gz"
+    p = cli("merge", *inputs, "-o", out)
+    assert p.returncode == 0, p.stderr
+    assert "+12.346 ms from rank 0's" in p.stderr
+    merged = [e for e in read_events(str(out)) if "ts" in e]
+    assert all(isinstance(e["ts"], int) for e in merged), [e["ts"] for e in merged if not isinstance(e["ts"], int)][:3]
+    moved = {e["ts"] for e in merged if e["pid"] == 51}
+    given = {e["ts"] for e in read_events(str(inputs[1])) if "ts" in e}
+    assert moved == {t - 12_346 for t in given}
+    assert cli("validate", out).returncode == 0
+    assert perfetto_tp.error_stats(out) == []
+    n = perfetto_tp.rows(out, "select count(*) n from slice")[0]["n"]
+    assert n == sum(len(x_events(i)) for i in inputs)

@@ -7,7 +7,8 @@ process gets a ``process_name`` (the input's own, prefixed with its rank when
 the file name has ``rank<R>``; else a name made from the file name) and a
 ``process_sort_index`` so ranks are listed in order. A rank whose measured
 clock offset to rank 0 exceeds its error bound has its times moved onto rank
-0's clock (see :mod:`.clock`), with a note saying so.
+0's clock (see :mod:`.clock`), with a note saying so, by a whole number of µs:
+integer times stay integers.
 
 Inputs of different runs (see :mod:`.runs`) are refused, as by ``summary``,
 unless ``all_runs``; so is an output inside a directory being merged (a
@@ -102,7 +103,9 @@ def merge(paths, out, force=False, progress=None, all_runs=False):
             pid_map, tid_map, names = {}, {}, {}
             lines = EventLines(path)
             spans.append(_Span())
-            shift = offsets.get(index, (0.0,))[0]
+            # whole µs (far finer than the offset's error): integer times stay integers, which
+            # Perfetto reads exactly (a fraction at today's epoch µs loses the ns it needs to nest)
+            shift = round(offsets.get(index, (0.0,))[0])
             for _, raw, ev in lines:
                 if is_aggregate_record(ev):  # it stands for its own file only: summary reads the events
                     continue
