@@ -87,11 +87,18 @@ def compile_records(events):
 
 
 def executed_nodes(gm):
-    """The graph's ops (after instrumentation: without the module-slice boundary calls)."""
+    """The graph's ops (after instrumentation: without the module-slice boundary calls, nor the
+    nodes that pick an output of a multi-output op: a ``getitem`` on a tuple computes nothing)."""
+    import operator
+
     from dftrace_dynamo.backend import modules
 
+    def picks(n):
+        value = n.args[0].meta.get("val", n.args[0].meta.get("example_value")) if n.args else None
+        return n.target is operator.getitem and isinstance(value, (tuple, list))
+
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
-            and not modules.is_span(n)]
+            and not modules.is_span(n) and not picks(n)]
 
 
 # Gloo can abort a rank in C++ while it tears down at exit, after the job's work is done (a

@@ -1,6 +1,7 @@
 """Rewrites an FX graph so that every executed op runs inside a ``_core.Interceptor``.
 
-Each ``call_function`` / ``call_method`` / ``call_module`` node becomes a
+Each ``call_function`` / ``call_method`` / ``call_module`` node that computes something
+(:func:`.sites.computes`: not a ``getitem`` picking an output of a multi-output op) becomes a
 ``call_function`` node whose target is an Interceptor bound, once, to what the
 node would have called: the function (``op._op`` for ATen OpOverloads, which
 skips ``OpOverload.__call__``), the method name (METHOD mode) or the submodule
@@ -105,7 +106,7 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
     saved = []  # grad override in force before each open inference_mode region
     executed = []
     for node in list(gm.graph.nodes):
-        if node.op not in ("call_function", "call_method", "call_module"):
+        if node.op not in ("call_function", "call_method", "call_module") or not sites.computes(node):
             continue
         stack = sites.module_stack(node)
         if [key for key, _, _ in stack[:len(outer)]] == [key for key, _, _ in outer]:

@@ -8,6 +8,8 @@ readable module path (``layer1.0.conv1``) for ``call_module``.
 
 from __future__ import annotations
 
+import builtins
+import operator
 import re
 import weakref
 from typing import Any, Optional
@@ -156,6 +158,27 @@ def op_name(node: torch.fx.Node) -> str:
     if isinstance(target, torch._ops.HigherOrderOperator):
         return f"function.{target.name()}"
     return f"function.{getattr(target, '__name__', type(target).__name__)}"
+
+
+# nodes that pick from or build a Python container: no tensor is computed (see computes)
+_PICK = (operator.getitem, builtins.getattr)
+_BUILD = (builtins.tuple, builtins.list, builtins.dict)
+
+
+def computes(node: torch.fx.Node) -> bool:
+    """Whether an executed node computes something: not a ``getitem`` or ``getattr`` on a
+    tuple, list or result record (picking an output of a multi-output op), nor a tuple, list or
+    dict built from values. Indexing a tensor computes (a view or a copy), so does a node
+    whose receiver is unknown. Nodes that compute nothing are not op events."""
+    if node.op != "call_function":
+        return True
+    if node.target in _BUILD:
+        return False
+    if node.target in _PICK and node.args:
+        receiver = node.args[0]
+        value = _value(receiver) if isinstance(receiver, torch.fx.Node) else receiver
+        return value is None or isinstance(value, torch.Tensor)
+    return True
 
 
 def _type_name(mtype: Any) -> str:
