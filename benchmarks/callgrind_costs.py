@@ -343,6 +343,10 @@ def run_ops(args, cg, tmp):
             traced = torch.compile(fn, backend="dftrace", options={"level": "inductor"})
     else:
         fn, inputs, train, _ = workload(args.workload)
+        if args.ops:  # an elem graph of that size (bench_overhead.elem_of)
+            from bench_overhead import elem_of  # noqa: E402
+
+            fn = elem_of(args.ops // 3)
         n_ops = ops_per_call(fn, inputs, args.level, train)
         if args.slices:
             base, _ = compile_with_slices(fn, inputs, train, args.level, False)
@@ -555,6 +559,9 @@ def main(argv=None):
                         "--branch-sim=yes, L2-sized last level): D1, L2 and I1 misses and mispredicted "
                         "branches per unit, traced minus plain, by part (--functions K: and by function, "
                         "and the lines of csrc/)")
+    p.add_argument("--ops", type=int, default=0,
+                   help="ops: an elem graph of this many ops (3 per layer) instead of --workload: per-op cost "
+                        "as graphs grow (300 is elem's size)")
     p.add_argument("--slices", action="store_true", help="ops: module slices on vs off instead of traced vs untraced")
     p.add_argument("--calls", type=int, default=20, help="ops: N, calls per section (N and 2N are differenced)")
     p.add_argument("--events", type=float, default=100000, help="writer: N events (N and 2N are differenced)")

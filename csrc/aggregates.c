@@ -9,14 +9,20 @@
  * written one drain pass ago, so every event pushed before it is in); then a
  * step in which nothing compiled (the warm-up rule of traces/steps.py) is
  * folded into the steady totals. The record is a metadata line written at a
- * checkpoint (a step ended and CKPT_NS passed) and at close. The category
- * names are those of schema.py. */
+ * checkpoint (a step ended, CKPT_NS passed and the events written since are
+ * CKPT_RATIO times the last record's text, or CKPT_MAX_NS passed) and at close.
+ * The category names are those of schema.py. */
 #include "core.h"
 
 #include <math.h>
 #include <stdio.h>
 
 #define CKPT_NS 3000000000ull
+/* the record is rewritten whole and grows with the run (groups, sketches, steps, copied events):
+ * at a slow event rate a record every CKPT_NS would outweigh the events it stands for; at most
+ * one record's text per CKPT_RATIO of event text, and one at least every CKPT_MAX_NS */
+#define CKPT_RATIO 32u
+#define CKPT_MAX_NS 60000000000ull
 #define COPY_MAX (6u << 20) /* bytes of copied events; past it the record cannot answer */
 #define SAMPLES_MAX 100000u /* per-step group sums kept (diff's samples) */
 #define PENDING_MAX 64u     /* unsettled steps (a trace without step slices) */
@@ -52,7 +58,7 @@ static struct {
     step_t *st; uint32_t nst, capst, pending, st_last;
     int64_t settle_upto, slice_max;
     int any_slice, slice_since, dirty;
-    uint64_t last_ns;
+    uint64_t last_ns, text, text_at, rec_len; /* event text applied: in all, at the last record; its length */
 } A;
 
 static uint64_t mix(uint64_t h) {
@@ -596,6 +602,7 @@ static inline int hit(const cls_t *k, uint32_t tags_id, uint32_t flags, const df
 void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) {
     if (!A.on || A.broken || (x->flags & DFT_FLAG_COUNTER))
         return;
+    A.text += len;
     int rc;
     if (x->site && !x->extra) { /* an interned site's event: what it adds is known after its first */
         const dft_str *tags = x->tags ? dft_tab_get(&dft_tags, x->tags) : NULL;
@@ -721,7 +728,8 @@ int dft_agg_tick(void) {
     settle();
     A.settle_upto = A.slice_max;
     uint64_t now = dft_mono();
-    return A.dirty && now - A.last_ns >= CKPT_NS && (A.slice_since || !A.any_slice);
+    return A.dirty && now - A.last_ns >= CKPT_NS && (A.slice_since || !A.any_slice) &&
+           (A.text - A.text_at >= CKPT_RATIO * A.rec_len || now - A.last_ns >= CKPT_MAX_NS);
 }
 
 static int record(dft_buf *b) {
@@ -807,9 +815,11 @@ void dft_agg_write(dft_buf *b, int last) {
         A.settle_upto = INT64_MAX;
         settle();
     }
-    int n = snprintf(head, sizeof head, "{\"id\":%llu,\"name\":\"dftrace_aggregates\",\"cat\":\"dftracer\",\"pid\":",
-                     (unsigned long long)dft_w.next_id);
-    if (put(b, head, (size_t)n) < 0 || put(b, dft_w.pid_s, dft_w.pid_len) < 0 ||
+    static const char name[] = ",\"name\":\"dftrace_aggregates\",\"cat\":\"dftracer\",\"pid\":";
+    char *p = dft_fmt_u64(head + 6, dft_w.next_id);
+    memcpy(head, "{\"id\":", 6);
+    memcpy(p, name, sizeof name - 1);
+    if (put(b, head, (size_t)(p - head) + sizeof name - 1) < 0 || put(b, dft_w.pid_s, dft_w.pid_len) < 0 ||
         PUTL(b, ",\"tid\":0,\"ph\":\"M\",\"args\":{\"hhash\":") < 0 ||
         put(b, dft_w.hhash_json, dft_w.hhash_len) < 0 || PUTL(b, ",") < 0) /* as every event's args */
         goto out;
@@ -824,6 +834,8 @@ void dft_agg_write(dft_buf *b, int last) {
         dft_w.next_id++;
         A.dirty = A.slice_since = 0;
         A.last_ns = dft_mono();
+        A.rec_len = b->len - at;
+        A.text_at = A.text;
         at = b->len;
     }
 out:

@@ -107,7 +107,7 @@ struct dft_deflate {
     /* per line key: the start of its last line in the block; per hint key and per hint fam:
      * the index of its last hinted line; each + 1 | the block's pass << PASS_SHIFT (other
      * passes' are stale: no clearing per block) */
-    uint64_t last[DFT_DEFLATE_KEYS], hlast[DFT_DEFLATE_KEYS], hfam[DFT_DEFLATE_KEYS];
+    uint64_t last[DFT_DEFLATE_KEYS], hlast[DFT_DEFLATE_KEYS], hfam[DFT_DEFLATE_KEYS], hcls[DFT_DEFLATE_KEYS];
     uint64_t pass;
     /* per hint key (by its hash): a line of that key against one of key ref, which compared
      * once holds for every pair of lines of these keys (put_hinted) */
@@ -553,23 +553,37 @@ static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const 
     return h->at + h->len;
 }
 
+/* The last earlier hinted line in slot whose line lies whole in the window of h's, or NULL. */
+static ALWAYS_INLINE const dft_line_hint *in_reach(const dft_deflate *d, uint64_t slot, const dft_line_hint *h) {
+    const uint64_t tag = d->pass << PASS_SHIFT;
+    const dft_line_hint *r = slot >> PASS_SHIFT == d->pass ? d->h + (slot - tag) - 1 : NULL;
+    return r && r->at + r->len <= h->at && h->at + h->len - r->at <= WINDOW ? r : NULL;
+}
+
 /* The line of hint h against the last earlier line of its key, which the
  * writer vouches is the same outside the id, ts and dur fields
  * (put_against). Without one in the window, against the last line of its
  * fam, where the text around the fields is the same: the args as the bytes
  * both lines' args start and end with, and literals between. Since lines of
  * one key are alike, that comparison is made once per pair of keys
- * (pairs[]). Returns the line's end, or 0 to encode it as any other line. */
+ * (pairs[]). Else against the last line of its cls, as any line against
+ * another (put_line): a module slice's name is its own, its last line is a
+ * whole graph call back, and the line before it is an op. Returns the
+ * line's end, or 0 to encode it as any other line. */
 static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n,
                                        const dft_line_hint *h) {
     const uint16_t *f = h->f;
     if (!hint_ok(h, n))
         return 0;
     uint64_t k = h->key * 0x9e3779b97f4a7c15ull, kf = h->fam * 0x9e3779b97f4a7c15ull;
+    uint64_t kc = h->cls * 0x9e3779b97f4a7c15ull;
     uint64_t *slot = &d->hlast[(k >> 40) & (DFT_DEFLATE_KEYS - 1)], tag = d->pass << PASS_SHIFT;
     uint64_t *fslot = &d->hfam[(kf >> 40) & (DFT_DEFLATE_KEYS - 1)], self = tag + (uint64_t)(h - d->h) + 1;
+    uint64_t *cslot = &d->hcls[(kc >> 40) & (DFT_DEFLATE_KEYS - 1)];
     const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
+    const dft_line_hint *rc = in_reach(d, *cslot, h);
     *slot = self;
+    *cslot = self;
     size_t la = h->len - f[5];
     if (r && r->key == h->key && r->at + r->len <= h->at && h->at + h->len - r->at <= WINDOW) {
         *fslot = self;
@@ -578,10 +592,10 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
             return 0;
         return put_against(w, s, h, r, 0, 0, 0);
     }
-    r = *fslot >> PASS_SHIFT == d->pass ? d->h + (*fslot - tag) - 1 : NULL;
+    r = in_reach(d, *fslot, h);
     *fslot = self;
-    if (!r || r->at + r->len > h->at || h->at + h->len - r->at > WINDOW)
-        return 0;
+    if (!r)
+        return rc ? put_line(w, s, h->at, n, rc->at) : 0;
     __typeof__(d->pairs[0]) *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
     if (c->key != h->key || c->ref != r->key) { /* the parts' lengths too are the same for every such pair */
         const uint16_t *g = r->f;
@@ -595,7 +609,7 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
         c->q = c->p == la && la == lb ? 0 : (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
     }
     if (!c->same)
-        return 0;
+        return rc ? put_line(w, s, h->at, n, rc->at) : 0;
     return put_against(w, s, h, r, 1, c->p, c->q);
 }
 
@@ -605,6 +619,7 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
         memset(d->last, 0, sizeof d->last);
         memset(d->hlast, 0, sizeof d->hlast);
         memset(d->hfam, 0, sizeof d->hfam);
+        memset(d->hcls, 0, sizeof d->hcls);
         d->pass = 1;
     }
     memset(d->nlit, 0, sizeof d->nlit);

@@ -227,7 +227,8 @@ void dft_sink_free(dft_sink *k) {
     dft_buf_free(&k->out);
 }
 
-/* One part's hints: a sequence of (key, fam, at, len, f0, .., f5) (deflate.h); *h NULL: none.
+/* One part's hints: a sequence of (key, fam, at, len, f0, .., f5[, cls]) (deflate.h; cls: fam
+ * when left out); *h NULL: none.
  * 0, or -1 with an exception set. */
 static int hints_of(PyObject *seq, dft_line_hint **h, size_t *n) {
     *h = NULL;
@@ -246,17 +247,19 @@ static int hints_of(PyObject *seq, dft_line_hint **h, size_t *n) {
     }
     for (Py_ssize_t i = 0; i < k; i++) {
         dft_line_hint *x = &(*h)[i];
-        unsigned long long key, fam;
+        unsigned long long key, fam, cls = 0;
         unsigned at, len;
         unsigned short f[6];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "KKIIHHHHHH", &key, &fam, &at, &len, &f[0], &f[1],
-                              &f[2], &f[3], &f[4], &f[5])) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyArg_ParseTuple(t, "KKIIHHHHHH|K", &key, &fam, &at, &len, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5],
+                              &cls)) {
             free(*h);
             *h = NULL;
             Py_DECREF(fast);
             return -1;
         }
         x->key = key, x->fam = fam, x->at = at, x->len = len;
+        x->cls = PyTuple_Check(t) && PyTuple_GET_SIZE(t) > 10 ? cls : fam;
         memcpy(x->f, f, sizeof f);
     }
     *n = (size_t)k;

@@ -357,7 +357,7 @@ static struct {
     uint32_t n, cap;
 } hints;
 
-static void hint_line(uint64_t key, uint64_t fam, const char *line, const char *const f[6], const char *end) {
+static void hint_line(uint64_t key, uint64_t fam, uint64_t cls, const char *line, const char *const f[6], const char *end) {
     if (DFT_UNLIKELY(hints.n == hints.cap)) {
         uint32_t cap = hints.cap ? hints.cap * 2 : 1024;
         dft_line_hint *h = realloc(hints.h, cap * sizeof *h);
@@ -371,6 +371,7 @@ static void hint_line(uint64_t key, uint64_t fam, const char *line, const char *
     dft_line_hint *h = &hints.h[hints.n++];
     h->key = key;
     h->fam = fam;
+    h->cls = cls;
     h->at = (uint32_t)(line - dft_w.fmt.p);
     h->len = (uint32_t)(end - line);
 #pragma GCC unroll 6
@@ -420,12 +421,20 @@ typedef struct {
     uint32_t site, tags, flags, step, tlen, len;
     uint32_t serial; /* of this text: a new one each time the entry is made */
     uint64_t fam;    /* of the site's name and category text (the encoder's fam, with the track) */
+    uint64_t cls;    /* of its category text alone (the encoder's cls, with the track) */
     char tcopy[TAIL_TAGS]; /* the tags' text: an owned tags id may be reused with other text */
     char text[TAIL_TEXT];
 } tail_t;
 static tail_t *tails;
 static uint32_t tail_serial;
 static dft_buf tail_scratch;
+
+static uint64_t fnv1a(const char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 0x100000001b3ull;
+    return h;
+}
 
 static __attribute__((noinline)) const tail_t *tail_make(const dft_rec *x, const dft_site *site, const dft_str *tags) {
     uint32_t tlen = tags ? tags->len : 0;
@@ -444,9 +453,10 @@ static __attribute__((noinline)) const tail_t *tail_make(const dft_rec *x, const
         memcpy(t->tcopy, tags->p, tlen);
     t->site = x->site, t->tags = x->tags, t->flags = x->flags, t->step = x->step;
     t->tlen = tlen, t->len = (uint32_t)len, t->serial = ++tail_serial;
-    t->fam = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (uint32_t i = 0; i < site->namecat.len; i++)
-        t->fam = (t->fam ^ (unsigned char)site->namecat.p[i]) * 0x100000001b3ull;
+    t->fam = fnv1a(site->namecat.p, site->namecat.len);
+    /* ,"name":"..","cat":"..": a quote inside the name is escaped */
+    const char *cat = memmem(site->namecat.p, site->namecat.len, "\",\"cat\":", 8);
+    t->cls = cat ? fnv1a(cat, site->namecat.len - (size_t)(cat - site->namecat.p)) : t->fam;
     t->gen = dft_w.gen;
     return t;
 }
@@ -535,7 +545,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     }
     b->len = (size_t)(p - b->p);
     if (t && dft_w.sink.dfl)
-        hint_line((uint64_t)t->serial << 32 | tid, t->fam ^ tid, line, f, p);
+        hint_line((uint64_t)t->serial << 32 | tid, t->fam ^ tid, t->cls ^ tid, line, f, p);
     dft_agg_event(x, line, (size_t)(p - line), E - S);
     dft_w.written++;
     dft_w.member_events++;
