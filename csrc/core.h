@@ -4,7 +4,8 @@
  * (Interceptor, GraphCall), ring.c (per-thread rings, fork), writer.c (writer
  * thread, placement, event lines), json.c (escaping, number formatting),
  * sink.c (plain / gzip members / zstd frames), clock.c (event clock), span.c
- * (module spans), steps.c (current step, step slices, step windows).
+ * (module spans), steps.c (current step, step slices, step windows), flight.c
+ * (flight recorder: members kept in memory, dumps).
  */
 #ifndef DFT_CORE_H
 #define DFT_CORE_H
@@ -349,6 +350,7 @@ typedef struct {
 int dft_sink_init(dft_sink *k, int mode, char *err, size_t errlen);
 int dft_sink_write(dft_sink *k, const char *p, size_t n); /* one whole member/frame; -1: k->err, k->kept */
 void dft_sink_cut(dft_sink *k);
+int dft_sink_compress(dft_sink *k, const char *p, size_t n); /* into k->out (not plain text); -1: ENOMEM */
 int dft_sink_deleted(const dft_sink *k); /* the file (or its directory) was deleted */
 void dft_sink_free(dft_sink *k);
 PyObject *dft_py_gzip_members(PyObject *m, PyObject *args);
@@ -397,6 +399,7 @@ int dft_writer_start(void);
 void dft_writer_stop(void);  /* drains, writes end and ']', closes; GIL released */
 void dft_writer_flush(void); /* GIL released */
 void dft_writer_kick(void);
+void dft_writer_names(void); /* the thread names of every ring (and its lanes) into fmt */
 /* pthread_cond_timedwait on cv with mu held, for at most ns (< 1 s). */
 void dft_cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, long ns);
 
@@ -405,6 +408,15 @@ void dft_agg_open(const char *header, size_t len); /* a new file: reset, copy th
 void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t dur_ns); /* its line */
 int dft_agg_tick(void);                   /* after a drain pass: 1 when a checkpoint is due */
 void dft_agg_write(dft_buf *b, int last); /* the record line; last: at close */
+
+/* ---- flight recorder (flight.c) ------------------------------------------ */
+extern int dft_flight_on;       /* this file's members are kept in memory (writer thread) */
+extern uint32_t dft_flight_tag; /* step tag of the member being built; a new one starts a member */
+void dft_flight_open(const char *header, size_t len); /* open(), before the writer starts */
+int dft_flight_keep(dft_sink *k, const char *p, size_t n, uint64_t events); /* instead of writing */
+void dft_flight_serve(uint64_t req); /* writer, after the flush numbered req: a dump asked for */
+void dft_flight_close(void);         /* writer, at stop: drop what is kept */
+extern PyMethodDef dft_flight_methods[];
 
 /* ---- types (callwrap.c) ------------------------------------------------ */
 typedef struct {

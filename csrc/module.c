@@ -452,8 +452,9 @@ static PyObject *py_open(PyObject *m, PyObject *args, PyObject *kw) {
     dft_buf_put(&dft_w.fmt, "[\n", 2);
     dft_buf_put(&dft_w.fmt, header.buf, (size_t)header.len);
     dft_agg_open(header.buf, (size_t)header.len);
+    dft_flight_open(header.buf, (size_t)header.len);
     dft_w.hold = 2;
-    if (header.len) {
+    if (header.len || dft_flight_on) { /* flight mode: the file holds no events to carry '[' */
         if (dft_sink_write(sink, dft_w.fmt.p, dft_w.fmt.len) < 0) {
             errno = sink->err;
             PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
@@ -628,7 +629,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)
             goto fail;
-    if (PyModule_AddFunctions(m, dft_step_methods) < 0)
+    if (PyModule_AddFunctions(m, dft_step_methods) < 0 || PyModule_AddFunctions(m, dft_flight_methods) < 0)
         goto fail;
     if (PyModule_AddObjectRef(m, "TagCell", (PyObject *)&dft_TagCellType) < 0 ||
         PyModule_AddObjectRef(m, "Interceptor", (PyObject *)&dft_InterceptorType) < 0 ||

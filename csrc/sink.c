@@ -154,7 +154,7 @@ void dft_sink_cut(dft_sink *k) {
         k->cut_err = errno;
 }
 
-static int compress_member(dft_sink *k, const char *p, size_t n) {
+int dft_sink_compress(dft_sink *k, const char *p, size_t n) {
     k->out.len = 0;
     if (k->dfl) {
         if (dft_buf_reserve(&k->out, dft_gzip_bound(n)) < 0)
@@ -205,7 +205,7 @@ int dft_sink_write(dft_sink *k, const char *p, size_t n) {
     }
     if (k->mode == 0) {
         write_all(k, p, n);
-    } else if (compress_member(k, p, n) < 0) {
+    } else if (dft_sink_compress(k, p, n) < 0) {
         k->err = ENOMEM;
     } else {
         write_all(k, k->out.p, k->out.len);

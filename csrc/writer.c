@@ -258,6 +258,15 @@ static int emit_thread_name(dft_ring *r, uint32_t tid, uint32_t lane) {
     return 0;
 }
 
+/* Every thread's names (a flight dump's, whose members hold no earlier ones). */
+void dft_writer_names(void) {
+    for (dft_ring *r = atomic_load(&dft_rings); r; r = atomic_load(&r->next)) {
+        (void)emit_thread_name(r, r->tid, 0);
+        for (uint32_t k = 0; k < r->n_lanes && r->place_gen == dft_w.gen; k++)
+            (void)emit_thread_name(r, r->tid + ((k + 1) << 22), k + 1);
+    }
+}
+
 /* ---- events timed by the caller ---------------------------------------------
  * log_event gives its own start and duration, in no particular order with
  * the thread's other events, and spans still open on the thread are unknown
@@ -606,7 +615,8 @@ static void end_member(void) {
         return;
     if (dft_w.sink.dfl)
         dft_deflate_hints(dft_w.sink.dfl, hints.h, hints.n);
-    int rc = dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
+    int rc = dft_flight_on ? dft_flight_keep(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len, dft_w.member_events)
+                           : dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
     if (dft_w.sink.dfl)
         dft_deflate_hints(dft_w.sink.dfl, NULL, 0);
     hints.n = 0;
@@ -640,6 +650,10 @@ static void drain_ring(dft_ring *r) {
         uint64_t stop = h - t > DRAIN_BATCH ? t + DRAIN_BATCH : h;
         for (; t != stop; t++) {
             dft_rec *x = &r->buf[t & r->mask];
+            if (DFT_UNLIKELY(dft_flight_on) && x->step != dft_flight_tag) { /* a member per step */
+                end_member();
+                dft_flight_tag = x->step;
+            }
             if (x->flags & DFT_FLAG_TICKS) {
                 x->start = dft_clock_ns(x->start);
                 x->end = dft_clock_ns(x->end);
@@ -740,8 +754,13 @@ static void *writer_main(void *arg) {
         dft_clock_update(0);
         drain_all();
         if (stop) {
-            if (!dft_w.failed) {
+            if (dft_flight_on) {
+                end_member();
+                dft_flight_close();
+            } else if (!dft_w.failed) {
                 dft_agg_write(&dft_w.fmt, 1);
+            }
+            if (!dft_w.failed) {
                 emit_end(atomic_load(&dft_w.dropped));
                 end_member();
             }
@@ -751,7 +770,7 @@ static void *writer_main(void *arg) {
             pthread_mutex_unlock(&dft_w.mu);
             break;
         }
-        if (!dft_w.failed && dft_agg_tick()) { /* a checkpoint ends its member */
+        if (!dft_w.failed && !dft_flight_on && dft_agg_tick()) { /* a checkpoint ends its member */
             dft_agg_write(&dft_w.fmt, 0);
             end_member();
         }
@@ -760,6 +779,7 @@ static void *writer_main(void *arg) {
              dft_w.fmt.len))
             end_member();
         if (req != dft_w.flush_done) {
+            dft_flight_serve(req);
             pthread_mutex_lock(&dft_w.mu);
             dft_w.flush_done = req;
             pthread_cond_broadcast(&dft_w.cv_done);

@@ -21,6 +21,7 @@ _LAZY = {
     "step": ("events.steps", "step"),
     "step_context": ("events.steps", "step_context"),
     "set_steps": ("events.steps", "set_steps"),
+    "dump": ("events.flight", "dump"),
 }
 
 __all__ = sorted(_LAZY)

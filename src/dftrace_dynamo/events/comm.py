@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import itertools
 import sys
 import threading
 import weakref
@@ -96,6 +97,27 @@ _lock = threading.RLock()  # reentrant: a signal's finalize may interrupt its ho
 _local = threading.local()  # depth: inside a recorded operation (inner calls are its parts)
 _groups: dict = {}  # id(group) -> (name, size, rank, nccl, group)
 _watched: set = set()  # ids of the NCCL groups whose completion hook is registered
+# token -> (op, start, args, native thread id, group): operations issued and not complete yet (a
+# flight recorder's hang dump shows them)
+_in_flight: dict = {}
+_tokens = itertools.count()
+
+
+def in_flight() -> list:
+    """The operations issued and not complete, oldest first: (op, start_ns, args, tid, peers), peers
+    being the global ranks it waits for (the peer of a send/recv, else the group's ranks)."""
+    out = []
+    for op, start, args, tid, group in sorted(list(_in_flight.values()), key=lambda e: e[1]):
+        peers = [args[ARG_PEER]] if ARG_PEER in args else None
+        if peers is None:
+            try:
+                import torch.distributed as dist
+
+                peers = dist.get_process_group_ranks(group or dist.distributed_c10d._get_default_group())
+            except Exception:  # a group torch no longer knows
+                peers = []
+        out.append((op, start, dict(args), tid, peers))
+    return out
 
 
 def _recording() -> bool:
@@ -195,8 +217,9 @@ def _args(op: str, group, payload, peer: Optional[int] = None) -> Optional[dict]
     return args
 
 
-def _on_completion(fut, op: str, start: int, args: dict) -> None:
+def _on_completion(fut, op: str, start: int, args: dict, token=None) -> None:
     """Ends the event of an asynchronous operation (on the thread that completes it)."""
+    _in_flight.pop(token, None)
     try:
         _core.log(op, CAT_COMM, start, _core.now_ns(), args, timed=True)
     except Exception:  # the trace closed meanwhile
@@ -224,10 +247,13 @@ def _when_done(work, op: str, start: int, args: dict) -> None:
     """The event ends when ``work`` (a ``Work``, or a DDP hook's future) completes; for a work
     without a future (gloo's ``isend``/``irecv``), when the program's ``wait()`` on it returns."""
     args[ARG_ASYNC] = True
+    token = next(_tokens)
+    _in_flight[token] = (op, start, args, threading.get_native_id(), None)
     try:
         fut = work.get_future() if hasattr(work, "get_future") else work
-        fut.then(functools.partial(_on_completion, op=op, start=start, args=args))
+        fut.then(functools.partial(_on_completion, op=op, start=start, args=args, token=token))
     except Exception:
+        _in_flight.pop(token, None)
         with _lock:
             if len(_unwaited) >= UNWAITED_MAX:  # never waited for: the oldest covers its issue only
                 _issue_only(_unwaited.popitem(last=False)[1])
@@ -295,10 +321,13 @@ def _wrap_op(op: str, spec: tuple):
                 return original(*args, **kwargs)
             start = _core.now_ns()
             _local.depth = 1
+            token = next(_tokens)
+            _in_flight[token] = (op, start, ev_args, threading.get_native_id(), group)
             try:
                 result = original(*args, **kwargs)
             finally:
                 _local.depth = 0
+                _in_flight.pop(token, None)
             is_async = async_pos == -1 or (async_pos is not None and _arg(args, kwargs, "async_op", async_pos))
             if is_async and result is not None:
                 _when_done(result, op, start, ev_args)

@@ -38,7 +38,9 @@ _INIT_MODES = ("FUNCTION", "PRELOAD")
 VARIABLES = ("DFTRACER_ENABLE", "DFTRACER_LOG_FILE", "DFTRACER_INC_METADATA", "DFTRACER_MODULE_SLICES",
              "DFTRACER_TRACE_COMPRESSION", "DFTRACER_WRITE_BUFFER_SIZE", "DFTRACER_BIND_SIGNALS",
              "DFTRACER_LOG_LEVEL", "DFTRACER_CUDA_EVENTS", "DFTRACER_INIT", "DFTRACER_DATA_DIR",
-             "DFTRACER_DISABLE_IO", "DFTRACER_STEPS", "DFTRACER_RECORD_ARGS", "DFTRACER_RUN_ID")
+             "DFTRACER_DISABLE_IO", "DFTRACER_STEPS", "DFTRACER_RECORD_ARGS", "DFTRACER_RUN_ID",
+             "DFTRACER_FLIGHT", "DFTRACER_FLIGHT_SLOW", "DFTRACER_FLIGHT_HANG", "DFTRACER_FLIGHT_BYTES",
+             "DFTRACER_FLIGHT_DUMPS")
 _DFTRACER_ONLY = ("DFTRACER_DISABLE_POSIX", "DFTRACER_DISABLE_STDIO", "DFTRACER_TIME_METRIC",
                   "DFTRACER_DISABLE_TIDS")
 
@@ -64,8 +66,43 @@ class Config:
     disable_io: bool = False
     steps: Optional[tuple] = None  # DFTRACER_STEPS windows; None: every step
     record_args: bool = False  # DFTRACER_RECORD_ARGS: the command line's values in the SH record
+    flight: Optional["Flight"] = None  # DFTRACER_FLIGHT: the flight recorder's settings; None: off
+    flight_error: Optional[str] = None  # a bad DFTRACER_FLIGHT* value: the whole trace is written
     error: Optional[str] = None  # why tracing is off, when a value was bad
     warning: Optional[str] = None  # a value that was adjusted, and how
+
+
+@dataclasses.dataclass(frozen=True)
+class Flight:
+    """The flight recorder's settings (DFTRACER_FLIGHT*)."""
+    steps: int  # the last N steps kept in memory
+    slow: float = 3.0  # a steady step longer than slow x the running median dumps
+    hang: float = 300.0  # seconds without a step ending that dump (0: never)
+    max_bytes: int = 256 * 1024 * 1024  # the kept members' bytes (compressed, as written)
+    max_dumps: int = 10  # dumps per trace file; later triggers are reported once and ignored
+
+
+def _number(env: Mapping[str, str], name: str, default, kind, low, accepted: str):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value != value or value in (float("inf"),) or value < low:
+        raise ConfigError(f"{name}={raw!r} is not valid (accepted: {accepted})")
+    return value
+
+
+def _flight(env: Mapping[str, str]) -> Optional[Flight]:
+    """DFTRACER_FLIGHT and its companions; None when DFTRACER_FLIGHT is unset or 0."""
+    steps = _number(env, "DFTRACER_FLIGHT", 0, int, 0, "a number of steps >= 1, or 0 for off")
+    slow = _number(env, "DFTRACER_FLIGHT_SLOW", 3.0, float, 1.0, "a factor >= 1, e.g. 3")
+    hang = _number(env, "DFTRACER_FLIGHT_HANG", 300.0, float, 0.0, "seconds >= 0, 0 for never")
+    max_bytes = _size(env, "DFTRACER_FLIGHT_BYTES", Flight.max_bytes)
+    dumps = _number(env, "DFTRACER_FLIGHT_DUMPS", 10, int, 1, "a number of dumps >= 1")
+    return Flight(steps, slow, hang, max_bytes, dumps) if steps else None
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -188,9 +225,18 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             record_args=_flag(env, "DFTRACER_RECORD_ARGS", False),
             warning=warning,
             steps=_steps(env, "DFTRACER_STEPS"),
+            **_flight_fields(env),
         )
     except ConfigError as exc:
         return Config(enable=False, error=str(exc))
+
+
+def _flight_fields(env: Mapping[str, str]) -> dict:
+    """A bad flight value is not a bad trace: tracing goes on in its normal mode (the whole trace)."""
+    try:
+        return {"flight": _flight(env)}
+    except ConfigError as exc:
+        return {"flight_error": f"{exc}; the flight recorder is off and the whole trace is written"}
 
 
 def unknown_variables(env: Mapping[str, str] = os.environ) -> list:
@@ -229,6 +275,8 @@ def get() -> Config:
             report_disabled(_config.error)
         elif _config.warning:
             log.warning("%s", _config.warning)
+        if _config.flight_error and not _config.error:
+            log.warning("%s", _config.flight_error)
         note = buffer_size_note(os.environ, _config)
         if note:
             log.info("%s", note)

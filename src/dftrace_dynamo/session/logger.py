@@ -94,6 +94,11 @@ def _hash16(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
 
 
+def host_hash() -> str:
+    """The ``hhash`` every record of this host's trace files carries."""
+    return _hash16(socket.gethostname())
+
+
 def _clean(text: str) -> str:
     # orjson refuses lone surrogates (e.g. undecodable bytes in argv or cwd)
     return _SURROGATES.sub("\ufffd", text)
@@ -203,14 +208,14 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
         string_hash("SH", exe),
         {"name": "start", **base, "ts": _core.now_ns() // 1000, "dur": 0, "ph": "X", "args": start_args},
     ]
-    return b"".join(_json_line({"id": i, **r}) for i, r in enumerate(records, 1))
+    return b"".join(json_line({"id": i, **r}) for i, r in enumerate(records, 1))
 
 
 # an escaped backslash just before a closing quote (even run of backslashes)
 _END_BACKSLASH = re.compile(rb'(?<!\\)((?:\\\\)*)\\\\"')
 
 
-def _json_line(record: dict) -> bytes:
+def json_line(record: dict) -> bytes:
     """One JSON line; a string's final backslash is written ``\\u005c``, as the C writer does,
     because Perfetto's JSON reader mis-reads ``\\\\"``."""
     return _END_BACKSLASH.sub(rb'\1\\u005c"', orjson.dumps(record)) + b"\n"
@@ -232,6 +237,8 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
             raise PermissionError(f"directory {directory} is not writable")
         path = trace_path(path_prefix, cfg.compression, pid, hhash)
         header = _header(host, hhash, pid, threading.get_native_id(), p_idx)
+        flight = cfg.flight  # kept in memory, written only in dumps (events.flight)
+        _core.flight_set(flight.steps if flight else 0, flight.max_bytes if flight else 0)
         for candidate in _names(path, suffix):
             try:
                 _core.open(candidate, cfg.compression, cfg.write_buffer_size, header, pid, hhash)
