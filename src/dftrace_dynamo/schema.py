@@ -23,9 +23,10 @@ AGGREGATES_RECORD = "dftrace_aggregates"  # name of the metadata record of per-f
 CAT_EVAL = "eval"  # forward work outside training (grad disabled after a complete step)
 CAT_COMM = "comm"  # one collective or point-to-point operation (torch.distributed, DDP buckets)
 CAT_MEMORY = "memory"  # memory counter samples ("ph": "C")
+CAT_GC = "gc"  # one collection of Python's cyclic garbage collector
 
 CATEGORIES = (CAT_OP, CAT_GRAPH, CAT_COMPILE, CAT_MODULE, CAT_KERNEL, CAT_CUDA, CAT_STEP, CAT_DATA,
-              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER, CAT_EVAL, CAT_COMM, CAT_MEMORY)
+              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER, CAT_EVAL, CAT_COMM, CAT_MEMORY, CAT_GC)
 # the step structure: the categories that split a step's wall time
 STEP_STRUCTURE = (CAT_STEP, CAT_DATA, CAT_BACKWARD, CAT_OPTIMIZER)
 
@@ -69,6 +70,10 @@ ARG_CLOCK_ERROR = "clock_error_ns"
 ARG_PEAK_RSS = "peak_rss"  # bytes: the process's peak resident memory during the step
 ARG_CUDA_PEAK = "cuda_max_allocated"  # bytes: torch.cuda.max_memory_allocated during the step
 ARG_RSS = "rss"  # bytes: resident memory at the sample (counter track)
+# gc slices: the generation collected (0-2), the objects it freed, those it found but could not free
+ARG_GENERATION = "generation"
+ARG_COLLECTED = "collected"
+ARG_UNCOLLECTABLE = "uncollectable"
 
 # DFTRACER_INC_METADATA=1: static facts about an op (and, FLOPs and bytes summed, a kernel)
 ARG_OP_TYPE = "op_type"  # the FX node's op (call_function, call_method, call_module)

@@ -103,7 +103,7 @@ from torch._guards import CompileContext
 from .. import _core
 from ..schema import ARG_OPTIMIZER, CAT_BACKWARD, CAT_DATA, CAT_EVAL, CAT_OPTIMIZER
 from ..session import config, dataloaders, hooks, logger
-from . import clock, comm, flight, memory  # their hooks go in with the trace file, like ours
+from . import clock, comm, flight, gc, memory  # their hooks go in with the trace file, like ours
 
 # where the iteration is; UNDECIDED: after a complete step, a forward of eval-mode modules with
 # grad enabled (evaluation unless a backward or an optimizer step follows); MARKED: a mark ended a

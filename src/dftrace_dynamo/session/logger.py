@@ -573,9 +573,15 @@ class region(contextlib.ContextDecorator):
         start = self._starts.stack.pop()
         if start is not None:
             name, cat, end = _text(self.name), _text(self.cat), _core.now_ns()
-            if not _holder(name, cat, start, end, self.args) and _core.log(name, cat, start, end, self.args):
-                note_arg_issues()
+            record(name, cat, start, end, self.args)
         return False
+
+
+def record(name: str, cat: str, start: int, end: int, args: Optional[dict] = None) -> None:
+    """Records a slice (ns) that just ended on this thread, after the slices steps hold back (see
+    :func:`set_holder`) where some are."""
+    if not _holder(name, cat, start, end, args) and _core.log(name, cat, start, end, args):
+        note_arg_issues()
 
 
 def _after_fork_in_child() -> None:
