@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import itertools
 import math
@@ -240,7 +241,9 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
                 continue
     except (OSError, RuntimeError, ValueError) as exc:
         _finalized = True
-        config.report_disabled(f"cannot write the trace under {source}={prefix!r}: {exc}")
+        # the OS's message quotes the path: both are cut to one readable line
+        config.report_disabled(f"cannot write the trace under {source}={config.shown(prefix)}: "
+                               f"{config.cut(str(exc))}")
         return False
     _prefix, _source, _p_idx = path_prefix, source, p_idx
     hooks.install(GROUP)
@@ -312,7 +315,8 @@ def _process_index(process_id) -> int:
             return value
     except TypeError:
         pass
-    config.log.warning("initialize_log: process_id=%r ignored (p_idx is a 64-bit integer): -1 is written", process_id)
+    config.log.warning("initialize_log: process_id=%s ignored (p_idx is a 64-bit integer): -1 is written",
+                       _repr(process_id))
     return -1
 
 
@@ -487,8 +491,10 @@ def _unprintable(value) -> str:
 
 
 def _repr(value) -> str:
+    """``repr(value)`` for a message: one line, cut; ``<unprintable TYPE>`` where repr() raises (an int
+    past 4300 digits, the user's own bug)."""
     try:
-        return repr(value)
+        return config.cut(repr(value), config.SHOWN_CHARS)
     except Exception:
         return _unprintable(value)
 
@@ -692,9 +698,33 @@ def _chain_signal(sig: int):
     return handler if hook.handler is handler else None
 
 
+_EXIT_WAIT_S = 5.0  # how long os._exit waits for another thread's finalize (or open) to end
+
+
+def _finalize_before_exit(exit_):
+    """``os._exit`` that finalizes the trace first: atexit does not run there, and a forked child
+    (a framework's worker, a ``multiprocessing`` child) commonly ends that way right after its work."""
+
+    @functools.wraps(exit_)
+    def _exit(status):
+        try:
+            operator.index(status)  # a bad status raises below, with the trace still open
+            if not _finalizing and _lock.acquire(timeout=_EXIT_WAIT_S):
+                try:
+                    finalize()
+                finally:
+                    _lock.release()
+        except Exception:  # tracing never stands between the program and its exit
+            pass
+        exit_(status)
+
+    return _exit
+
+
 GROUP, SIGNAL_GROUP = "process", "signals"
 _SIGTERM_HOOK = f"signal {signal.SIGTERM.name}"
 for _hook in (hooks.AtExit("finalize at exit", GROUP, finalize),
+              hooks.Patch("finalize at os._exit", GROUP, lambda: os, "_exit", _finalize_before_exit),
               hooks.AtFork("trace file of a forked child", GROUP, _after_fork_in_child),
               hooks.AfterProcessFork("multiprocessing child exit", GROUP, _after_multiprocessing_fork)):
     hooks.declare(_hook)
