@@ -54,12 +54,13 @@ _MAX_DIGITS = 19  # of a number we read (int64): longer ones are refused, never 
 def shown(value: str) -> str:
     """``repr(value)``, cut to its first SHOWN_CHARS characters (saying how long it was): a
     message about a value must stay one readable line."""
-    if len(value) <= SHOWN_CHARS:
-        return repr(value)
-    return f"{value[:SHOWN_CHARS]!r}… ({len(value):,} characters)"
+    text = repr(value[:SHOWN_CHARS + 1])  # escapes make it longer than the value
+    if len(value) <= SHOWN_CHARS and len(text) <= SHOWN_CHARS + 2:
+        return text
+    return f"{text[:SHOWN_CHARS]}… ({len(value):,} characters)"
 
 
-def cut(text: str, limit: int = 4 * SHOWN_CHARS) -> str:
+def cut(text: str, limit: int = 2 * SHOWN_CHARS) -> str:
     """``text`` (an error's message that may quote a value) as one line of at most ``limit``
     characters."""
     text = " ".join(text.split())

@@ -195,7 +195,7 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     # job's ranks together whatever their clocks say
     run_id = os.environ.get("DFTRACER_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
-        start_args[ARG_RUN_ID] = run_id
+        start_args[ARG_RUN_ID] = _clean(run_id)
     records = [
         string_hash("HH", host),
         meta("process_name", {"name": _clean(proc_name)}),
