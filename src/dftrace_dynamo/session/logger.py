@@ -478,12 +478,18 @@ def adjusted() -> dict:
 def own_fields(args: Optional[dict], fields: frozenset) -> Optional[dict]:
     """``args`` with each name in ``fields`` (one the tracer writes on the same event) renamed
     ``user_<name>``: the tracer's field and the user's value both stay."""
-    if not args or fields.isdisjoint(args):
+    if not args:
         return args
-    for key in fields.intersection(args):
-        _adjust(f"field {key}", "%r is a field the tracer writes itself: the value given for it is written "
-                "as %r", key, USER_PREFIX + key)
-    return {(USER_PREFIX + k if k in fields else k): v for k, v in args.items()}
+    # keys are compared as the plain text the writer writes: a str subclass's own __eq__ or
+    # __hash__ (which may raise) is never called, nor is any key hashed again
+    items = [(k, str.__str__(k) if issubclass(type(k), str) else None, v) for k, v in args.items()]
+    clashes = [name for _, name, _ in items if name in fields]
+    if not clashes:
+        return args
+    for name in clashes:
+        _adjust(f"field {name}", "%r is a field the tracer writes itself: the value given for it is written "
+                "as %r", name, USER_PREFIX + name)
+    return {(USER_PREFIX + name if name in fields else k): v for k, name, v in items}
 
 
 def _unprintable(value) -> str:
