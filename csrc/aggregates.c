@@ -655,6 +655,11 @@ static void free_all(void) {
     memset(&A, 0, sizeof A);
 }
 
+void dft_agg_forget(void) {
+    memset(&cache, 0, sizeof cache);
+    memset(&A, 0, sizeof A);
+}
+
 void dft_agg_open(const char *header, size_t len) {
     free_all();
     A.on = 1;

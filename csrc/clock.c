@@ -133,6 +133,26 @@ uint64_t dft_clock_ns(uint64_t tick) {
 #endif
 }
 
+/* fork() is held off while the writer thread updates the model (ring.c's atfork handlers):
+ * the child finds clock_mu free and the model whole. */
+void dft_clock_fork_prepare(void) {
+#if DFT_HAVE_TSC
+    pthread_mutex_lock(&clock_mu);
+#endif
+}
+
+void dft_clock_fork_parent(void) {
+#if DFT_HAVE_TSC
+    pthread_mutex_unlock(&clock_mu);
+#endif
+}
+
+void dft_clock_fork_child(void) {
+#if DFT_HAVE_TSC
+    pthread_mutex_init(&clock_mu, NULL);
+#endif
+}
+
 void dft_clock_update(int exact) {
 #if DFT_HAVE_TSC
     if (!tsc_trusted)

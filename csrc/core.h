@@ -287,6 +287,9 @@ static inline uint64_t dft_mono(void) {
 void dft_clock_init(void);
 /* exact: re-anchor on the monotonic clock (open()); else steer smoothly (writer). */
 void dft_clock_update(int exact);
+void dft_clock_fork_prepare(void); /* ring.c's atfork handlers */
+void dft_clock_fork_parent(void);
+void dft_clock_fork_child(void);
 
 #if defined(__x86_64__) || defined(__i386__)
 #define DFT_HAVE_TSC 1
@@ -405,6 +408,8 @@ void dft_cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, long ns);
 
 /* ---- aggregates written with the trace (aggregates.c; writer thread) ---- */
 void dft_agg_open(const char *header, size_t len); /* a new file: reset, copy the header's events */
+void dft_agg_forget(void); /* a forked child: drop (leak) the parent's state without freeing it */
+void dft_writer_forget(void); /* the same for the writer thread's own buffers */
 void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t dur_ns); /* its line */
 int dft_agg_tick(void);                   /* after a drain pass: 1 when a checkpoint is due */
 void dft_agg_write(dft_buf *b, int last); /* the record line; last: at close */

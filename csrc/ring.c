@@ -31,12 +31,16 @@ static void tls_bind(dft_ring *r) {
     dft_tls.half = r ? (uint32_t)r->half : 0;
 }
 
+/* Every lock of the core, taken in one order (no thread holds clock_mu while it takes another),
+ * so the child starts with each free and what it guards whole. */
 static void atfork_prepare(void) {
     pthread_mutex_lock(&dft_w.mu);
     pthread_mutex_lock(&dft_list_mu);
+    dft_clock_fork_prepare();
 }
 
 static void atfork_parent(void) {
+    dft_clock_fork_parent();
     pthread_mutex_unlock(&dft_list_mu);
     pthread_mutex_unlock(&dft_w.mu);
 }
@@ -44,8 +48,12 @@ static void atfork_parent(void) {
 /* The child has no writer thread and must never write the parent's file: it
  * forgets every ring (their events are the parent's to write) and the open
  * file. The memory is deliberately leaked: the writer may have been inside
- * zlib/zstd or a ring when fork() happened, so it cannot be freed safely. */
+ * zlib/zstd, a ring or the aggregates when fork() happened, so it cannot be
+ * freed safely. */
 static void atfork_child(void) {
+    dft_clock_fork_child();
+    dft_agg_forget();
+    dft_writer_forget();
     pthread_mutex_init(&dft_list_mu, NULL);
     pthread_mutex_init(&dft_w.mu, NULL);
     pthread_cond_init(&dft_w.cv_wake, NULL);

@@ -789,6 +789,16 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
+/* A forked child: the writer thread's own state may have been mid-update at fork(), so it is
+ * dropped (leaked), not freed or reused. */
+void dft_writer_forget(void) {
+    memset(&hints, 0, sizeof hints);
+    memset(&tail_scratch, 0, sizeof tail_scratch);
+    id_txt.v = 0;
+    id_txt.len = 1;
+    id_txt.s[0] = '0';
+}
+
 /* flush_req/flush_done keep counting across files: a flush() that raced
  * with close() may still be waiting and is served by the next writer. */
 int dft_writer_start(void) {

@@ -136,3 +136,33 @@ def test_buffer_size_says_what_it_became(tmp_path, value, size):
     assert p.returncode == 0
     assert f"dftrace_dynamo: DFTRACER_WRITE_BUFFER_SIZE={value!r}: {size} bytes ({size / 2**20:g} MiB)" in \
         p.stderr.splitlines()
+
+
+HUGE_VALUES = ["9" * 4301, "1" * 100_000, "x" * 100_000, "0-" + "9" * 5000, "1-2:" + "7" * 5000, "/" + "d/" * 50_000,
+               "\udcff" * 2000]
+
+
+@pytest.mark.parametrize("variable", [v for v in __import__("dftrace_dynamo.session.config", fromlist=["x"]).VARIABLES])
+def test_a_huge_value_of_any_variable_gives_one_short_line_and_the_program_runs(tmp_path, variable):
+    runs = []
+    for n, value in enumerate(HUGE_VALUES):
+        cwd = tmp_path / str(n)
+        cwd.mkdir()
+        env = clean_env({"DFTRACER_ENABLE": "1", variable: value})
+        runs.append((value[:20], cwd, subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROGRAM)], cwd=cwd,
+                                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                       text=True)))
+    for value, cwd, proc in runs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (value, err[-2000:])
+        assert out.splitlines() == ["result 3"], (value, err[-2000:])
+        lines = err.splitlines()
+        assert len(lines) <= 1, (value, err[-2000:])
+        assert all(len(line) <= 500 and "Exceeds the limit" not in line for line in lines), (value, err[:1000])
+        files = traces(cwd) + traces(cwd, "**/*.pfw*")
+        if files:  # tracing in its normal mode: a whole, closed file
+            path = files[0]
+            assert [e["args"]["i"] for e in read_events(path) if e["name"] == "r"] == [0, 1, 2]
+            assert read_lines(path)[-1] == "]"
+        else:  # a bad value: tracing off, the one line says which variable
+            assert len(lines) == 1 and variable in lines[0], (value, err[-2000:])

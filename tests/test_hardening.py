@@ -144,6 +144,34 @@ def test_hostile_args_never_raise_in_log_event_region_and_tags(tmp_path, trace):
     loads_everywhere(path)
 
 
+class RaisingEq(str):
+    def __eq__(self, other):
+        raise RuntimeError("the user's own __eq__")
+
+    __hash__ = str.__hash__
+
+
+class RaisingStr(str):
+    def __str__(self):
+        raise RuntimeError("the user's own __str__")
+
+
+def test_str_subclass_keys_whose_eq_or_str_raise_never_reach_the_caller(tmp_path, trace):
+    log, before = trace
+    keys = [RaisingEq("hhash"), RaisingEq("a"), RaisingStr("b"), RaisingStr("hhash")]
+    for i, key in enumerate(keys):
+        dftracer.log_event("e", "user", dftracer.get_time(), 1.0, {key: i, "i": i})
+    res = log.finalize()
+    assert res["adjusted"].get("field hhash", 0) - before.get("field hhash", 0) == 2
+    (path,) = traces(tmp_path)
+    args = [e["args"] for e in read_events(path) if e["name"] == "e"]
+    # written by their text; one named like the tracer's field keeps both, the user's renamed
+    assert [{k: v for k, v in a.items() if k != "hhash"} for a in args] == [
+        {"user_hhash": 0, "i": 0}, {"a": 1, "i": 1}, {"b": 2, "i": 2}, {"user_hhash": 3, "i": 3}]
+    assert all(len(a["hhash"]) == 16 for a in args)
+    loads_everywhere(path)
+
+
 @pytest.mark.parametrize("kind", ["list", "dict"])
 def test_args_are_cut_at_the_documented_depth(tmp_path, trace, kind):
     log, _ = trace

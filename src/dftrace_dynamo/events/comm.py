@@ -93,7 +93,7 @@ UNWAITED_MAX = 4096
 # id(work) -> (weak reference to the work, op, start, args, end of its issue): async works without a
 # future, whose event ends at their wait() (not kept alive: a work never waited for frees its tensors)
 _unwaited: "collections.OrderedDict" = collections.OrderedDict()
-_lock = threading.RLock()  # reentrant: a signal's finalize may interrupt its holder
+_lock = hooks.fork_safe(threading.RLock())  # reentrant: a signal's finalize may interrupt its holder
 _local = threading.local()  # depth: inside a recorded operation (inner calls are its parts)
 _groups: dict = {}  # id(group) -> (name, size, rank, nccl, group)
 _watched: set = set()  # ids of the NCCL groups whose completion hook is registered

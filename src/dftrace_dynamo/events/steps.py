@@ -152,7 +152,7 @@ class _State:
 
 
 _state = _State()
-_lock = threading.RLock()
+_lock = hooks.fork_safe(threading.RLock())  # a forked child opens its file under it
 _local = threading.local()  # per thread: backward depth, optimizer step starts
 
 

@@ -49,6 +49,26 @@ class ConfigError(ValueError):
     """A DFTRACER_* variable holds a value we do not accept."""
 
 
+SHOWN_CHARS = 80  # of a value echoed in a message
+_MAX_DIGITS = 19  # of a number we read (int64): longer ones are refused, never handed to int()
+
+
+def shown(value: str) -> str:
+    """``repr(value)``, cut to its first SHOWN_CHARS characters (saying how long it was): a
+    message about a value must stay one readable line."""
+    text = repr(value[:SHOWN_CHARS + 1])  # escapes make it longer than the value
+    if len(value) <= SHOWN_CHARS and len(text) <= SHOWN_CHARS + 2:
+        return text
+    return f"{text[:SHOWN_CHARS]}… ({len(value):,} characters)"
+
+
+def cut(text: str, limit: int = 2 * SHOWN_CHARS) -> str:
+    """``text`` (an error's message that may quote a value) as one line of at most ``limit``
+    characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text):,} characters)"
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     enable: Optional[bool] = None  # None: unset, on once initialize_log() is called
@@ -112,7 +132,7 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     try:
         return _BOOL[raw.strip()]
     except KeyError:
-        raise ConfigError(f"{name}={raw!r} is not valid (accepted: 0 or 1)") from None
+        raise ConfigError(f"{name}={shown(raw)} is not valid (accepted: 0 or 1)") from None
 
 
 def _size(env: Mapping[str, str], name: str, default: int) -> int:
@@ -121,11 +141,14 @@ def _size(env: Mapping[str, str], name: str, default: int) -> int:
         return default
     match = _SIZE.fullmatch(raw.strip().upper())
     if not match or match[2] not in _SIZE_UNITS:
-        raise ConfigError(f"{name}={raw!r} is not valid (accepted: a number of bytes >= "
+        raise ConfigError(f"{name}={shown(raw)} is not valid (accepted: a number of bytes >= "
                           f"{MIN_BUFFER_SIZE}, optionally with K, M or G)")
-    value = int(match[1]) * _SIZE_UNITS[match[2]]
+    digits = match[1].lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS:  # more than any machine holds (and past what int() reads)
+        return max_buffer_size() + 1
+    value = int(digits) * _SIZE_UNITS[match[2]]
     if value < MIN_BUFFER_SIZE:
-        raise ConfigError(f"{name}={raw!r} is too small (accepted: at least {MIN_BUFFER_SIZE} bytes)")
+        raise ConfigError(f"{name}={shown(raw)} is too small (accepted: at least {MIN_BUFFER_SIZE} bytes)")
     return value
 
 
@@ -145,12 +168,13 @@ def _choice(env: Mapping[str, str], name: str, table: Mapping[str, object], defa
     try:
         return table[key(raw.strip())]
     except KeyError:
-        raise ConfigError(f"{name}={raw!r} is not valid (accepted: {accepted})") from None
+        raise ConfigError(f"{name}={shown(raw)} is not valid (accepted: {accepted})") from None
 
 
 # ---- step windows (DFTRACER_STEPS) ----------------------------------------
 STEPS_GRAMMAR = "comma-separated A-B, A, A- or A-B:K (every K-th step), e.g. 10-12,100- or 0-:100"
-_STEP_ITEM = re.compile(r"^(\d+)(?:(-)(\d*)(?::(\d+))?)?$", re.ASCII)  # not '٣'; int() reads any digit
+# not '٣' (int() reads any digit), nor more digits than a step number has
+_STEP_ITEM = re.compile(r"^(\d{1,%d})(?:(-)(\d{0,%d})(?::(\d{1,%d}))?)?$" % ((_MAX_DIGITS,) * 3), re.ASCII)
 
 
 def parse_steps(text: str) -> Optional[tuple]:
@@ -164,12 +188,12 @@ def parse_steps(text: str) -> Optional[tuple]:
     for item in text.split(","):
         m = _STEP_ITEM.match(item.strip())
         if not m:
-            raise ValueError(f"{text!r} is not valid (accepted: {STEPS_GRAMMAR})")
+            raise ValueError(f"{shown(text)} is not valid (accepted: {STEPS_GRAMMAR})")
         first = int(m[1])
         last = first if m[2] is None else (int(m[3]) if m[3] else None)
         stride = int(m[4]) if m[4] is not None else 1
         if (last is not None and last < first) or stride < 1:
-            raise ValueError(f"{text!r} is not valid (accepted: {STEPS_GRAMMAR}; A <= B, K >= 1)")
+            raise ValueError(f"{shown(text)} is not valid (accepted: {STEPS_GRAMMAR}; A <= B, K >= 1)")
         windows.append((first, last, stride))
     return tuple(windows)
 
@@ -204,7 +228,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
         if buffer_size > cap:
             # more than the machine holds: every ring allocation would fail and drop every event
             buffer_size = cap
-            warning = (f"DFTRACER_WRITE_BUFFER_SIZE={env['DFTRACER_WRITE_BUFFER_SIZE']!r} is more than this "
+            warning = (f"DFTRACER_WRITE_BUFFER_SIZE={shown(env['DFTRACER_WRITE_BUFFER_SIZE'])} is more than this "
                        f"machine can hold; using {buffer_size >> 20}M (a quarter of its memory)")
         return Config(
             enable=enable,
@@ -248,7 +272,7 @@ def unknown_variables(env: Mapping[str, str] = os.environ) -> list:
             continue
         close = difflib.get_close_matches(name.upper(), VARIABLES, n=1, cutoff=0.75)
         hint = f"did you mean {close[0]}?" if close else "see the list in the configuration docs"
-        messages.append(f"{name} is not a variable dftrace_dynamo reads and is ignored ({hint})")
+        messages.append(f"{cut(name, SHOWN_CHARS)} is not a variable dftrace_dynamo reads and is ignored ({hint})")
     return messages
 
 
@@ -257,7 +281,7 @@ def buffer_size_note(env: Mapping[str, str], cfg: Config) -> Optional[str]:
     raw = env.get("DFTRACER_WRITE_BUFFER_SIZE", "").strip()
     if not raw or cfg.error:
         return None
-    return f"DFTRACER_WRITE_BUFFER_SIZE={raw!r}: {cfg.write_buffer_size} bytes ({cfg.write_buffer_size / 2**20:g} MiB)"
+    return f"DFTRACER_WRITE_BUFFER_SIZE={shown(raw)}: {cfg.write_buffer_size} bytes ({cfg.write_buffer_size / 2**20:g} MiB)"
 
 
 _config: Optional[Config] = None

@@ -8,7 +8,8 @@ program (or a test) finds torch and Python as they were.
 
 Nothing is installed at import. Fork callbacks cannot be unregistered from
 Python, so one dispatcher is registered with ``os.register_at_fork`` on first
-use and calls only the fork hooks installed at that moment.
+use and calls only the fork hooks installed at that moment, after freeing the
+locks declared :func:`fork_safe`.
 """
 
 from __future__ import annotations
@@ -258,9 +259,21 @@ def _remove(hooks: list) -> None:
                 hook._remove()
 
 
+_fork_locks: list = []  # fork_safe()
+
+
+def fork_safe(lock):
+    """``lock`` (a threading Lock or RLock), made free again in a forked child before any fork hook
+    runs: a thread of the parent that held it is not there to release it. Returns ``lock``."""
+    _fork_locks.append(lock)
+    return lock
+
+
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()  # a thread of the parent may have held it
+    for lock in _fork_locks:
+        lock._at_fork_reinit()  # what threading does for its own locks
     for hook in list(_declared.values()):
         if isinstance(hook, AtFork) and hook.installed:
             hook.fn()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import itertools
 import math
@@ -199,7 +200,7 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     # job's ranks together whatever their clocks say
     run_id = os.environ.get("DFTRACER_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
-        start_args[ARG_RUN_ID] = run_id
+        start_args[ARG_RUN_ID] = _clean(run_id)
     records = [
         string_hash("HH", host),
         meta("process_name", {"name": _clean(proc_name)}),
@@ -247,7 +248,9 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
                 continue
     except (OSError, RuntimeError, ValueError) as exc:
         _finalized = True
-        config.report_disabled(f"cannot write the trace under {source}={prefix!r}: {exc}")
+        # the OS's message quotes the path: both are cut to one readable line
+        config.report_disabled(f"cannot write the trace under {source}={config.shown(prefix)}: "
+                               f"{config.cut(str(exc))}")
         return False
     _prefix, _source, _p_idx = path_prefix, source, p_idx
     hooks.install(GROUP)
@@ -319,7 +322,8 @@ def _process_index(process_id) -> int:
             return value
     except TypeError:
         pass
-    config.log.warning("initialize_log: process_id=%r ignored (p_idx is a 64-bit integer): -1 is written", process_id)
+    config.log.warning("initialize_log: process_id=%s ignored (p_idx is a 64-bit integer): -1 is written",
+                       _repr(process_id))
     return -1
 
 
@@ -481,12 +485,18 @@ def adjusted() -> dict:
 def own_fields(args: Optional[dict], fields: frozenset) -> Optional[dict]:
     """``args`` with each name in ``fields`` (one the tracer writes on the same event) renamed
     ``user_<name>``: the tracer's field and the user's value both stay."""
-    if not args or fields.isdisjoint(args):
+    if not args:
         return args
-    for key in fields.intersection(args):
-        _adjust(f"field {key}", "%r is a field the tracer writes itself: the value given for it is written "
-                "as %r", key, USER_PREFIX + key)
-    return {(USER_PREFIX + k if k in fields else k): v for k, v in args.items()}
+    # keys are compared as the plain text the writer writes: a str subclass's own __eq__ or
+    # __hash__ (which may raise) is never called, nor is any key hashed again
+    items = [(k, str.__str__(k) if issubclass(type(k), str) else None, v) for k, v in args.items()]
+    clashes = [name for _, name, _ in items if name in fields]
+    if not clashes:
+        return args
+    for name in clashes:
+        _adjust(f"field {name}", "%r is a field the tracer writes itself: the value given for it is written "
+                "as %r", name, USER_PREFIX + name)
+    return {(USER_PREFIX + name if name in fields else k): v for k, name, v in items}
 
 
 def _unprintable(value) -> str:
@@ -494,8 +504,10 @@ def _unprintable(value) -> str:
 
 
 def _repr(value) -> str:
+    """``repr(value)`` for a message: one line, cut; ``<unprintable TYPE>`` where repr() raises (an int
+    past 4300 digits, the user's own bug)."""
     try:
-        return repr(value)
+        return config.cut(repr(value), config.SHOWN_CHARS)
     except Exception:
         return _unprintable(value)
 
@@ -705,9 +717,33 @@ def _chain_signal(sig: int):
     return handler if hook.handler is handler else None
 
 
+_EXIT_WAIT_S = 5.0  # how long os._exit waits for another thread's finalize (or open) to end
+
+
+def _finalize_before_exit(exit_):
+    """``os._exit`` that finalizes the trace first: atexit does not run there, and a forked child
+    (a framework's worker, a ``multiprocessing`` child) commonly ends that way right after its work."""
+
+    @functools.wraps(exit_)
+    def _exit(status):
+        try:
+            operator.index(status)  # a bad status raises below, with the trace still open
+            if not _finalizing and _lock.acquire(timeout=_EXIT_WAIT_S):
+                try:
+                    finalize()
+                finally:
+                    _lock.release()
+        except Exception:  # tracing never stands between the program and its exit
+            pass
+        exit_(status)
+
+    return _exit
+
+
 GROUP, SIGNAL_GROUP = "process", "signals"
 _SIGTERM_HOOK = f"signal {signal.SIGTERM.name}"
 for _hook in (hooks.AtExit("finalize at exit", GROUP, finalize),
+              hooks.Patch("finalize at os._exit", GROUP, lambda: os, "_exit", _finalize_before_exit),
               hooks.AtFork("trace file of a forked child", GROUP, _after_fork_in_child),
               hooks.AfterProcessFork("multiprocessing child exit", GROUP, _after_multiprocessing_fork)):
     hooks.declare(_hook)
