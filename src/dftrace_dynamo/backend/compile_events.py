@@ -354,7 +354,7 @@ def _register_modules(compiling: types.FrameType, f_locals) -> None:
         frame = frame.f_back
     for value in [*reversed(callers), *(f_locals or {}).values()]:
         if isinstance(value, torch.nn.Module):
-            sites.register(value)
+            sites.register(value, compiling)
 
 
 def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
@@ -373,9 +373,7 @@ def _user_code(compiling: types.FrameType, f_locals: dict) -> dict:
     if frame is not None:
         found["location"] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
     if module is not None and not found["module"]:  # a root: by the caller's name for it (D, model)
-        names = (name for name, value in frame.f_locals.items()
-                 if value is module or getattr(value, "_orig_mod", None) is module) if frame is not None else ()
-        found["module"] = next(names, type(module).__name__.lower())
+        found["module"] = sites.root_name(module, compiling)
     return found
 
 

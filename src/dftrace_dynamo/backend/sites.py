@@ -12,12 +12,13 @@ import builtins
 import operator
 import re
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import naming
+from ..session import hooks, logger
 from ..naming import abbreviate
 from ..schema import (ARG_BYTES, ARG_FLOPS, ARG_GRAPH, ARG_INPUT_DTYPES, ARG_INPUT_SHAPES, ARG_MODULE, ARG_MODULE_TYPE,
                       ARG_NODE, ARG_OP_TYPE, ARG_OUTPUT_DTYPES, ARG_OUTPUT_SHAPES, ARG_SOURCE, ARG_TARGET)
@@ -33,8 +34,12 @@ _SOURCE_ROOT = re.compile(r"""^([LG])\[(['"])([^'"]+)\2\]""")  # L['self'].fc ->
 SELF_KEY = "dftrace:self"
 
 # module -> its path in the user's model ("" for a root: a module first seen as a compiled frame's
-# self or argument, or the module torch.compile was given); filled at compile time only
+# self or argument, or the module torch.compile was given; a named root where paths would meet);
+# filled at compile time only
 _paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+# root -> (its name, the trace file it was registered in: a count of files opened; None: none open)
+_roots: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_trace = [0]
 
 
 class UserPath(str):
@@ -71,18 +76,86 @@ def _walk(obj: Any, accessors: str) -> Any:
     return obj
 
 
-def register(module: torch.nn.Module) -> str:
-    """``module``'s path in the user's model. A module not seen before is a root: it and its
-    ``named_modules()`` are registered (a root seen earlier inside it takes its path in it)."""
+def register(module: torch.nn.Module, frame=None) -> str:
+    """``module``'s path in the user's model. A module not seen before is a root (a model): it and
+    its ``named_modules()`` are registered, and a root seen earlier inside it takes its path in it.
+    A root whose paths would meet those of another model of the trace file (a GAN's generator and
+    discriminator each hold a ``main``) is named (:func:`root_name`) and its paths begin with that
+    name: two models of a trace never share a path. The root's path is returned: ``""`` for an
+    unnamed one. ``frame``: the compiling frame, from which the user's name for the model is looked up."""
     path = _paths.get(module)
     if path is not None:
         return path
-    for sub_path, sub in module.named_modules():
-        sub_path = naming.user_path(sub_path)
-        old = _paths.get(sub)
-        if old is None or old == "" or sub_path.endswith("." + old):
-            _paths[sub] = sub_path
-    return ""
+    subs = [(naming.user_path(sub_path), sub) for sub_path, sub in module.named_modules()]
+    earlier = [sub for _, sub in subs if sub is not module and sub in _roots]
+    moved = {id(m) for root in earlier for m in root.modules()}  # they take their paths in this one
+    for root in earlier:
+        del _roots[root]
+    inside = {id(sub) for _, sub in subs}
+    used = {_paths.get(m) for root, (_, trace) in _roots.items() if trace in (_trace[0], None)
+            for m in root.modules() if id(m) not in inside}
+    name = root_name(module, frame, used - {None})
+    prefix = name if any(sub_path in used for sub_path, _ in subs if sub_path) else ""
+    _roots[module] = (name, _trace[0] if logger.enabled() else None)
+    for sub_path, sub in subs:
+        new, old = ".".join(part for part in (prefix, sub_path) if part), _paths.get(sub)
+        if old is None or old == "" or id(sub) in moved or new.endswith("." + old):
+            _paths[sub] = new
+    return prefix
+
+
+def root_name(module: torch.nn.Module, frame=None, used: Iterable[str] = ()) -> str:
+    """The name a model is known by: the variable or attribute of the user's code that holds it
+    (or its ``torch.compile`` wrapper), looked up from ``frame`` outward (the caller's locals, the
+    attributes of its ``self``, its globals), else its class name lower-cased; made unique among
+    the trace file's models registered before and the first parts of ``used`` paths (``netD``,
+    ``netD_1``)."""
+    if module in _roots:
+        return _roots[module][0]
+    name = _bound_name(module, frame) or type(module).__name__.lower()
+    taken = {p.split(".", 1)[0] for p in used} | {name for name, trace in _roots.values() if trace in (_trace[0], None)}
+    unique, n = name, 0
+    while unique in taken:
+        n += 1
+        unique = f"{name}_{n}"
+    return unique
+
+
+def _opened() -> None:
+    """A trace file opens: the models of the ones before it no longer take paths; those registered
+    while none was open (its lazy open comes after the first compile began) are its own."""
+    _trace[0] += 1
+    for root, (name, trace) in list(_roots.items()):
+        if trace is None:
+            _roots[root] = (name, _trace[0])
+
+
+logger.add_hooks(_opened, lambda: None)
+
+
+def _bound_name(module: torch.nn.Module, frame, depth: int = 8) -> Optional[str]:
+    """The name the user gave ``module`` (or the ``OptimizedModule`` around it) in the first of the
+    user's frames from ``frame`` outward that holds it: a variable, an attribute of the frame's
+    ``self``, a global. A function's parameters are no names (``model`` of a helper the loop calls
+    with each model), nor is the receiver of the module's own methods."""
+    def holds(value) -> bool:
+        return value is module or getattr(value, "_orig_mod", None) is module
+
+    try:
+        frame = hooks.user_frame(frame)
+        while frame is not None and depth:
+            code, f_locals = frame.f_code, frame.f_locals
+            parameters = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+            owner = f_locals.get("self")
+            for place in (f_locals, getattr(owner, "__dict__", {}), getattr(owner, "_modules", None) or {},
+                          frame.f_globals):
+                for key, value in list(place.items()):
+                    if isinstance(key, str) and holds(value) and (place is not f_locals or key not in parameters):
+                        return key
+            frame, depth = hooks.user_frame(frame.f_back), depth - 1
+    except Exception:  # an object of the user's that will not be looked into: the class names it
+        pass
+    return None
 
 
 def user_stacks(gm: torch.fx.GraphModule, f_locals: Optional[dict],
