@@ -38,7 +38,8 @@ _INIT_MODES = ("FUNCTION", "PRELOAD")
 VARIABLES = ("DFTRACER_ENABLE", "DFTRACER_LOG_FILE", "DFTRACER_INC_METADATA", "DFTRACER_MODULE_SLICES",
              "DFTRACER_TRACE_COMPRESSION", "DFTRACER_WRITE_BUFFER_SIZE", "DFTRACER_BIND_SIGNALS",
              "DFTRACER_LOG_LEVEL", "DFTRACER_CUDA_EVENTS", "DFTRACER_INIT", "DFTRACER_DATA_DIR",
-             "DFTRACER_DISABLE_IO", "DFTRACER_STEPS", "DFTRACER_RECORD_ARGS", "DFTRACER_RUN_ID")
+             "DFTRACER_DISABLE_IO", "DFTRACER_STEPS", "DFTRACER_RECORD_ARGS", "DFTRACER_RUN_ID",
+             "DFTRACER_EAGER_OPS")
 _DFTRACER_ONLY = ("DFTRACER_DISABLE_POSIX", "DFTRACER_DISABLE_STDIO", "DFTRACER_TIME_METRIC",
                   "DFTRACER_DISABLE_TIDS")
 
@@ -54,6 +55,7 @@ class Config:
     log_file_from_env: bool = False
     inc_metadata: bool = False
     module_slices: bool = True  # DFTRACER_MODULE_SLICES: module events around the ops of each call
+    eager_ops: bool = True  # DFTRACER_EAGER_OPS: op events of the ops that run outside compiled graphs
     compression: int = COMPRESSION_GZIP
     write_buffer_size: int = DEFAULT_BUFFER_SIZE
     bind_signals: bool = False
@@ -175,6 +177,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             log_file_from_env=bool(log_file),
             inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
             module_slices=_flag(env, "DFTRACER_MODULE_SLICES", True),
+            eager_ops=_flag(env, "DFTRACER_EAGER_OPS", True),
             compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
                                 "0 for none, 1 or gzip, gzip-general, 2 or zstd"),
             write_buffer_size=buffer_size,
