@@ -237,6 +237,7 @@ static inline int dft_ops_recording(void) {
 /* GraphCalls call their probe (step tracking outside a training step); GIL held. */
 extern int dft_probe_on;
 extern PyMethodDef dft_step_methods[];
+extern PyMethodDef dft_eager_methods[]; /* eager.c */
 
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra);

@@ -629,7 +629,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)
             goto fail;
-    if (PyModule_AddFunctions(m, dft_step_methods) < 0 || PyModule_AddFunctions(m, dft_flight_methods) < 0)
+    if (PyModule_AddFunctions(m, dft_step_methods) < 0 || PyModule_AddFunctions(m, dft_flight_methods) < 0 ||
+        PyModule_AddFunctions(m, dft_eager_methods) < 0)
         goto fail;
     if (PyModule_AddObjectRef(m, "TagCell", (PyObject *)&dft_TagCellType) < 0 ||
         PyModule_AddObjectRef(m, "Interceptor", (PyObject *)&dft_InterceptorType) < 0 ||

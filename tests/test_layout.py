@@ -121,8 +121,8 @@ def test_hooks_install_and_remove_leave_torch_as_it_was(tmp_path):
         log.finalize()
         during = snapshot()
         changed = sorted(k for k in before if during[k] != before[k])
-        assert changed == ["backward", "grad", "install_callbacks", "mp_init", "next", "ours_afterfork",
-                           "post", "pre", "signals", "zero_grad"], changed
+        assert changed == ["backward", "end_callbacks", "grad", "install_callbacks", "mp_init", "next",
+                           "ours_afterfork", "post", "pre", "signals", "zero_grad"], changed
         from dftrace_dynamo.session import dataloaders, logger
         exits = [logger.finalize, dataloaders._shutdown]
         hooks.remove_all()

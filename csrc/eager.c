@@ -1,0 +1,291 @@
+/* Eager ops: torch's RecordFunction observers reach us through its ITT profiler
+ * (ProfilerState.ITT, events/eager.py enables it per thread). torch calls the ITT
+ * API through exported function pointers (__itt_*_ptr__3_0 in libtorch_cpu): we
+ * point three of them at the functions below, found with dlsym at run time (the
+ * extension is never linked against torch). Each aten op's begin/end reaches
+ * task_begin/task_end, usually without the GIL (torch's bindings release it).
+ *
+ * Recorded: the outermost aten op of a thread (torch.profiler's top-level ATen
+ * ops), while op-level events are recorded (a file open, inside the step
+ * windows), outside compiled graphs (their ops have events of their own: a
+ * GraphCall's context is on the thread) and outside compiles. Autograd's
+ * engine records (scope BACKWARD_FUNCTION) are not ops: the ops they run are
+ * top-level, in phase backward. */
+#include "core.h"
+#include <dlfcn.h>
+#include <string.h>
+
+/* op name -> site, built under the GIL by set_eager_sites and never changed after
+ * publication (a new one replaces it; old ones are kept, a reader may hold one). */
+typedef struct {
+    uint32_t mask;
+    const char **names;
+    uint32_t *sites;
+} name_table;
+static name_table *_Atomic names_now;
+
+/* per thread: a direct-mapped cache of name pointer -> site (torch's op names live
+ * as long as the operator) and the nesting of records */
+#define CACHE 256
+typedef struct {
+    const char *ptr[CACHE];
+    uint32_t site[CACHE];
+    const name_table *of; /* the table the cache was filled from */
+} name_cache;
+typedef struct {
+    name_cache *cache;    /* allocated at the thread's first recorded op (static TLS is small) */
+    uint32_t depth;       /* records open */
+    uint32_t op_depth;    /* depth of the open top-level op (0: none) */
+    uint32_t bwd_depth;   /* depth of the open autograd engine record (0: none) */
+    uint32_t bwd_node;    /* its first child (the autograd node's own record) began */
+    uint32_t site_now;    /* site of the open top-level op, 0: not recorded */
+    uint64_t start;
+} eager_tls_t;
+static _Thread_local eager_tls_t et __attribute__((tls_model("initial-exec")));
+
+static _Atomic int compiling;  /* compiles in flight (Dynamo's start/end callbacks) */
+static _Atomic uint64_t seen;  /* top-level ops seen (recorded or not) */
+static _Atomic uint64_t missed; /* names with "::" that had no site (first sight per thread and table) */
+static pthread_mutex_t miss_mu = PTHREAD_MUTEX_INITIALIZER;
+#define MISS_MAX 64
+static char *miss_names[MISS_MAX];
+static uint32_t miss_n;
+/* the phase of top-level ops outside autograd's engine, per thread (set_eager_phase) */
+static _Thread_local uint32_t phase_now = 1u << DFT_PHASE_SHIFT;
+
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static uint32_t table_find(const name_table *t, const char *name) {
+    for (uint32_t i = (uint32_t)hash_name(name) & t->mask;; i = (i + 1) & t->mask) {
+        if (!t->names[i])
+            return 0;
+        if (!strcmp(t->names[i], name))
+            return t->sites[i];
+    }
+}
+
+static void note_missed(const char *name) {
+    atomic_fetch_add(&missed, 1);
+    pthread_mutex_lock(&miss_mu);
+    int known = 0;
+    for (uint32_t i = 0; i < miss_n && !known; i++)
+        known = !strcmp(miss_names[i], name);
+    if (!known && miss_n < MISS_MAX)
+        miss_names[miss_n++] = strdup(name);
+    pthread_mutex_unlock(&miss_mu);
+}
+
+/* The site of an op name, 0 for a record that is no registered op (Dynamo's cache lookup,
+ * an op registered after set_eager_sites: noted for eager_missed). */
+static uint32_t site_of(const char *name) {
+    const name_table *t = atomic_load_explicit(&names_now, memory_order_acquire);
+    name_cache *c = et.cache;
+    if (DFT_UNLIKELY(!c || c->of != t)) {
+        if (!c && !(c = et.cache = malloc(sizeof *c)))
+            return 0;
+        memset(c, 0, sizeof *c);
+        c->of = t;
+    }
+    uint32_t slot = (uint32_t)((uintptr_t)name >> 3) & (CACHE - 1);
+    if (DFT_LIKELY(c->ptr[slot] == name))
+        return c->site[slot];
+    uint32_t site = t ? table_find(t, name) : 0;
+    if (!site && strstr(name, "::"))
+        note_missed(name);
+    c->ptr[slot] = name;
+    c->site[slot] = site;
+    return site;
+}
+
+/* __itt_string_handle_create: the handle is the name itself */
+static void *itt_handle(const char *name) { return (void *)name; }
+
+typedef struct {
+    unsigned long long d1, d2, d3;
+} itt_id;
+
+static void itt_begin(const void *domain, itt_id id, itt_id parent, void *handle) {
+    (void)domain, (void)id, (void)parent;
+    const char *name = handle;
+    uint32_t d = ++et.depth;
+    if (et.op_depth || !name)
+        return;
+    if (DFT_UNLIKELY(name[0] == 'a' && name[1] == 'u' && !strncmp(name, "autograd::engine::", 18))) {
+        if (!et.bwd_depth)
+            et.bwd_depth = d, et.bwd_node = 0;
+        return;
+    }
+    if (et.bwd_depth == d - 1 && !et.bwd_node) { /* the autograd node's own record; the engine's */
+        et.bwd_node = 1;                         /* ops after it (gradient sums) are ops */
+        return;
+    }
+    uint32_t site = site_of(name);
+    if (!site)
+        return;
+    et.op_depth = d;
+    et.site_now = 0;
+    atomic_fetch_add_explicit(&seen, 1, memory_order_relaxed);
+    /* not in a compiled graph (a GraphCall sets a phase), no compile, a ring to push to */
+    if (!dft_ops_recording() || (dft_tls.ctx & DFT_PHASE_MASK) ||
+        atomic_load_explicit(&compiling, memory_order_relaxed) || !dft_tls.buf)
+        return;
+    et.site_now = site;
+    et.start = dft_tick();
+}
+
+static void itt_end(const void *domain) {
+    (void)domain;
+    uint32_t d = et.depth;
+    if (!d)
+        return;
+    et.depth = d - 1;
+    if (d == et.op_depth) {
+        et.op_depth = 0;
+        if (et.site_now) {
+            uint64_t end = dft_tick();
+            uint32_t phase = et.bwd_depth ? DFT_PHASE_BACKWARD << DFT_PHASE_SHIFT : phase_now;
+            dft_push(et.site_now, et.start, end, phase | dft_hot.ticks, 0, NULL);
+            et.site_now = 0;
+        }
+    } else if (d == et.bwd_depth) {
+        et.bwd_depth = 0;
+    }
+}
+
+/* ---- Python side ------------------------------------------------------------------------ */
+
+static const char *const itt_names[3] = {"__itt_string_handle_create_ptr__3_0", "__itt_task_begin_ptr__3_0",
+                                         "__itt_task_end_ptr__3_0"};
+
+/* eager_install(path): points torch's ITT function pointers in the loaded library at
+ * path at ours; False when it is not loaded or lacks them. */
+static PyObject *py_eager_install(PyObject *m, PyObject *arg) {
+    PyObject *b;
+    if (!PyUnicode_FSConverter(arg, &b))
+        return NULL;
+    void *lib = dlopen(PyBytes_AS_STRING(b), RTLD_NOW | RTLD_NOLOAD);
+    Py_DECREF(b);
+    if (!lib)
+        Py_RETURN_FALSE;
+    void **ptr[3];
+    for (int i = 0; i < 3; i++)
+        if (!(ptr[i] = dlsym(lib, itt_names[i]))) {
+            dlclose(lib);
+            Py_RETURN_FALSE;
+        }
+    *ptr[0] = (void *)itt_handle;
+    *ptr[1] = (void *)itt_begin;
+    *ptr[2] = (void *)itt_end;
+    dlclose(lib); /* RTLD_NOLOAD: only drops the reference this call took */
+    Py_RETURN_TRUE;
+}
+
+/* set_eager_sites({name: site}): the op names' sites from now on */
+static PyObject *py_set_eager_sites(PyObject *m, PyObject *d) {
+    if (!PyDict_Check(d))
+        return PyErr_Format(PyExc_TypeError, "set_eager_sites: a dict, not %s", Py_TYPE(d)->tp_name);
+    uint32_t size = 16;
+    while (size < 2 * (uint32_t)PyDict_GET_SIZE(d) + 2)
+        size *= 2;
+    name_table *t = calloc(1, sizeof *t);
+    const char **names = t ? calloc(size, sizeof *names) : NULL;
+    uint32_t *sites = names ? calloc(size, sizeof *sites) : NULL;
+    if (!sites) {
+        free(t), free(names);
+        return PyErr_NoMemory();
+    }
+    t->mask = size - 1, t->names = names, t->sites = sites;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        const char *name = PyUnicode_AsUTF8(k);
+        unsigned long site = PyLong_AsUnsignedLong(v);
+        if (!name || PyErr_Occurred() || !site || site >= atomic_load(&dft_sites.count)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "set_eager_sites: unknown site");
+            goto fail;
+        }
+        uint32_t i = (uint32_t)hash_name(name) & t->mask;
+        while (names[i])
+            i = (i + 1) & t->mask;
+        if (!(names[i] = strdup(name))) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        sites[i] = (uint32_t)site;
+    }
+    atomic_store_explicit(&names_now, t, memory_order_release); /* the old table stays: readers */
+    Py_RETURN_NONE;
+fail:
+    for (uint32_t i = 0; i < size; i++)
+        free((void *)names[i]);
+    free(names), free(sites), free(t);
+    return NULL;
+}
+
+/* eager_missed() -> [name, ...]: ops that ran without a site since the last call */
+static PyObject *py_eager_missed(PyObject *m, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    if (!out)
+        return NULL;
+    pthread_mutex_lock(&miss_mu);
+    for (uint32_t i = 0; i < miss_n; i++) {
+        PyObject *s = PyUnicode_DecodeUTF8(miss_names[i], strlen(miss_names[i]), "replace");
+        if (!s || PyList_Append(out, s) < 0) {
+            Py_XDECREF(s);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(s);
+    }
+    if (out) {
+        for (uint32_t i = 0; i < miss_n; i++)
+            free(miss_names[i]);
+        miss_n = 0;
+    }
+    pthread_mutex_unlock(&miss_mu);
+    return out;
+}
+
+/* eager_compiling(delta): compiles in flight go up (1) or down (-1) */
+static PyObject *py_eager_compiling(PyObject *m, PyObject *o) {
+    long delta = PyLong_AsLong(o);
+    if (delta == -1 && PyErr_Occurred())
+        return NULL;
+    int now = atomic_fetch_add(&compiling, (int)delta) + (int)delta;
+    if (now < 0)
+        atomic_store(&compiling, 0);
+    Py_RETURN_NONE;
+}
+
+/* set_eager_phase(phase): this thread's phase of top-level ops outside autograd's engine */
+static PyObject *py_set_eager_phase(PyObject *m, PyObject *o) {
+    long p = PyLong_AsLong(o);
+    if (p == -1 && PyErr_Occurred())
+        return NULL;
+    if (p < 0 || p > DFT_PHASE_INFERENCE)
+        return PyErr_Format(PyExc_ValueError, "set_eager_phase: a PHASE_* constant, not %ld", p);
+    phase_now = (uint32_t)p << DFT_PHASE_SHIFT;
+    Py_RETURN_NONE;
+}
+
+/* eager_stats() -> {"seen": top-level ops seen, "missed": recorded ops without a site} */
+static PyObject *py_eager_stats(PyObject *m, PyObject *unused) {
+    return Py_BuildValue("{sKsK}", "seen", (unsigned long long)atomic_load(&seen), "missed",
+                         (unsigned long long)atomic_load(&missed));
+}
+
+PyMethodDef dft_eager_methods[] = {
+    {"eager_install", py_eager_install, METH_O, NULL},
+    {"set_eager_sites", py_set_eager_sites, METH_O, NULL},
+    {"eager_missed", py_eager_missed, METH_NOARGS, NULL},
+    {"eager_compiling", py_eager_compiling, METH_O, NULL},
+    {"set_eager_phase", py_set_eager_phase, METH_O, NULL},
+    {"eager_stats", py_eager_stats, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};

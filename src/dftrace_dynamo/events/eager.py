@@ -1,0 +1,259 @@
+"""Op events of the ops that run outside compiled graphs (eager ops).
+
+Code Dynamo leaves eager (after a graph break, a module it skips such as ``nn.LSTM``, a
+loss computed outside the compiled model, an optimizer's ``step()``) runs ATen ops that
+no graph instruments. torch reports every ATen op to its RecordFunction observers; its
+ITT profiler (``ProfilerState.ITT``) is one whose calls go through exported C function
+pointers of ``libtorch_cpu`` (``__itt_task_begin_ptr__3_0``, ...). The C extension points
+them at its own functions (``_core.eager_install``), which record each outermost ATen op
+of the thread as an op event (``cat:"dynamo"``, ``args.level == "eager"``) while op-level
+events are recorded, outside compiled graphs and compiles. See docs/design.rst
+("Eager ops") for why this and not a dispatch mode or module hooks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import struct
+import sys
+import threading
+
+from .. import _core, schema
+from ..session import config, hooks, logger
+
+LEVEL = "eager"  # args.level of eager op events
+_DOMAIN = "_ZN5torch8profilerL11_itt_domainE"  # torch's ITT domain (a static of itt_wrapper.cpp)
+_BEGIN = "__itt_task_begin_ptr__3_0"
+_SCOPES = ("FUNCTION", "BACKWARD_FUNCTION")  # ATen ops, and autograd's engine (phase backward)
+
+
+class _State:
+    installed = None  # None: not tried; True / False: torch's ITT calls reach us or not
+    domain = None  # the ITT domain we gave torch (kept alive)
+    sites: dict = {}  # op name -> site
+    thread = None  # the thread whose ATen ops are observed (ITT profiling is per thread)
+
+
+_state = _State()
+_lock = threading.Lock()
+
+
+class _Domain(ctypes.Structure):  # ittnotify's __itt_domain; torch reads flags only
+    _fields_ = [("flags", ctypes.c_int), ("nameA", ctypes.c_char_p), ("nameW", ctypes.c_void_p),
+                ("extra1", ctypes.c_int), ("extra2", ctypes.c_void_p), ("next", ctypes.c_void_p)]
+
+
+def _symbols(path: str, names: tuple) -> dict:
+    """``{name: st_value}`` of these symbols of the ELF shared object at ``path`` (its
+    ``.symtab``, else ``.dynsym``); names not found are left out."""
+    import numpy as np
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:  # 64-bit little-endian only
+            return {}
+        shoff, = struct.unpack_from("<Q", m, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", m, 0x3A)
+        heads = [struct.unpack_from("<IIQQQQIIQQ", m, shoff + i * shentsize) for i in range(shnum)]
+        found = {}
+        for kind in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+            for h in heads:
+                if h[1] != kind:
+                    continue
+                strtab = heads[h[6]]
+                strings = m[strtab[4]:strtab[4] + strtab[5]]
+                syms = np.frombuffer(m, dtype=np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
+                                                        ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]),
+                                     count=h[5] // 24, offset=h[4])
+                for name in names:
+                    at = strings.find(b"\0" + name.encode() + b"\0")
+                    if name in found or at < 0:
+                        continue
+                    hit = np.nonzero(syms["name"] == at + 1)[0]
+                    if len(hit):
+                        found[name] = int(syms["value"][hit[0]])
+                del syms
+        return found
+
+
+def _install() -> bool:
+    """Points torch's ITT calls at the C extension, once; whether they reach it."""
+    import torch
+
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    if not os.path.exists(path) or not _core.eager_install(path):
+        return False
+    values = _symbols(path, (_DOMAIN, _BEGIN))
+    if len(values) != 2:
+        return False
+    lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    base = ctypes.addressof(ctypes.c_void_p.in_dll(lib, _BEGIN)) - values[_BEGIN]
+    domain = ctypes.c_void_p.from_address(base + values[_DOMAIN])
+    if not domain.value:  # no ITT collector loaded: torch created no domain
+        _state.domain = _Domain(flags=1, nameA=b"PyTorch")
+        domain.value = ctypes.addressof(_state.domain)
+    return True
+
+
+def _intern(names) -> None:
+    """Sites of these op names (interned once each), handed to the C extension."""
+    new = False
+    for name in names:
+        if name not in _state.sites:
+            _state.sites[name] = _core.intern_site(name, schema.CAT_OP, {schema.ARG_LEVEL: LEVEL})
+            new = True
+    if new:
+        _core.set_eager_sites(_state.sites)
+
+
+def _op_names() -> list:
+    import torch
+
+    return sorted({n.split(".", 1)[0] for n in torch._C._dispatch_get_all_op_names()})
+
+
+def sync() -> None:
+    """Gives ops registered since (custom ops) their sites, once one of them ran."""
+    if _state.thread is not None and _core.eager_missed():
+        _intern(_op_names())
+
+
+def _profiler_config():
+    from torch._C._profiler import ProfilerConfig, ProfilerState, RecordScope, _ExperimentalConfig
+
+    cfg = ProfilerConfig(ProfilerState.ITT, False, False, False, False, False, _ExperimentalConfig())
+    return cfg, {getattr(RecordScope, s) for s in _SCOPES}
+
+
+def _start() -> None:
+    """Observes this thread's ATen ops (the thread that opened the trace)."""
+    import torch
+    from torch._C._autograd import _enable_profiler
+
+    with _lock:
+        if _state.installed is None:
+            _state.installed = _install()
+            if _state.installed:
+                _intern(_op_names())
+                hooks.install(GROUP)
+        if not _state.installed:
+            config.log.warning("eager ops are not recorded: this torch build (%s) has no ITT hooks to "
+                               "observe ATen ops through", torch.__version__)
+            return
+        if _state.thread is not None or torch.autograd.profiler._is_profiler_enabled:
+            return
+        cfg, scopes = _profiler_config()
+        _enable_profiler(cfg, set(), scopes)
+        _state.thread = threading.get_ident()
+
+
+def _stop() -> None:
+    from torch._C._autograd import _disable_profiler
+
+    if _state.thread == threading.get_ident():
+        _state.thread = None
+        _disable_profiler()
+
+
+def _on_open() -> None:
+    if not config.get().eager_ops or "torch" not in sys.modules:
+        return
+    try:
+        _start()
+    except Exception as exc:  # the program runs on without eager ops
+        _state.installed = False
+        config.log.warning("eager ops are not recorded: %s: %s", type(exc).__name__, exc)
+
+
+def _on_close() -> None:
+    try:
+        _stop()
+    except Exception as exc:
+        config.log.warning("eager ops: %s: %s", type(exc).__name__, exc)
+
+
+# ---- hooks: compiles are not eager ops; torch.profiler takes over the observers it needs ----
+
+def _compile_start(_args) -> None:
+    _core.eager_compiling(1)
+
+
+def _compile_end(_args) -> None:
+    _core.eager_compiling(-1)
+
+
+def _callbacks():
+    from torch._dynamo.callback import callback_handler
+
+    return callback_handler
+
+
+def _optimizer_pre(_opt, _args, _kwargs) -> None:
+    _core.set_eager_phase(_core.PHASE_NONE)  # an optimizer's ops are in no forward or backward
+
+
+def _optimizer_post(_opt, _args, _kwargs) -> None:
+    _core.set_eager_phase(_core.PHASE_FORWARD)
+    sync()
+
+
+def _wrap_profiler_enable(original):
+    """torch.profiler on this thread: ours stops for it, and starts again after it."""
+    def _enable_profiler(*args, **kwargs):
+        if _state.thread == threading.get_ident():
+            _stop()
+            _state.paused = True
+        return original(*args, **kwargs)
+    return _enable_profiler
+
+
+def _wrap_profiler_disable(original):
+    def _disable_profiler(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if getattr(_state, "paused", False) and _core.is_open():
+            _state.paused = False
+            _start()
+        return result
+    return _disable_profiler
+
+
+def _optimizer_hook(register, hook):
+    def install():
+        import torch
+
+        # a compiled optimizer step calls the hook eagerly, from a graph break
+        from torch.optim import optimizer
+
+        return getattr(optimizer, register)(torch._dynamo.disable(hook))
+    return install
+
+
+def _profiler_module():
+    import torch.autograd.profiler
+
+    return torch.autograd.profiler
+
+
+GROUP = "eager ops"
+for _hook in (
+    hooks.Registration("compile start (eager ops)", GROUP,
+                       lambda: _callbacks().register_start_callback(_compile_start),
+                       lambda: _callbacks().remove_start_callback(_compile_start)),
+    hooks.Registration("compile end (eager ops)", GROUP,
+                       lambda: _callbacks().register_end_callback(_compile_end),
+                       lambda: _callbacks().remove_end_callback(_compile_end)),
+    hooks.Registration("optimizer step pre-hook (eager ops)", GROUP,
+                       _optimizer_hook("register_optimizer_step_pre_hook", _optimizer_pre)),
+    hooks.Registration("optimizer step post-hook (eager ops)", GROUP,
+                       _optimizer_hook("register_optimizer_step_post_hook", _optimizer_post)),
+    hooks.Patch("torch.autograd.profiler._enable_profiler", GROUP, _profiler_module, "_enable_profiler",
+                _wrap_profiler_enable),
+    hooks.Patch("torch.autograd.profiler._disable_profiler", GROUP, _profiler_module, "_disable_profiler",
+                _wrap_profiler_disable),
+):
+    hooks.declare(_hook)
+
+logger.add_hooks(_on_open, _on_close)
+if _core.is_open():  # a trace opened before this module was imported
+    _on_open()

@@ -1,0 +1,96 @@
+"""Eager ops (outside compiled graphs) and optimizer internals are op events, checked against
+torch.profiler's own count of the same program's top-level ops (tests/scripts/eager_ops.py)."""
+
+import json
+import os
+
+import pytest
+
+from backend_support import inside, ops, run_python
+from scripts.eager_ops import ITERS, SLEEP_S
+from tracefile import read_events, traces
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "eager_ops.py")
+
+
+def run(tmp_path, shape, *mode, env=None):
+    out = tmp_path / f"{shape}-{mode[0].strip('-') if mode else 'plain'}.json"
+    run_python([SCRIPT, shape, str(out), *mode], tmp_path, env, timeout=600)
+    return json.loads(out.read_text())
+
+
+def traced(tmp_path, shape, env=None):
+    result = run(tmp_path, shape, "--trace", str(tmp_path / "tr"), env=env)
+    (path,) = traces(tmp_path, "tr-*")
+    return result, read_events(path)
+
+
+def eager(events):
+    return [e for e in ops(events) if e["args"].get("level") == "eager"]
+
+
+def per_step(events):
+    counts = [0] * ITERS
+    for e in eager(events):
+        counts[e["args"]["step"]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("shape", ["lstm", "accum", "two_opt"])
+def test_eager_ops_match_profiler_per_step(tmp_path, shape):
+    """Every step's eager op events equal torch.profiler's top-level ops of that iteration
+    (±2 %), the optimizers' foreach ops sit in their Adam.step slices, numerics are untouched."""
+    truth = run(tmp_path, shape, "--profile")
+    result, events = traced(tmp_path, shape)
+    assert result["losses"] == truth["losses"] and result["params"] == truth["params"]
+    counts = per_step(events)
+    for k in range(1, ITERS - 1):  # step 0 and the last also hold what ran before and after the loop
+        assert abs(counts[k] - truth["ops"][k]) <= 0.02 * truth["ops"][k], (k, counts, truth["ops"])
+    adam = [s for s in ops(events, "optimizer") if s["name"] == "Adam.step"]
+    assert len(adam) == ITERS * (2 if shape == "two_opt" else 1)
+    for k in range(1, ITERS):
+        held = [e for e in eager(events) if e["args"]["step"] == k and any(inside(e, s) for s in adam)]
+        assert abs(len(held) - truth["adam_ops"][k]) <= 0.02 * truth["adam_ops"][k], (k, len(held), truth)
+        assert any(e["name"].startswith("aten::_foreach_") for e in held)
+        assert all("phase" not in e["args"] for e in held)
+    backward = [e for e in eager(events) if e["args"].get("phase") == "backward"]
+    assert any(e["name"] == "aten::mkldnn_rnn_layer_backward" or "lstm" in e["name"] for e in backward) or backward
+
+
+def test_known_sleep_is_the_custom_op_event(tmp_path):
+    """The module that sleeps SLEEP_S inside its custom op: one eager event per forward holds it."""
+    _, events = traced(tmp_path, "lstm")
+    sleeps = [e for e in eager(events) if e["name"] == "eagertest::sleep"]
+    assert len(sleeps) == ITERS
+    for e in sleeps:
+        assert SLEEP_S * 1e6 <= e["dur"] <= SLEEP_S * 1e6 * 1.5 + 2000, e
+        assert e["args"].get("phase") == "forward"
+
+
+def test_graph_break_eager_lstm_and_loss_are_recorded_once(tmp_path):
+    """A compiled model with a graph break and an eager LSTM, the loss outside: the LSTM's and
+    the loss's ops are eager events, no eager event lies inside a compiled graph's event,
+    Dynamo's compiles record none, and numerics equal the untraced run."""
+    plain = run(tmp_path, "graph_break")
+    result, events = traced(tmp_path, "graph_break")
+    assert result["losses"] == plain["losses"] and result["params"] == plain["params"]
+    graph_calls = ops(events, "dynamo_graph")
+    assert graph_calls
+    ev = eager(events)
+    assert not [e for e in ev if any(inside(e, g) for g in graph_calls)]
+    for k in range(1, ITERS):
+        names = {e["name"] for e in ev if e["args"]["step"] == k}
+        assert {"aten::lstm", "aten::pow", "aten::mean"} <= names, names
+        # the sleeping custom op after the LSTM is compiled: one event per step, the graph's
+        sleeps = [e for e in ops(events) if "sleep" in e["name"] and e["args"].get("step") == k]
+        assert len(sleeps) == 1 and sleeps[0]["args"].get("level") != "eager", sleeps
+        assert "aten::addmm" not in {e["name"] for e in ev if e["args"]["step"] == k
+                                     and e["args"].get("phase") == "forward"}
+    compiles = [c for c in ops(events, "dynamo_compile")]
+    assert not [e for e in ev if any(inside(e, c) for c in compiles)]
+    assert len({per_step(events)[k] for k in range(1, ITERS - 1)}) == 1  # the last: also after the loop
+
+
+def test_switch_turns_eager_ops_off(tmp_path):
+    _, events = traced(tmp_path, "lstm", env={"DFTRACER_EAGER_OPS": "0"})
+    assert ops(events, "optimizer") and not eager(events)
