@@ -127,6 +127,43 @@ int dft_json_str(dft_buf *b, PyObject *s) {
     return 0;
 }
 
+/* Bytes the first characters of s take as JSON text, up to max: how many of them fit. */
+static Py_ssize_t chars_within(PyObject *s, Py_ssize_t n, size_t max) {
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    size_t used = 0;
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        used += c >= 0x10000 ? 4 : c >= 0x800 ? 3 : c >= 0x80 ? 2 :
+                (c >= 0x20 && c != '"' && c != '\\') ? 1 : 6; /* \uXXXX at most */
+        if (used > max)
+            break;
+    }
+    return i;
+}
+
+/* s as a JSON string of at most about DFT_VALUE_MAX bytes: a longer one keeps what fits and
+ * says what was cut (counted). */
+static int put_str(dft_buf *b, PyObject *s) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if ((size_t)n * 6 + 2 <= DFT_VALUE_MAX)
+        return dft_json_str(b, s);
+    Py_ssize_t keep = chars_within(s, n, DFT_VALUE_MAX);
+    if (keep == n)
+        return dft_json_str(b, s);
+    dft_arg_issues[DFT_ARG_CUT]++;
+    PyObject *head = PyUnicode_Substring(s, 0, keep);
+    PyObject *cut = head ? PyUnicode_FromFormat("%U%s [cut: %zd of %zd characters kept]", head, "\xe2\x80\xa6", keep, n)
+                         : NULL;
+    Py_XDECREF(head);
+    if (!cut)
+        return -1;
+    int rc = dft_json_str(b, cut);
+    Py_DECREF(cut);
+    return rc;
+}
+
 static int put(dft_buf *b, const char *s, size_t n) {
     if (dft_buf_reserve(b, n) < 0) {
         PyErr_NoMemory();
@@ -137,8 +174,8 @@ static int put(dft_buf *b, const char *s, size_t n) {
 }
 
 int dft_json_namecat(dft_buf *b, PyObject *name, PyObject *cat) {
-    return put(b, ",\"name\":", 8) < 0 || dft_json_str(b, name) < 0 || put(b, ",\"cat\":", 7) < 0 ||
-                   dft_json_str(b, cat) < 0
+    return put(b, ",\"name\":", 8) < 0 || put_str(b, name) < 0 || put(b, ",\"cat\":", 7) < 0 ||
+                   put_str(b, cat) < 0
                ? -1
                : 0;
 }
@@ -163,7 +200,7 @@ static int put_text(dft_buf *b, PyObject *v, PyObject *text) {
         if (!text)
             return -1;
     }
-    int rc = dft_json_str(b, text);
+    int rc = put_str(b, text);
     Py_DECREF(text);
     return rc;
 }
@@ -174,7 +211,7 @@ static int put_str_of(dft_buf *b, PyObject *v) {
 }
 
 static int put_key(dft_buf *b, PyObject *k) {
-    return PyUnicode_Check(k) ? dft_json_str(b, k) : put_str_of(b, k);
+    return PyUnicode_Check(k) ? put_str(b, k) : put_str_of(b, k);
 }
 
 /* The containers being written around a value, outermost first: the depth
@@ -182,14 +219,29 @@ static int put_key(dft_buf *b, PyObject *k) {
 typedef struct {
     PyObject *open[DFT_ARGS_DEPTH + 1]; /* + the args dict */
     int depth;
+    size_t start; /* where the args' text begins in b */
 } json_path;
+
+#define ARGS_CUT "[cut: the args passed 8 MiB]"
+
+/* Whether the args have passed DFT_ARGS_MAX: then the rest of the container in hand is one
+ * marker item (counted), after a comma when it follows an item. */
+static int args_full(dft_buf *b, json_path *path, int dict, int lead, int *rc) {
+    if (b->len - path->start <= DFT_ARGS_MAX)
+        return 0;
+    dft_arg_issues[DFT_ARG_CUT]++;
+    static const char item[] = ",\"\xe2\x80\xa6\"", value[] = ":\"" ARGS_CUT "\"";
+    *rc = put(b, item + !lead, sizeof item - 1 - !lead) < 0 ||
+          (dict ? put(b, value, sizeof value - 1) : 0) < 0 ? -1 : 0;
+    return 1;
+}
 
 static int json_value(dft_buf *b, PyObject *v, json_path *path);
 
 /* Items are held while written: a str() they call may change the container. */
 static int json_seq(dft_buf *b, PyObject *v, json_path *path) {
     int rc = put(b, "[", 1);
-    for (Py_ssize_t i = 0; rc == 0 && i < Py_SIZE(v); i++) {
+    for (Py_ssize_t i = 0; rc == 0 && i < Py_SIZE(v) && !args_full(b, path, 0, i > 0, &rc); i++) {
         PyObject *item = Py_NewRef(PyList_Check(v) ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i));
         rc = (i && put(b, ",", 1) < 0) ? -1 : json_value(b, item, path);
         Py_DECREF(item);
@@ -202,7 +254,7 @@ static int json_items(dft_buf *b, PyObject *d, json_path *path, int lead) {
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     int rc = 0;
-    while (rc == 0 && PyDict_Next(d, &pos, &k, &v)) {
+    while (rc == 0 && PyDict_Next(d, &pos, &k, &v) && !args_full(b, path, 1, lead, &rc)) {
         Py_INCREF(k);
         Py_INCREF(v);
         rc = ((lead && put(b, ",", 1) < 0) || put_key(b, k) < 0 || put(b, ":", 1) < 0 ||
@@ -244,7 +296,7 @@ static int json_value(dft_buf *b, PyObject *v, json_path *path) {
     if (v == Py_False)
         return put(b, "false", 5);
     if (PyUnicode_Check(v))
-        return dft_json_str(b, v);
+        return put_str(b, v);
     if (PyLong_Check(v)) {
         int overflow;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
@@ -288,6 +340,7 @@ int dft_json_fields(dft_buf *b, PyObject *d) {
         PyErr_Format(PyExc_TypeError, "args must be a dict or None, not %.100s", Py_TYPE(d)->tp_name);
         return -1;
     }
-    json_path path = {.open = {d}, .depth = 1}; /* the args dict itself is the outermost level */
+    /* the args dict itself is the outermost level */
+    json_path path = {.open = {d}, .depth = 1, .start = b->len};
     return json_items(b, d, &path, 1);
 }

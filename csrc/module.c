@@ -320,9 +320,10 @@ static uint64_t arg_issue_total(void) {
 }
 
 static PyObject *py_arg_issues(PyObject *m, PyObject *unused) {
-    return Py_BuildValue("{sKsKsK}", "deep", (unsigned long long)dft_arg_issues[DFT_ARG_DEEP],
+    return Py_BuildValue("{sKsKsKsK}", "deep", (unsigned long long)dft_arg_issues[DFT_ARG_DEEP],
                          "self_reference", (unsigned long long)dft_arg_issues[DFT_ARG_CYCLE],
-                         "unprintable", (unsigned long long)dft_arg_issues[DFT_ARG_UNPRINTABLE]);
+                         "unprintable", (unsigned long long)dft_arg_issues[DFT_ARG_UNPRINTABLE],
+                         "cut", (unsigned long long)dft_arg_issues[DFT_ARG_CUT]);
 }
 
 char *dft_extra_text(PyObject *name, PyObject *cat, PyObject *args) {

@@ -127,7 +127,7 @@ def test_explore_around_to_file(bert_json, tmp_path):
 def test_graph_without_graphviz_and_code_export(bert_json, tmp_path):
     env = {"PATH": os.path.dirname(sys.executable)}  # no Graphviz 'dot' on this PATH
     p = cli("graph", bert_json, "--seq-len", "8", "-o", tmp_path / "bert.svg", "--code", tmp_path / "code", env=env)
-    assert p.returncode == 1, p.stderr
+    assert p.returncode == 0, p.stderr  # the DOT file is the result: set -e scripts go on
     assert (tmp_path / "bert.dot").exists() and not (tmp_path / "bert.svg").exists()
     assert "apt-get install graphviz" in p.stderr and "dot -Tsvg" in p.stderr
     (code,) = (tmp_path / "code").iterdir()

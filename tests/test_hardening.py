@@ -5,6 +5,7 @@ passes dftracer_validate."""
 
 import json
 import os
+import re
 import shutil
 import textwrap
 
@@ -169,6 +170,54 @@ def test_str_subclass_keys_whose_eq_or_str_raise_never_reach_the_caller(tmp_path
     assert [{k: v for k, v in a.items() if k != "hhash"} for a in args] == [
         {"user_hhash": 0, "i": 0}, {"a": 1, "i": 1}, {"b": 2, "i": 2}, {"user_hhash": 3, "i": 3}]
     assert all(len(a["hhash"]) == 16 for a in args)
+    loads_everywhere(path)
+
+
+CUT = re.compile(r"(.*)… \[cut: (\d+) of (\d+) characters kept\]", re.DOTALL)
+
+
+def cut_text(text):
+    """(the one character a cut text repeats, its length before the cut), checking the marker's count."""
+    m = CUT.fullmatch(text)
+    assert m and len(m[1]) == int(m[2]) and len(set(m[1])) == 1 and len(m[1].encode()) <= 1 << 20, text[-80:]
+    return m[1][0], int(m[3])
+
+
+def test_values_past_the_line_limit_are_cut_with_a_marker_and_every_reader_loads_the_file(tmp_path):
+    p = run_py("""
+        from dftrace_dynamo import dftracer
+        class HugeStr:
+            def __str__(self):
+                return "s" * (17 << 20)
+        log = dftracer.initialize_log("t")
+        t = dftracer.get_time()
+        dftracer.log_event("big", "user", t, 1.0, {"a": "x" * (17 << 20), "i": 0})
+        dftracer.log_event("many", "user", t, 1.0, {"l": ["\\u00e9" * (400 << 10)] * 40, "i": 1})
+        dftracer.log_event("n" * (17 << 20), "user", t, 1.0, {"i": 2})
+        dftracer.log_event("keys", "user", t, 1.0, {"k" * (2 << 20): 1, "o": HugeStr(), "i": 3})
+        dftracer.log_event("wide", "user", t, 1.0, {f"k{j}": "\\n" * (200 << 10) for j in range(100)})
+        dftracer.log_event("small", "user", t, 1.0, {"a": "y" * 1000, "i": 5})
+        print(log.finalize()["adjusted"].get("cut"))
+    """, tmp_path, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert int(p.stdout) >= 6
+    assert len(p.stderr.splitlines()) == 1 and "cut" in p.stderr
+    (path,) = traces(tmp_path)
+    lines = read_lines(path)
+    assert max(len(line.encode()) for line in lines) < 16 << 20
+    events = [e for e in read_events(path) if e.get("cat") == "user"]
+    assert len(events) == 6
+    big, many, name, keys, wide, small = events
+    assert cut_text(big["args"]["a"]) == ("x", 17 << 20) and big["args"]["i"] == 0
+    # the list stops at 8 MiB of args, and so does the dict around it
+    assert many["args"]["l"][-1] == "…" and many["args"]["…"] == "[cut: the args passed 8 MiB]"
+    assert 8 << 20 < len("".join(many["args"]["l"]).encode()) < 9 << 20
+    assert all(v == "\u00e9" * (400 << 10) for v in many["args"]["l"][:-1])
+    assert cut_text(name["name"]) == ("n", 17 << 20)
+    assert cut_text(keys["args"]["o"]) == ("s", 17 << 20) and keys["args"]["i"] == 3
+    assert [cut_text(k) for k in keys["args"] if k.startswith("k")] == [("k", 2 << 20)]
+    assert wide["args"]["…"] == "[cut: the args passed 8 MiB]" and len(wide["args"]) < 100
+    assert small["args"] == {"hhash": small["args"]["hhash"], "a": "y" * 1000, "i": 5}
     loads_everywhere(path)
 
 

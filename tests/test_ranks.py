@@ -5,6 +5,7 @@ import random
 import statistics
 
 import numpy as np
+import pytest
 
 from dftrace_dynamo.traces import ranks, summary
 
@@ -117,3 +118,34 @@ def test_split_equals_adding_the_pieces_one_by_one():
         args = (bounds[:, 0], bounds[:, 1], rng.integers(0, n, m), rng.integers(0, 4, m), start,
                 start + rng.integers(-3, 20, m) * unit, 4)
         assert ranks._split(*args).tobytes() == _split_one_by_one(*args).tobytes(), args
+
+
+
+BAD_CLOCKS = [(1e18, 1000), (5_000_000, -1000), ("12", 1000), (1000, None), (1000, [1]), (True, 1000),
+              (-(10**17), 10**6), (1000, 10**15)]
+
+
+@pytest.mark.parametrize("off, err", BAD_CLOCKS)
+def test_absurd_clock_records_are_refused_with_one_line_and_never_applied(tmp_path, off, err):
+    from dftrace_dynamo.traces import merge as merge_mod
+
+    paths, _ = _write_job(tmp_path)
+    paths = paths[:2]
+    for r, (o, e) in enumerate([(0, 1000), (off, err)]):  # rank 0's record is a sound one
+        record = {"name": "clock", "cat": "dftracer", "ph": "X", "pid": 100 + r, "tid": 1, "ts": 1.7e15, "dur": 0,
+                  "args": {"rank": r, "clock_offset_ns": o, "clock_error_ns": e}}
+        with open(paths[r]) as f:
+            lines = f.read().splitlines(keepends=True)
+        with open(paths[r], "w") as f:
+            f.write(lines[0] + json.dumps(record) + "\n" + "".join(lines[1:]))
+    result = summary.summarize(paths, source="events")
+    doc = result["ranks"]
+    assert doc["clock"] == "aligned on collective completions"
+    assert [r["clock_offset_us"] for r in doc["ranks"]] == [0, SKEW_US]
+    (ignored,) = [w for w in result["warnings"] if "clock record ignored" in w]
+    assert ignored.startswith(paths[1] + ": clock record ignored (") and len(ignored) < len(paths[1]) + 120
+    out = tmp_path / "merged.pfw"
+    _, _, warnings = merge_mod.merge(paths, str(out))
+    assert [w for w in warnings if "clock" in w] == [ignored]
+    merged = [json.loads(line) for line in out.read_text().splitlines()[1:-1]]
+    assert min(e["ts"] for e in merged if e.get("cat") == "step") == 1_700_000_000_000_000.0  # nothing moved

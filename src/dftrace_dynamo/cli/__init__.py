@@ -17,9 +17,21 @@ SUBCOMMANDS = ["demo", "run", "summary", "diff", "merge", "convert", "validate",
 
 
 class Parser(argparse.ArgumentParser):
-    """Bad usage: exit 2 with one line, not the usage block."""
+    """Bad usage: exit 2 with one line, not the usage block, pointing at this (sub)command's --help."""
+
+    _argv: list = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message):
+        if message.startswith("the following arguments are required"):
+            # an unknown option is the likelier mistake (it may have eaten a value): name it first
+            unknown = [a for a in self._argv if a.startswith("-") and a != "-" and
+                       a.split("=", 1)[0] not in self._option_string_actions]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -60,7 +72,10 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's own usage error, pointing at its --help
+        parser._subparsers._group_actions[0].choices[args.command].error(
+            f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args) or 0
     except TraceError as e:

@@ -13,7 +13,8 @@ def register(subparsers):
                     "into the ops that use them; --depth N draws one box per module instead, which keeps large "
                     "models readable. The format follows the file suffix. SVG, PNG and PDF need Graphviz's "
                     "'dot' program (apt-get install graphviz); without it the DOT file is written, the message "
-                    "says how to render it and the exit status is 1. Graphviz's warnings are passed on, and a "
+                    "says how to render it and the exit status is 0. FILE's directory must exist (exit 2 "
+                    "otherwise). Graphviz's warnings are passed on, and a "
                     "raster picture too large to read is reported. --code writes each partition as a "
                     "standalone, importable Python module.")
     add_model_arguments(p)

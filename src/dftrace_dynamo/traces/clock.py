@@ -9,6 +9,8 @@ has ``rank<R>`` (or whose aggregate records hold it), in their first
 opens, near the start).
 """
 
+import math
+
 import orjson
 
 from ..schema import ARG_CLOCK_ERROR, ARG_CLOCK_OFFSET, ARG_RANK
@@ -63,17 +65,41 @@ def ranks(paths, known=None, read=False, only=None):
     return out
 
 
-def offsets_us(paths, known=None):
+MAX_OFFSET_NS = 86_400 * 10**9  # a day: two hosts of one job further apart is a broken record
+MAX_ERROR_NS = 60 * 10**9  # a minute: the measurement takes microseconds
+
+
+def implausible(off, err):
+    """Why a clock record's offset and error bound (ns) cannot be applied, or None."""
+    if off is None and err is None:
+        return None
+    if not (is_number(off) and is_number(err)):
+        return f"offset {type(off).__name__} and error bound {type(err).__name__} are not both numbers"
+    if not (math.isfinite(off) and math.isfinite(err)):
+        return "offset or error bound is not finite"
+    if err < 0:
+        return "negative error bound"
+    if abs(off) > MAX_OFFSET_NS or err > MAX_ERROR_NS:
+        return "offset over a day or error bound over a minute"
+    return None
+
+
+def offsets_us(paths, known=None, warnings=None):
     """``{input index: (offset µs to subtract from its times, error bound µs)}`` for every rank file
     (:func:`ranks`) with a ``clock`` record; the offset is 0 where it is within its error bound.
     ``known``: ``{input index: args of its clock record or None}`` for the files not to read (their
-    aggregate records hold a copy of every clock record)."""
+    aggregate records hold a copy of every clock record). A record that cannot be right
+    (:func:`implausible`) is not applied: one line for it goes to ``warnings``."""
     out, known = {}, known or {}
     for index in ranks(paths, known):
         path = paths[index]
         args = (known[index] if index in known else record(path)) or {}
         off, err = args.get(ARG_CLOCK_OFFSET), args.get(ARG_CLOCK_ERROR)
-        if is_number(off) and is_number(err):
+        why = implausible(off, err)
+        if why:
+            if warnings is not None:
+                warnings.append(f"{path}: clock record ignored ({why}); its times are left as recorded")
+        elif off is not None:
             out[index] = (round(off / 1000, 3) if abs(off) > err else 0.0, err / 1000)
     return out
 

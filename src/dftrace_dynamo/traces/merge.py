@@ -96,7 +96,7 @@ def merge(paths, out, force=False, progress=None, all_runs=False):
     out = prepare_output(out, paths, force)
     pids, tids = _Ids(), _Ids()
     processes, warnings, spans = [], [], []
-    offsets = clock.offsets_us(paths)
+    offsets = clock.offsets_us(paths, warnings=warnings)
     with TraceWriter(out) as w:
         for index, path in enumerate(paths):
             rank = rank_of(path)

@@ -167,11 +167,12 @@ def join(parts):
             "spans": {c: np.concatenate([p["spans"][c] for p in parts]) for c in parts[0]["spans"]}}
 
 
-def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
+def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=None):
     """The rank document (JSON-ready), or None with fewer than two processes with steps.
     ``rank_rows``: what :func:`rows` reads; ``kinds``: the summary's kind numbers by name (step,
     comm, op, data, graph, backward, optimizer); ``clocks``: the clock records known without
-    reading the files (see :func:`.clock.offsets_us`)."""
+    reading the files (see :func:`.clock.offsets_us`); ``warnings`` gets a line for each clock
+    record that cannot be right."""
     if rank_rows is None:
         return None
     steps = _Steps(rank_rows["slices"])
@@ -183,7 +184,7 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None):
     comm, spans = rank_rows["comm"], rank_rows["spans"]
     comm_proc, comm_step = steps.index(comm), comm["step"]
     span_proc, span_step = steps.index(spans), spans["step"]
-    measured = clock.offsets_us(paths, clocks)
+    measured = clock.offsets_us(paths, clocks, warnings)
     if all(f in measured for f, _ in procs):
         _steps_of_evaluations(steps, comm, comm_proc, comm_step, [measured[f][0] for f, _ in procs])
     # collectives matched across ranks: (group, op, step, ordinal) -> process -> (start, end)

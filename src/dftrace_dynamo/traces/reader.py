@@ -40,6 +40,26 @@ class TraceError(Exception):
     """Bad input: the message is one line for the user, no traceback."""
 
 
+class NotATrace(TraceError):
+    """A file that does not start like a trace at all (not a damaged trace)."""
+
+
+def kind_of(start):
+    """What the first bytes of a file that is not a trace hold, in words: never the bytes
+    themselves, which may be anything the user handed in (a password file)."""
+    if not start:
+        return "nothing"
+    if start.startswith(GZIP_MAGIC) or start.startswith(ZSTD_MAGIC):
+        return "compressed data inside the compression"
+    try:
+        text = start.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary data"
+    if not text.isprintable():
+        return "binary data"
+    return "JSON of another kind" if text[:1] in "{[\"" else "plain text"
+
+
 def is_number(v):
     """Whether a parsed JSON value is a number (``true``/``false`` are not)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -412,12 +432,11 @@ def check_trace(path):
     if start[:1] == b"[":
         body = start[1:].lstrip() or (lines[1] if len(lines) > 1 else b"")
         if body and body[:1] not in b"{]":
-            raise TraceError(f"{path}: not a trace file (a JSON array of something other than events)")
+            raise NotATrace(f"{path}: not a trace file (a JSON array of something other than events)")
         return "array" if body.endswith(b",") else "lines"
     if start[:2] == b'{"':
         return "lines"
-    raise TraceError(f"{path}: not a trace file (expected '[' or JSON object lines, "
-                     f"found {start[:16]!r})")
+    raise NotATrace(f"{path}: not a trace file (expected '[' or JSON object lines, found {kind_of(start)})")
 
 
 _RANK = re.compile(r"(?:^|[-_.])rank(\d+)(?=[-_.]|$)")

@@ -392,7 +392,8 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
                samples=_step_samples(con, [v for v in views if v in SAMPLE_VIEWS], warm_filter)
                if step_samples else None)
     if whole and out["slices"]:
-        out["ranks"] = ranks.analyse(ranks.rows(con, RANK_KINDS), paths, RANK_KINDS, out["records"], info)
+        out["ranks"] = ranks.analyse(ranks.rows(con, RANK_KINDS), paths, RANK_KINDS, out["records"], info,
+                                     warnings=out["warnings"])
     con.close()
     return out
 
@@ -479,7 +480,7 @@ def merge(paths, partials, views, top, include_warmup=False, all_runs=False, ste
     if whole or not slices:
         result["ranks"] = partials[0].get("ranks") if whole else None
     else:
-        result["ranks"] = _rank_analysis(paths, partials, records, step_info)
+        result["ranks"] = _rank_analysis(paths, partials, records, step_info, result["warnings"])
     return result
 
 
@@ -568,11 +569,11 @@ def _kernel_rows(partials, top):
     return out[:top]
 
 
-def _rank_analysis(paths, partials, records, step_info):
+def _rank_analysis(paths, partials, records, step_info, warnings):
     """The rank analysis over the partials' rank rows."""
     clocks = {i: args for p in partials for i, args in (p.get("clocks") or {}).items()}
     return ranks.analyse(ranks.join(p.get("rank_rows") for p in partials), paths, RANK_KINDS, records, step_info,
-                         clocks)
+                         clocks, warnings)
 
 
 def rank_columns(con):

@@ -28,13 +28,17 @@ field of the wrong JSON type (:data:`.reader.FIELD_TYPES`) is refused with a
 import math
 from collections import defaultdict
 
-from .reader import KEEP, EventLines, is_number, too_long
+from .reader import KEEP, EventLines, compression_of, is_number, kind_of, too_long
 
 MAX_DEPTH = 512
 # The Perfetto web UI (v52, WASM trace processor, 4 GB address space) loaded a
 # trace of 16 M nested region events using 3.8 GB and ran out of memory at 18 M.
 UI_MAX_EVENTS = 16_000_000
 SPLIT_EVENTS = 8_000_000  # suggested part size: half the limit, room for args-heavy events
+# zstd-compressed traces: readers before this Perfetto release refuse them
+ZSTD_NOTE = ("zstd-compressed: Perfetto reads zstd from v58 on (earlier releases, and this tool's trace processor "
+             "v52, cannot open it) and dftracer-utils not at all; for those, write gzip "
+             "(DFTRACER_TRACE_COMPRESSION=1) or convert it: dftrace-dynamo convert FILE -o FILE.pfw.gz")
 _U32 = (1 << 32) - 1
 _I64 = 1 << 63
 
@@ -86,7 +90,7 @@ class Report:
 def _check_sniff(report, first_bytes):
     start = b"".join(first_bytes[:128].split())
     if not (start.startswith(b'[{"') or start.startswith(b'{"')):
-        what = "only '['" if start == b"[" else repr(start[:20])
+        what = "only '['" if start == b"[" else kind_of(start)
         report.problem(1, f"first 128 bytes hold {what}, not '[{{\"' or '{{\"': "
                           "Perfetto rejects the file ('Unknown trace type')")
 
@@ -164,6 +168,8 @@ def validate(path, keep=KEEP):
         report.problem(None, note.split(": ", 1)[1] + " (Perfetto v52 fails to load such a file; "
                              "dftrace-dynamo convert writes a repaired copy)")
     _check_nesting(report, threads)
+    if compression_of(path) == "zstd":
+        report.warnings.append(ZSTD_NOTE)
     if report.events > UI_MAX_EVENTS:
         report.warnings.append(
             f"{report.events:,} events: more than the Perfetto web UI loads (about {UI_MAX_EVENTS // 10**6} M "
