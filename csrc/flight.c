@@ -1,7 +1,7 @@
 /* Flight recorder (DFTRACER_FLIGHT=N): the writer formats and compresses
  * events as usual, but keeps each member in memory instead of writing it, cut
  * so that every member holds the events of one step. The kept members are a
- * FIFO bounded by steps (the step in progress and the N before it) and by
+ * list in step order, the oldest dropped first, bounded by steps (the step in progress and the N before it) and by
  * bytes; a dump (flight_dump, served by the writer thread) writes a new file:
  * '[', the file's header and the thread names, the kept members of the asked
  * steps as they are (members are independent), the caller's records and the
@@ -92,11 +92,21 @@ int dft_flight_keep(dft_sink *k, const char *p, size_t n, uint64_t events) {
         c->events = events;
         c->len = n;
         memcpy(c->data, p, n);
-        if (fl.tail)
-            fl.tail->next = c;
-        else
-            fl.head = c;
-        fl.tail = c;
+        /* in step order: the rings are drained one after the other, so a ring drained first
+         * (a sampler thread's) may hold a later step than the next ring's backlog */
+        chunk **at = fl.tail && fl.tail->tag > tag ? &fl.head : NULL;
+        while (at && *at && (*at)->tag <= tag)
+            at = &(*at)->next;
+        if (at) {
+            c->next = *at;
+            *at = c;
+        } else {
+            if (fl.tail)
+                fl.tail->next = c;
+            else
+                fl.head = c;
+            fl.tail = c;
+        }
         fl.bytes += n;
     } else {
         fl.evicted += events;
@@ -187,8 +197,9 @@ void dft_flight_serve(uint64_t req) {
     pthread_mutex_unlock(&dft_w.mu);
     if (!mine)
         return;
-    uint32_t last = fl.last ? fl.last : fl.newest;
-    uint32_t first = last > fl.steps ? last - fl.steps + 1 : 0;
+    /* a step given: it and the N-1 before it; else all that is kept (the step in progress too) */
+    uint32_t last = fl.last ? fl.last : fl.newest, keep = fl.last ? fl.steps - 1 : fl.steps;
+    uint32_t first = last > keep ? last - keep : 0;
     uint64_t events = 0, size = 0, lo = UINT64_MAX, hi = 0;
     int err = 0, fd = open(fl.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     dft_buf *b = &dft_w.fmt;

@@ -9,9 +9,10 @@ and its ``end`` record only. Each trigger writes one numbered dump next to it,
 one ``flight_dump`` record (cat ``dftracer``) whose args name the trigger:
 
 * ``slow_step``: a steady step (warm-up steps, as ``summary`` counts them, excluded) longer than
-  ``DFTRACER_FLIGHT_SLOW`` times the median of the last steady steps; the dump holds that step
-  and the N-1 before it;
-* ``hang``: no step ended for ``DFTRACER_FLIGHT_HANG`` seconds; the record also holds every
+  ``DFTRACER_FLIGHT_SLOW`` times the median of the last 51 steady steps (once there are 5) and
+  by 20 ms at least; the dump holds that step and the N-1 before it;
+* ``hang``: no step ended for ``DFTRACER_FLIGHT_HANG`` seconds (counted from the first step's
+  end: the first step compiles, which may take long); the record also holds every
   thread's Python stack, and each ``torch.distributed`` operation still in flight is an event
   (cat ``comm``, ``args.pending``) from its issue to the dump, with its peers and bytes. It is
   written by a watchdog thread while the program stays blocked (a thread that holds the GIL
@@ -48,6 +49,7 @@ GROUP = "flight"
 NAME = "flight_dump"  # the trigger's record
 STEADY_MIN = 5  # steady steps before a median is trusted
 STEADY_WINDOW = 51  # the median of the last steady steps
+SLOW_MIN_NS = 20_000_000  # and longer than it by this much: steps of microseconds jitter by more
 POLL_S = 1.0  # the watchdog's period (shorter for a short hang time)
 STORE_COUNT = "dftrace_flight/count"  # keys in the process group's store
 STORE_REQUEST = "dftrace_flight/request/"
@@ -59,7 +61,7 @@ class _State:
     capped = False
     steady: collections.deque = collections.deque(maxlen=STEADY_WINDOW)
     compiles_at = 0  # the compile counter when the last step ended
-    progress = 0.0  # monotonic time of the last step end (or of the open)
+    progress: Optional[float] = None  # monotonic time of the last step end (None: none yet)
     hang_dumped = False  # since the last step end
     dumped_steps: set = set()  # last steps of the slow-step dumps
     opened_at = 0.0  # wall clock
@@ -98,7 +100,7 @@ def step_ended(number: int, start_ns: int, end_ns: int) -> None:
         steady = _state.steady
         median = statistics.median(steady) if len(steady) >= STEADY_MIN else None
         steady.append(dur)
-        if median and dur > flight.slow * median:
+        if median is not None and dur > flight.slow * median and dur - median > SLOW_MIN_NS:
             _dump("slow_step", f"step {number} took {dur / 1e6:.1f} ms, {dur / median:.1f}x the median "
                   f"{median / 1e6:.1f} ms of the last steady steps",
                   {"step": number, "dur_ms": dur / 1e6, "median_ms": median / 1e6}, last_step=number)
@@ -268,8 +270,9 @@ def _watch(stop: threading.Event, flight: config.Flight) -> None:
     period = min(POLL_S, flight.hang / 4) if flight.hang else POLL_S
     while not stop.wait(period):
         try:
-            if flight.hang and not _state.hang_dumped and time.monotonic() - _state.progress > flight.hang:
-                idle = time.monotonic() - _state.progress
+            progress = _state.progress
+            if flight.hang and progress is not None and not _state.hang_dumped and time.monotonic() - progress > flight.hang:
+                idle = time.monotonic() - progress
                 _dump("hang", f"no step ended for {idle:.0f} s", {"idle_s": round(idle, 3)}, blocked=True)
                 _state.hang_dumped = True
             _serve_peers()
@@ -327,7 +330,7 @@ def _on_open() -> None:
         _state.steady = collections.deque(maxlen=STEADY_WINDOW)
         _state.compiles_at = _compiles()
         _state.dumped_steps = set()
-        _state.progress, _state.opened_at = time.monotonic(), time.time()
+        _state.progress, _state.opened_at = None, time.time()
         hooks.install(GROUP)
         if (threading.current_thread() is threading.main_thread()
                 and signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL):
