@@ -45,6 +45,11 @@ cache is one, shared by the threads as valgrind runs them (on one core, as under
 Misses depend on addresses: parts outside csrc/ (a kernel's .so, torch) move by up to ~130 misses
 per forward call between runs of the same code; the lines of csrc/ are the stable part.
 
+``--ops K``: an elem graph of K ops (3 per layer) instead of --workload, traced by FX rather than
+Dynamo (the same graph; Dynamo takes minutes over 30,000 ops), at level torch: the per-op cost as
+graphs grow; the report also counts the ring waits of the traced sections (``_core.stats()``'s
+``ring_waits``: a producer found its ring full and waited for the writer).
+
 ``writer``: ``_core.record`` of events shaped like the backend's op events, then a
 flush: the writer thread's instructions per event and the bytes per event in the file.
 """
@@ -347,8 +352,14 @@ def run_ops(args, cg, tmp):
             from bench_overhead import elem_of  # noqa: E402
 
             fn = elem_of(args.ops // 3)
-        n_ops = ops_per_call(fn, inputs, args.level, train)
-        if args.slices:
+        n_ops = args.ops or ops_per_call(fn, inputs, args.level, train)
+        if args.ops:
+            # FX's tracer, not Dynamo's (whose tracing of 30,000 ops takes minutes natively): the graph
+            # Dynamo would give, as the eager backend runs it and as our backend instruments it
+            base = torch.fx.symbolic_trace(fn)
+            traced = create_backend(level=args.level)(torch.fx.symbolic_trace(fn), list(inputs))
+            spans = 0
+        elif args.slices:
             base, _ = compile_with_slices(fn, inputs, train, args.level, False)
             traced, spans = compile_with_slices(fn, inputs, train, args.level, True)
         else:
@@ -367,15 +378,16 @@ def run_ops(args, cg, tmp):
 
     cg.cg_start()
     section(cg, "base", body(base), args.calls, _core.flush, path)
-    before = _core.stats()["recorded"]
+    before, waits = _core.stats()["recorded"], _core.stats()["ring_waits"]
     _core.set_ops_on(not args.no_record)
     grown = section(cg, "traced", body(traced), args.calls, _core.flush, path)
     _core.set_ops_on(True)
     events = (_core.stats()["recorded"] - before) / (4 * args.calls)  # events per call, over N (uncounted) + N + 2N calls
     cg.cg_stop()  # all threads: the writer thread's count ends with the last flush, close() left out
     dftrace_dynamo.finalize()
+    waits = _core.stats()["ring_waits"] - waits
     print(f"META ops={n_ops} spans={spans} events={events} bytes={(grown[1] - grown[0]) / args.calls} "
-          f"recorded_before={recorded}")
+          f"recorded_before={recorded} ring_waits={waits}")
 
 
 def run_writer(args, cg, tmp):
@@ -485,6 +497,7 @@ def report_ops(argv, args):
         print(f"writer thread: {w.total / (4 * n * events):.0f} instructions per event (4N calls' events and "
               f"6 flushes; `writer` gives the exact figure), {meta['bytes'] / events:.1f} bytes per event"
               + (f"; {w.total / (4 * n):.0f} per forward call" if model else ""))
+    print(f"ring waits (a producer found its ring full) in the traced sections: {meta.get('ring_waits', 0):.0f}")
     if args.cache_sim:
         report_misses(dumps, n, per, unit, args.functions)
 
@@ -560,8 +573,8 @@ def main(argv=None):
                         "branches per unit, traced minus plain, by part (--functions K: and by function, "
                         "and the lines of csrc/)")
     p.add_argument("--ops", type=int, default=0,
-                   help="ops: an elem graph of this many ops (3 per layer) instead of --workload: per-op cost "
-                        "as graphs grow (300 is elem's size)")
+                   help="ops: an elem graph of this many ops (3 per layer, traced by FX) instead of --workload, "
+                        "level torch: per-op cost as graphs grow (300 is elem's size)")
     p.add_argument("--slices", action="store_true", help="ops: module slices on vs off instead of traced vs untraced")
     p.add_argument("--calls", type=int, default=20, help="ops: N, calls per section (N and 2N are differenced)")
     p.add_argument("--events", type=float, default=100000, help="writer: N events (N and 2N are differenced)")

@@ -370,6 +370,7 @@ typedef struct {
     pthread_cond_t cv_wake, cv_space, cv_done;
     _Atomic int kick;    /* a ring passed half full */
     _Atomic int waiters; /* producers waiting for space */
+    _Atomic uint64_t ring_waits; /* times a producer found its ring full (stats) */
     int stop;
     uint64_t flush_req, flush_done;
     int running;

@@ -125,6 +125,11 @@ struct dft_deflate {
     uint64_t acc_n, made_n;                  /* their count; of all codes made so far */
     codes_t next;                      /* built from the symbols of the members before */
     int have_next;
+    /* the dynamic block header of next, made with it: the same for every member until the codes
+     * are made again (32 bits a word, hdr_bits in all) */
+    uint32_t hdr[73];
+    unsigned hdr_bits;
+    const codes_t *paired; /* the codes pair[] was made from */
 };
 
 static codes_t fixed;
@@ -613,6 +618,35 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
     return put_against(w, s, h, r, 1, c->p, c->q);
 }
 
+/* The dynamic block header of d->next into d->hdr: BFINAL, dynamic codes, all 286 + 30 lengths,
+ * each in the code-length code. */
+static void make_header(dft_deflate *d) {
+    static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+    const codes_t *c = &d->next;
+    uint32_t nl[19] = {0}, cl[19];
+    uint8_t cl_len[19];
+    for (unsigned i = 0; i < 16; i++)
+        nl[i] = 1;
+    for (unsigned i = 0; i < NLIT; i++)
+        nl[c->lit_len[i]]++;
+    for (unsigned i = 0; i < NDIST; i++)
+        nl[c->dist_len[i]]++;
+    huff_lengths(nl, 19, 7, cl_len);
+    make_codes(cl_len, 19, cl);
+    /* at most 17 + 19 * 3 + 316 * 7 bits: 72 words, and the last partial one */
+    enc_t w = {0, 0, (unsigned char *)d->hdr, NULL, NULL, NULL, NULL, NULL};
+    put_bits(&w, 1 | 2 << 1 | (NLIT - 257) << 3 | (NDIST - 1) << 8 | (19 - 4) << 13, 17);
+    for (unsigned i = 0; i < 19; i++)
+        put_bits(&w, cl_len[order[i]], 3);
+    for (unsigned i = 0; i < NLIT + NDIST; i++) {
+        uint32_t k = cl[i < NLIT ? c->lit_len[i] : c->dist_len[i - NLIT]];
+        put_bits(&w, k & 0xffff, k >> 16);
+    }
+    d->hdr_bits = (unsigned)(w.o - (unsigned char *)d->hdr) * 8 + (unsigned)w.bn;
+    uint32_t rest = (uint32_t)w.bb;
+    memcpy(w.o, &rest, 4);
+}
+
 /* One block of every line of s[0..n) with the codes w->c; its symbols are counted in d. */
 static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n) {
     if (++d->pass >> (64 - PASS_SHIFT)) { /* after 2^24 blocks */
@@ -629,28 +663,18 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
     w->ndist = d->ndist;
     w->npair = d->npair;
     w->pair = d->pair;
-    make_pairs(w->c, d->pair);
+    if (d->paired != w->c) {
+        make_pairs(w->c, d->pair);
+        d->paired = w->c;
+    }
     if (w->c == &fixed) {
         put_bits(w, 1 | 1 << 1, 3); /* BFINAL, fixed Huffman codes */
-    } else { /* BFINAL, dynamic codes: all 286 + 30 lengths, each in the code-length code */
-        static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
-        uint32_t nl[19] = {0}, cl[19];
-        uint8_t cl_len[19];
-        for (unsigned i = 0; i < 16; i++)
-            nl[i] = 1;
-        for (unsigned i = 0; i < NLIT; i++)
-            nl[w->c->lit_len[i]]++;
-        for (unsigned i = 0; i < NDIST; i++)
-            nl[w->c->dist_len[i]]++;
-        huff_lengths(nl, 19, 7, cl_len);
-        make_codes(cl_len, 19, cl);
-        put_bits(w, 1 | 2 << 1 | (NLIT - 257) << 3 | (NDIST - 1) << 8 | (19 - 4) << 13, 17);
-        for (unsigned i = 0; i < 19; i++)
-            put_bits(w, cl_len[order[i]], 3);
-        for (unsigned i = 0; i < NLIT + NDIST; i++) {
-            uint32_t k = cl[i < NLIT ? w->c->lit_len[i] : w->c->dist_len[i - NLIT]];
-            put_bits(w, k & 0xffff, k >> 16);
-        }
+    } else {
+        unsigned k = 0;
+        for (; k + 32 <= d->hdr_bits; k += 32)
+            put_bits(w, d->hdr[k / 32], 32);
+        if (k < d->hdr_bits)
+            put_bits(w, d->hdr[k / 32], d->hdr_bits - k);
     }
     enc_t e = *w; /* a local: the output's bytes cannot alias it, it stays in registers */
     const dft_line_hint *h = d->h, *he = h ? h + d->nh : NULL;
@@ -744,6 +768,8 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     huff_lengths(d->acc_lit, NLIT, 15, d->next.lit_len);
     huff_lengths(d->acc_dist, NDIST, 15, d->next.dist_len);
     make_all_codes(&d->next);
+    make_header(d);
+    d->paired = NULL;
     d->have_next = 1;
     memset(d->acc_lit, 0, sizeof d->acc_lit);
     memset(d->acc_dist, 0, sizeof d->acc_dist);

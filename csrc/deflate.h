@@ -20,9 +20,10 @@ void dft_deflate_free(dft_deflate *d);
  * site's tail text, one track). Lines of one fam are alike (one name and
  * category, one track): the encoder compares such a line with the last one
  * of its fam, trusting nothing but the keys. Lines of one cls share their
- * category and track (a module slice: no other line has its name): without a
+ * category and track (a module slice: no other line has its name); without a
  * line of its key or fam in reach, a line is compared with the last one of
- * its cls, trusting nothing. */
+ * its cls, trusting nothing (the writer's cls: one category, track and args,
+ * any name). */
 typedef struct {
     uint64_t key, fam, cls;
     uint32_t at, len; /* the line, '\n' included, in the member's text */

@@ -544,11 +544,12 @@ static PyObject *py_path(PyObject *m, PyObject *unused) {
 
 static PyObject *py_stats(PyObject *m, PyObject *unused) {
     uint64_t pushed, pending, rings = dft_rings_counts(&pushed, &pending);
-    return Py_BuildValue("{sKsKsKsKsKss}", "recorded", (unsigned long long)(pushed - dft_w.pushed_base),
+    return Py_BuildValue("{sKsKsKsKsKsKss}", "recorded", (unsigned long long)(pushed - dft_w.pushed_base),
                          "written",
                          (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
                          "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
-                         (unsigned long long)pending, "rings", (unsigned long long)rings, "clock",
+                         (unsigned long long)pending, "rings", (unsigned long long)rings, "ring_waits",
+                         (unsigned long long)atomic_load(&dft_w.ring_waits), "clock",
                          atomic_load(&dft_hot.seq) ? "tsc" : "monotonic");
 }
 
@@ -576,7 +577,7 @@ static PyMethodDef methods[] = {
     {"boundary", (PyCFunction)(void (*)(void))dft_py_boundary, METH_FASTCALL,
      "boundary(cell, opened, site, ...): closes this thread's innermost len(sites) open module "
      "slices (recorded as these sites, innermost first) and opens `opened` new ones"},
-    {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings."},
+    {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings; ring_waits: times a thread found its ring full."},
     {"gzip_members", dft_py_gzip_members, METH_VARARGS,
      "gzip_members(parts, hints=None) -> the gzip members of parts (bytes), encoded as the trace writer "
      "encodes the members of one file (compression 1); hints: per part, None or the writer's hints on its "

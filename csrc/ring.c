@@ -203,6 +203,7 @@ int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_
     if (h - dft_tls.tail_cache >= r->half) {
         dft_writer_kick();
         if (h - dft_tls.tail_cache >= r->cap) {
+            atomic_fetch_add_explicit(&dft_w.ring_waits, 1, memory_order_relaxed);
             pthread_mutex_lock(&dft_w.mu);
             atomic_fetch_add(&dft_w.waiters, 1);
             while ((dft_tls.tail_cache = atomic_load(&r->tail), h - dft_tls.tail_cache >= r->cap) &&

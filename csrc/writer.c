@@ -430,7 +430,8 @@ typedef struct {
     uint32_t site, tags, flags, step, tlen, len;
     uint32_t serial; /* of this text: a new one each time the entry is made */
     uint64_t fam;    /* of the site's name and category text (the encoder's fam, with the track) */
-    uint64_t cls;    /* of its category text alone (the encoder's cls, with the track) */
+    uint64_t cls;    /* of its category and this text (the encoder's cls, with the track): lines of one
+                      * cls differ in their name, id, ts and dur (module slices of one type) */
     char tcopy[TAIL_TAGS]; /* the tags' text: an owned tags id may be reused with other text */
     char text[TAIL_TEXT];
 } tail_t;
@@ -438,8 +439,7 @@ static tail_t *tails;
 static uint32_t tail_serial;
 static dft_buf tail_scratch;
 
-static uint64_t fnv1a(const char *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
+static uint64_t fnv1a(uint64_t h, const char *p, size_t n) {
     for (size_t i = 0; i < n; i++)
         h = (h ^ (unsigned char)p[i]) * 0x100000001b3ull;
     return h;
@@ -462,10 +462,12 @@ static __attribute__((noinline)) const tail_t *tail_make(const dft_rec *x, const
         memcpy(t->tcopy, tags->p, tlen);
     t->site = x->site, t->tags = x->tags, t->flags = x->flags, t->step = x->step;
     t->tlen = tlen, t->len = (uint32_t)len, t->serial = ++tail_serial;
-    t->fam = fnv1a(site->namecat.p, site->namecat.len);
+    t->fam = fnv1a(0xcbf29ce484222325ull, site->namecat.p, site->namecat.len);
     /* ,"name":"..","cat":"..": a quote inside the name is escaped */
     const char *cat = memmem(site->namecat.p, site->namecat.len, "\",\"cat\":", 8);
-    t->cls = cat ? fnv1a(cat, site->namecat.len - (size_t)(cat - site->namecat.p)) : t->fam;
+    t->cls = cat ? fnv1a(fnv1a(0xcbf29ce484222325ull, cat, site->namecat.len - (size_t)(cat - site->namecat.p)),
+                         t->text, len)
+                 : t->fam;
     t->gen = dft_w.gen;
     return t;
 }
