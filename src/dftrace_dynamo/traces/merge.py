@@ -72,10 +72,12 @@ class _Span:
     def __init__(self):
         self.first = self.last = self.run_id = None
 
-    def add(self, ev):
+    def add(self, ev, offset=0):
+        """``offset``: µs still to subtract from the event's times."""
         ts = ev.get("ts")
         if not is_number(ts):
             return
+        ts -= offset
         dur = ev.get("dur")
         end = ts + dur if is_number(dur) else ts
         self.first = ts if self.first is None else min(self.first, ts)
@@ -86,56 +88,83 @@ class _Span:
                 self.run_id = run_id if isinstance(run_id, str) else orjson.dumps(run_id).decode()
 
 
+class Inputs:
+    """The inputs of a merge, read one after another (:meth:`events`): pids and tids
+    made unique across inputs, one ``process_name`` and ``process_sort_index``
+    record per process after its input's events, aggregate records left out.
+    ``processes`` (input, old pid, new pid, name) and ``warnings`` grow as inputs are read."""
+
+    def __init__(self, paths, progress=None):
+        for p in paths:
+            check_trace(p)
+        self.paths, self.progress = paths, progress
+        self.pids, self.tids = _Ids(), _Ids()
+        self.processes, self.warnings, self.spans = [], [], []
+        self.offsets = clock.offsets_us(paths, warnings=self.warnings)
+
+    def shift_us(self, index):
+        """The clock offset subtracted from the times of input ``index``: whole µs (far finer than
+        the offset's error), so integer times stay integers, which Perfetto reads exactly (a fraction
+        at today's epoch µs loses the ns it needs to nest); 0: none."""
+        return round(self.offsets.get(index, (0.0,))[0])
+
+    def events(self, index, shift=True):
+        """Yields ``(raw JSON, event)`` of input ``index``; ``shift=False`` leaves
+        its times for the caller to move by :meth:`shift_us`."""
+        path, rank = self.paths[index], rank_of(self.paths[index])
+        pid_map, tid_map, names = {}, {}, {}
+        lines = EventLines(path)
+        span = _Span()
+        self.spans.append((index, span))
+        offset = self.shift_us(index)
+        for _, raw, ev in lines:
+            if is_aggregate_record(ev):  # it stands for its own file only: summary reads the events
+                continue
+            if offset and shift and is_number(ev.get("ts")):
+                ev["ts"] -= offset
+                raw = orjson.dumps(ev)
+            span.add(ev, 0 if shift else offset)
+            pid, tid = ev.get("pid"), ev.get("tid")
+            new_pid = _remap(pid_map, self.pids, pid, pid)
+            new_tid = _remap(tid_map, self.tids, tid, new_pid if tid == pid else tid)
+            if ev.get("ph") == "M" and ev.get("name") == "process_name":
+                names[new_pid] = _name(path, rank, (ev.get("args") or {}).get("name"))
+                continue  # given below, once per process
+            if (new_pid, new_tid) != (pid, tid):
+                ev.update((k, v) for k, v in (("pid", new_pid), ("tid", new_tid)) if v is not None)
+                raw = orjson.dumps(ev)
+            yield raw, ev
+        for old, new in pid_map.items():
+            name = names.get(new) or _name(path, rank, None)
+            sort = rank if rank is not None else index
+            for key, args in (("process_name", {"name": name}), ("process_sort_index", {"sort_index": sort})):
+                ev = {"name": key, "ph": "M", "pid": new, "args": args}
+                yield orjson.dumps(ev), ev
+            self.processes.append((path, old, new, name))
+            if offset:
+                self.warnings.append(clock.note(name, *self.offsets[index]))
+        self.warnings += lost_notes(lines)
+        if self.progress:
+            self.progress(os.path.getsize(path))
+
+    def check_runs(self, all_runs, command):
+        """Raises :class:`.reader.TraceError` when the inputs read hold several runs, unless ``all_runs``."""
+        found = runs.find_runs(self.paths, [(i, s.first, s.last, {"run_id": s.run_id}) for i, s in self.spans
+                                            if s.first is not None])
+        if len(found) > 1 and not all_runs:
+            raise TraceError(runs.mixed_message(found, self.paths, command))
+
+
 def merge(paths, out, force=False, progress=None, all_runs=False):
     """Writes the events of ``paths`` into ``out``. Returns ``(events written,
     processes as (input, old pid, new pid, name), warnings)``. Raises
     :class:`.reader.TraceError` (and writes nothing) when the inputs hold
     several runs, unless ``all_runs``."""
-    for p in paths:
-        check_trace(p)
+    inputs = Inputs(paths, progress)
     out = prepare_output(out, paths, force)
-    pids, tids = _Ids(), _Ids()
-    processes, warnings, spans = [], [], []
-    offsets = clock.offsets_us(paths, warnings=warnings)
     with TraceWriter(out) as w:
-        for index, path in enumerate(paths):
-            rank = rank_of(path)
-            pid_map, tid_map, names = {}, {}, {}
-            lines = EventLines(path)
-            spans.append(_Span())
-            # whole µs (far finer than the offset's error): integer times stay integers, which
-            # Perfetto reads exactly (a fraction at today's epoch µs loses the ns it needs to nest)
-            shift = round(offsets.get(index, (0.0,))[0])
-            for _, raw, ev in lines:
-                if is_aggregate_record(ev):  # it stands for its own file only: summary reads the events
-                    continue
-                if shift and is_number(ev.get("ts")):
-                    ev["ts"] -= shift
-                    raw = orjson.dumps(ev)
-                spans[-1].add(ev)
-                pid, tid = ev.get("pid"), ev.get("tid")
-                new_pid = _remap(pid_map, pids, pid, pid)
-                new_tid = _remap(tid_map, tids, tid, new_pid if tid == pid else tid)
-                if ev.get("ph") == "M" and ev.get("name") == "process_name":
-                    names[new_pid] = _name(path, rank, (ev.get("args") or {}).get("name"))
-                    continue  # written below, once per process
-                if (new_pid, new_tid) != (pid, tid):
-                    ev.update((k, v) for k, v in (("pid", new_pid), ("tid", new_tid)) if v is not None)
-                    raw = orjson.dumps(ev)
+        for index in range(len(paths)):
+            for raw, _ in inputs.events(index):
                 w.write(raw)
-            for old, new in pid_map.items():
-                name = names.get(new) or _name(path, rank, None)
-                sort = rank if rank is not None else index
-                for key, args in (("process_name", {"name": name}), ("process_sort_index", {"sort_index": sort})):
-                    w.write(orjson.dumps({"name": key, "ph": "M", "pid": new, "args": args}))
-                processes.append((path, old, new, name))
-                if shift:
-                    warnings.append(clock.note(name, *offsets[index]))
-            warnings += lost_notes(lines)
-            if progress:
-                progress(os.path.getsize(path))
-        found = runs.find_runs(paths, [(i, s.first, s.last, {"run_id": s.run_id}) for i, s in enumerate(spans)
-                                       if s.first is not None])
-        if len(found) > 1 and not all_runs:  # the writer removes the file
-            raise TraceError(runs.mixed_message(found, paths, "merge"))
-    return w.events, processes, warnings
+        inputs.check_runs(all_runs, "merge")  # the writer removes the file
+    return w.events, inputs.processes, inputs.warnings
