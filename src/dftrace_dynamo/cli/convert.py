@@ -1,27 +1,36 @@
-"""``dftrace-dynamo convert``: change compression, or write a strict JSON array."""
+"""``dftrace-dynamo convert``: change compression, write a strict JSON array or Perfetto's protobuf format."""
+
+import os
 
 from dftrace_dynamo.traces.reader import MAX_LINE, TraceError
 from dftrace_dynamo.traces.validate import SPLIT_EVENTS
 
-from ._common import warn
+from ._common import progress_bar, warn
 
-FORMATS = ("pfw", "json-array")
+FORMATS = ("pfw", "json-array", "perfetto")
 
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "convert", help="gzip <-> zstd <-> plain, or a strict JSON array",
+        "convert", help="gzip <-> zstd <-> plain, a strict JSON array, or Perfetto's protobuf format",
         description="Copies the events of a trace into OUT. Compression follows OUT's extension "
                     "(.gz gzip members, .zst zstd frames, anything else plain). --format json-array "
                     "writes a strict JSON array (commas, closing ]) for chrome://tracing-style "
-                    "viewers. Lines that are not valid JSON (a cut last line, a cut gzip member) "
-                    f"and lines over {MAX_LINE >> 20} MiB are left out, so the output always loads.")
-    p.add_argument("input", metavar="IN", help="trace file")
+                    "viewers. --format perfetto writes Perfetto's native protobuf trace (a quarter of "
+                    "the JSON's size; it loads where the JSON is too big), from one file or, merged "
+                    "as by merge, from several. Lines that are not valid JSON (a cut last line, a cut "
+                    f"gzip member) and lines over {MAX_LINE >> 20} MiB are left out, so the output always loads.")
+    p.add_argument("input", nargs="+", metavar="IN",
+                   help="trace file (--format perfetto: files, directories or glob patterns, merged)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write (with --split: a directory)")
     p.add_argument("--format", choices=FORMATS,
                    help="pfw: [ + one object per line + ] (default); json-array: strict JSON "
-                        "(default when OUT ends in .json, .json.gz or .json.zst)")
+                        "(default when OUT ends in .json, .json.gz or .json.zst); perfetto: Perfetto's "
+                        "protobuf trace (default when OUT ends in .perfetto-trace or .pftrace; needs the "
+                        "perfetto extra)")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.add_argument("--all-runs", action="store_true",
+                   help="--format perfetto: convert files of different runs into one trace instead of refusing")
     split = p.add_argument_group(
         "splitting a big trace", "--split writes parts (.pfw.gz) into the directory OUT; each keeps the metadata "
                                  "records, no slice is cut in half, and together they hold every event")
@@ -70,19 +79,57 @@ def run_split(args, src):
     return 0
 
 
+def output_format(args):
+    from dftrace_dynamo.traces.perfetto_proto import EXTENSIONS
+
+    name = args.output.lower().rsplit("/", 1)[-1]
+    if args.format:
+        return args.format
+    if name.endswith(EXTENSIONS):
+        return "perfetto"
+    return "json-array" if ".json" in name else "pfw"
+
+
+def run_perfetto(args):
+    from dftrace_dynamo.traces.merge import check_output_place
+    from dftrace_dynamo.traces.perfetto_proto import write_perfetto
+    from dftrace_dynamo.traces.reader import find_traces
+
+    paths = find_traces(args.input)
+    check_output_place(args.output, args.input)
+    with progress_bar(sum(os.path.getsize(p) for p in paths), "convert") as bar:
+        events, warnings = write_perfetto(paths, args.output, args.force, None if bar.disable else bar.update,
+                                          args.all_runs)
+    for note in warnings:
+        warn("convert", note)
+    files = f" from {len(paths)} files" if len(paths) > 1 else ""
+    print(f"wrote {args.output}: {events:,} events{files} (perfetto)")
+    return 0
+
+
 def run(args):
     from dftrace_dynamo.traces.convert import convert
     from dftrace_dynamo.traces.reader import find_traces
 
-    found = find_traces([args.input])
+    fmt = output_format(args)
+    if args.split and args.format == "perfetto":
+        raise TraceError("--split writes .pfw.gz parts; without --split, --format perfetto writes one file "
+                         "that loads whole")
+    if fmt == "perfetto" and not args.split:
+        if args.steps or args.time or args.max_events is not None:
+            raise TraceError("--steps, --time and --max-events go with --split")
+        return run_perfetto(args)
+    if args.all_runs:
+        raise TraceError("--all-runs goes with --format perfetto")
+    found = find_traces(args.input)
     if len(found) != 1:
-        raise TraceError(f"convert takes one trace file; {args.input} holds {len(found)}")
+        raise TraceError(f"convert takes one trace file; {' '.join(args.input)} holds {len(found)} "
+                         "(--format perfetto merges several)")
     src = found[0]
     if args.split:
         return run_split(args, src)
     if args.steps or args.time or args.max_events is not None:
         raise TraceError("--steps, --time and --max-events go with --split")
-    fmt = args.format or ("json-array" if ".json" in args.output.lower().rsplit("/", 1)[-1] else "pfw")
     events, warnings = convert(src, args.output, fmt == "json-array", args.force)
     for note in warnings:
         warn("convert", note)

@@ -43,7 +43,7 @@ _U32 = (1 << 32) - 1
 _I64 = 1 << 63
 
 
-def _ns(us):
+def perfetto_ns(us):
     """µs → ns the way Perfetto does it: ``x * 1000`` in double, rounded half
     away; None when that is not a 64-bit integer (Perfetto's time type)."""
     ns = us * 1000 if isinstance(us, int) else us * 1000 + 0.5
@@ -108,7 +108,7 @@ def _check_event(report, lineno, ev, threads):
         report.problem(lineno, "X event without a numeric ts")
     elif not is_number(dur) or dur < 0:
         report.problem(lineno, "X event without a numeric dur >= 0 (Perfetto drops it)")
-    elif (start := _ns(ts)) is None or (length := _ns(dur)) is None or start + length >= _I64:
+    elif (start := perfetto_ns(ts)) is None or (length := perfetto_ns(dur)) is None or start + length >= _I64:
         report.problem(lineno, f"X event at ts {ts} with dur {dur} ends beyond 2^63 ns, Perfetto's time range")
     else:
         threads[(ev.get("pid"), ev.get("tid"))].append((start, start + length, lineno))
