@@ -91,12 +91,10 @@ def output_format(args):
 
 
 def run_perfetto(args):
-    from dftrace_dynamo.traces.merge import check_output_place
     from dftrace_dynamo.traces.perfetto_proto import write_perfetto
     from dftrace_dynamo.traces.reader import find_traces
 
     paths = find_traces(args.input)
-    check_output_place(args.output, args.input)
     with progress_bar(sum(os.path.getsize(p) for p in paths), "convert") as bar:
         events, warnings = write_perfetto(paths, args.output, args.force, None if bar.disable else bar.update,
                                           args.all_runs)

@@ -44,8 +44,7 @@ from collections import defaultdict
 
 from .convert import prepare_output
 from .merge import Inputs
-from .reader import PH_LETTERS, TraceError, is_number
-from .validate import perfetto_ns
+from .reader import PH_LETTERS, TraceError, is_number, perfetto_ns
 
 EXTENSIONS = (".perfetto-trace", ".pftrace")
 CLOCK = 64  # the first sequence-scoped clock id
@@ -85,12 +84,6 @@ def varint(n):
 def field(tag, payload):
     """A length-delimited field: ``tag`` (bytes) + length + ``payload``."""
     return tag + varint(len(payload)) + payload
-
-
-def is_protobuf(path):
-    """Whether ``path`` starts like a Perfetto protobuf trace (a ``Trace.packet`` field)."""
-    with open(path, "rb") as f:
-        return f.read(1) == b"\x0a"
 
 
 class Sequence:

@@ -14,6 +14,7 @@ only the first :data:`KEEP` line numbers are kept (all are counted).
 
 import glob
 import io
+import math
 import os
 import re
 import zlib
@@ -40,6 +41,9 @@ class TraceError(Exception):
     """Bad input: the message is one line for the user, no traceback."""
 
 
+I64 = 1 << 63  # Perfetto's time type is a signed 64-bit count of ns
+
+
 class NotATrace(TraceError):
     """A file that does not start like a trace at all (not a damaged trace)."""
 
@@ -63,6 +67,15 @@ def kind_of(start):
 def is_number(v):
     """Whether a parsed JSON value is a number (``true``/``false`` are not)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def perfetto_ns(us):
+    """µs → ns the way Perfetto does it: ``x * 1000`` in double, rounded half
+    away; None when that is not a 64-bit integer (Perfetto's time type)."""
+    ns = us * 1000 if isinstance(us, int) else us * 1000 + 0.5
+    if not math.isfinite(ns) or not -I64 <= ns < I64:
+        return None
+    return ns if isinstance(ns, int) else math.floor(ns)
 
 
 # The fields every reader relies on: the JSON type each must have when present (null counts as absent).
@@ -421,10 +434,24 @@ def first_lines(path, n=2):
     return out
 
 
+def is_perfetto_protobuf(path):
+    """Whether ``path`` is a Perfetto protobuf trace (``convert --format perfetto``): it starts
+    with a ``Trace.packet`` field, byte 0x0a, and is not JSON after leading whitespace."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False
+    return head[:1] == b"\n" and head.lstrip()[:1] not in (b"[", b"{", b"")
+
+
 def check_trace(path):
     """Raises :class:`TraceError` unless the file starts like a trace (a JSON
     array or JSON object lines). Returns ``"array"`` for a strict JSON array
     (commas between objects), ``"lines"`` for the DFTracer layout."""
+    if is_perfetto_protobuf(path):
+        raise TraceError(f"{path} is a Perfetto protobuf trace (for the Perfetto UI); dftrace-dynamo reads "
+                         "the .pfw files it was converted from: give those instead")
     lines = [line.strip() for line in first_lines(path)]
     if not lines:
         raise TraceError(f"{path}: empty file (or blank lines only), not a trace")

@@ -25,10 +25,11 @@ field of the wrong JSON type (:data:`.reader.FIELD_TYPES`) is refused with a
 :class:`.reader.TraceError`, as by every other reader.
 """
 
-import math
 from collections import defaultdict
 
-from .reader import KEEP, EventLines, compression_of, is_number, kind_of, too_long
+from .perfetto_proto import load_pb2
+from .reader import (I64, KEEP, EventLines, compression_of, is_number, is_perfetto_protobuf, kind_of, perfetto_ns,
+                     too_long)
 
 MAX_DEPTH = 512
 # The Perfetto web UI (v52, WASM trace processor, 4 GB address space) loaded a
@@ -39,17 +40,10 @@ SPLIT_EVENTS = 8_000_000  # suggested part size: half the limit, room for args-h
 ZSTD_NOTE = ("zstd-compressed: Perfetto reads zstd from v58 on (earlier releases, and this tool's trace processor "
              "v52, cannot open it) and dftracer-utils not at all; for those, write gzip "
              "(DFTRACER_TRACE_COMPRESSION=1) or convert it: dftrace-dynamo convert FILE -o FILE.pfw.gz")
+# The same trace processor loads a protobuf trace (convert --format perfetto) of 4x the events of the
+# largest JSON it loads (benchmarks/results_perfetto.rst)
+UI_MAX_PROTO_EVENTS = 4 * UI_MAX_EVENTS
 _U32 = (1 << 32) - 1
-_I64 = 1 << 63
-
-
-def perfetto_ns(us):
-    """µs → ns the way Perfetto does it: ``x * 1000`` in double, rounded half
-    away; None when that is not a 64-bit integer (Perfetto's time type)."""
-    ns = us * 1000 if isinstance(us, int) else us * 1000 + 0.5
-    if not math.isfinite(ns) or not -_I64 <= ns < _I64:
-        return None
-    return ns if isinstance(ns, int) else math.floor(ns)
 
 
 def _order(problem):
@@ -108,7 +102,7 @@ def _check_event(report, lineno, ev, threads):
         report.problem(lineno, "X event without a numeric ts")
     elif not is_number(dur) or dur < 0:
         report.problem(lineno, "X event without a numeric dur >= 0 (Perfetto drops it)")
-    elif (start := perfetto_ns(ts)) is None or (length := perfetto_ns(dur)) is None or start + length >= _I64:
+    elif (start := perfetto_ns(ts)) is None or (length := perfetto_ns(dur)) is None or start + length >= I64:
         report.problem(lineno, f"X event at ts {ts} with dur {dur} ends beyond 2^63 ns, Perfetto's time range")
     else:
         threads[(ev.get("pid"), ev.get("tid"))].append((start, start + length, lineno))
@@ -134,8 +128,88 @@ def _check_nesting(report, threads):
             stack.append((start, end, lineno))
 
 
+def _packets(f, report):
+    """``(offset, bytes)`` of each ``Trace.packet`` of the protobuf file ``f``; a cut or foreign field is a problem."""
+    at = 0
+    while head := f.read(1):
+        if head != b"\x0a":
+            report.problem(None, f"byte {at}: field tag {head[0]:#04x} where a packet (0x0a) should start: "
+                                 "not a Perfetto trace from here on")
+            return
+        size, shift, got = 0, 0, 1
+        while (b := f.read(1)) and b[0] & 0x80:
+            size |= (b[0] & 0x7F) << shift
+            shift += 7
+            got += 1
+        size |= (b[0] if b else 0) << shift
+        data = f.read(size) if b else b""
+        if not b or len(data) < size:
+            report.problem(None, f"cut at byte {at + got + len(data) + bool(b)}: the packet at byte {at} is "
+                                 "incomplete (Perfetto drops it and reports the trace as truncated)")
+            return
+        yield at, data
+        at += got + 1 + size
+
+
+def validate_protobuf(path, keep=KEEP):
+    """A :class:`Report` for a Perfetto protobuf trace: every packet parses, a track event's
+    sequence holds its interned strings and default track, its track is described, each slice end
+    closes a slice. ``events``: slices, instants and counter values."""
+    pb = load_pb2()
+    report = Report(path, keep)
+    tracks, sequences, depth = set(), {}, defaultdict(int)
+    with open(path, "rb") as f:
+        for at, data in _packets(f, report):
+            try:
+                p = pb.TracePacket.FromString(data)
+            except Exception as e:  # noqa: BLE001  the message's own error type differs by protobuf backend
+                report.problem(None, f"byte {at}: packet does not parse ({e})")
+                continue
+            if p.HasField("track_descriptor"):
+                tracks.add(p.track_descriptor.uuid)
+            seq = sequences.setdefault(p.trusted_packet_sequence_id, {"names": set(), "keys": set(), "track": None})
+            if p.incremental_state_cleared or p.sequence_flags & 1:
+                seq.update(names=set(), keys=set(), track=None)
+            if p.HasField("trace_packet_defaults"):
+                seq["track"] = p.trace_packet_defaults.track_event_defaults.track_uuid
+            for entry in p.interned_data.event_names:
+                seq["names"].add(entry.iid)
+            for entry in p.interned_data.debug_annotation_names:
+                seq["keys"].add(entry.iid)
+            if p.HasField("track_event"):
+                _check_track_event(report, at, p.track_event, seq, tracks, depth)
+    report.notes.append("a Perfetto protobuf trace")
+    if report.events > UI_MAX_PROTO_EVENTS:
+        report.warnings.append(f"{report.events:,} events: more than the Perfetto web UI loads as protobuf "
+                               f"(about {UI_MAX_PROTO_EVENTS // 10**6} M events)")
+    report._trim()
+    return report
+
+
+def _check_track_event(report, at, e, seq, tracks, depth):
+    track = e.track_uuid if e.HasField("track_uuid") else seq["track"]
+    if track is None or track not in tracks:
+        report.problem(None, f"byte {at}: track event on a track no descriptor announced (Perfetto drops it)")
+        return
+    if e.HasField("name_iid") and e.name_iid not in seq["names"]:
+        report.problem(None, f"byte {at}: event name id {e.name_iid} not interned on its sequence")
+    if any(a.HasField("name_iid") and a.name_iid not in seq["keys"] for a in e.debug_annotations):
+        report.problem(None, f"byte {at}: argument name id not interned on its sequence")
+    if e.type == 2:  # TYPE_SLICE_END
+        if not depth[track]:
+            report.problem(None, f"byte {at}: slice end without an open slice on its track")
+        else:
+            depth[track] -= 1
+        return
+    report.events += 1
+    if e.type == 1:
+        depth[track] += 1
+
+
 def validate(path, keep=KEEP):
     """Returns a :class:`Report` for one trace file, keeping its first ``keep`` problems."""
+    if is_perfetto_protobuf(path):
+        return validate_protobuf(path, keep)
     report = Report(path, keep)
     threads = defaultdict(list)
     lines = EventLines(path)
