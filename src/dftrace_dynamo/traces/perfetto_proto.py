@@ -175,10 +175,11 @@ class Sequence:
             else b"\xe1\x02" + _DOUBLE(float(value))
         self.events.append((ts, -ts, order, COUNTER, b"\x48\x04\x58" + varint(track) + enc))
 
-    def encode(self, t0):
-        """The event packets of the sequence (its events sorted), in time order from ``t0``
-        (see the module's notes); returns ``(bytes, events left out for overlapping an earlier one)``."""
-        out, stack, dropped = [], [], 0
+    def encode(self, t0, write):
+        """Writes the event packets of the sequence (its events sorted) with ``write``, in time
+        order from ``t0`` (see the module's notes), and lets the events go; returns how many were
+        left out for overlapping an earlier one."""
+        out, stack, dropped = bytearray(), [], 0
         seq = self.tail
         end_event = b"\x5a\x02\x48\x02"  # track_event {type: SLICE_END}
         last = t0
@@ -186,7 +187,7 @@ class Sequence:
             while stack and stack[-1] <= start:
                 t = stack.pop()
                 packet = b"\x40" + varint(t - last) + seq + end_event
-                out.append(b"\x0a" + varint(len(packet)) + packet)
+                out += b"\x0a" + varint(len(packet)) + packet
                 last = t
             if kind == SLICE_BEGIN:
                 if stack and -neg_end > stack[-1]:
@@ -194,14 +195,19 @@ class Sequence:
                     continue
                 stack.append(-neg_end)
             packet = b"\x40" + varint(start - last) + seq + field(b"\x5a", body)
-            out.append(b"\x0a" + varint(len(packet)) + packet)
+            out += b"\x0a" + varint(len(packet)) + packet
             last = start
+            if len(out) >= 1 << 20:
+                write(out)
+                out.clear()
         while stack:
             t = stack.pop()
             packet = b"\x40" + varint(t - last) + seq + end_event
-            out.append(b"\x0a" + varint(len(packet)) + packet)
+            out += b"\x0a" + varint(len(packet)) + packet
             last = t
-        return b"".join(out), dropped
+        write(out)
+        self.events = []
+        return dropped
 
 
 class Writer:
@@ -240,10 +246,15 @@ class Writer:
         self.packet(p)
 
     def sequence(self, seq):
-        """The header packets of ``seq`` (defaults, clock, interned strings), then its events."""
-        pb = self.pb
+        """The header packets of ``seq``, then its events; returns the events left out (:meth:`Sequence.encode`)."""
         seq.events.sort()
         t0 = seq.events[0][0] if seq.events else 0
+        self.header(seq, t0)
+        return seq.encode(t0, self.file.write)
+
+    def header(self, seq, t0):
+        """The packets that start ``seq``: its defaults, its clock at ``t0``, its interned strings."""
+        pb = self.pb
         p = pb.TracePacket()
         p.trusted_packet_sequence_id = seq.id
         p.sequence_flags = CLEARED
@@ -268,9 +279,6 @@ class Writer:
                 entry.iid = iid
                 setattr(entry, key, text.encode() if key == "str" else text)
         self.packet(p)
-        body, dropped = seq.encode(t0)
-        self.file.write(body)
-        return dropped
 
     def close(self):
         self.file.close()
