@@ -3,7 +3,7 @@ convert speed, and the largest trace the trace processor loads in each format.
 
     python benchmarks/bench_perfetto.py [--steps 600] [--layers 8] [--repeat 5]
     python benchmarks/bench_perfetto.py --callgrind [--events 5000] [--steps 150]
-    python benchmarks/bench_perfetto.py --capacity [--cap-mb 512] [--start 250000]
+    python benchmarks/bench_perfetto.py --capacity [--cap-mb 512] [--start 250000] [--no-args]
 
 The trace is a step-structured training loop written by the real C writer
 (tests/scripts/stepgen.py: per step data, forward/backward graphs with module slices and 3 ops
@@ -44,6 +44,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from bench_scale import timer_cost_ns  # noqa: E402
 
 from callgrind_costs import helper, read_dumps  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import perfetto_tp  # noqa: E402  the tests' trace processor: where Perfetto's WASM build is
 
 from dftrace_dynamo.traces import perfetto_proto  # noqa: E402
 from dftrace_dynamo.traces.merge import merge  # noqa: E402
@@ -204,10 +207,12 @@ def instructions(a, work):
 
 # --- capacity -----------------------------------------------------------------------------------
 
-def blocks(work, layers):
-    """One step of a stepgen trace as a JSON template and as protobuf head and block bytes."""
+def blocks(work, layers, args=True):
+    """One step of a stepgen trace (``args``: with its arguments) as a JSON template and as
+    protobuf head and block bytes."""
     src = stepgen(work, 8, layers)
     evs = [e for _, _, e in EventLines(src) if e.get("ph") == "X" and (e.get("args") or {}).get("step") == 5]
+    evs = evs if args else [{k: v for k, v in e.items() if k != "args"} for e in evs]
     step = next(e for e in evs if e.get("cat") == "step")
     t0, end = step["ts"], step["ts"] + step["dur"]
     step_us = int(end - t0) + 1
@@ -270,11 +275,11 @@ def largest(load, start, top):
 
 
 def capacity(a, work):
-    json_block, head, block, per = blocks(work, a.layers)
-    os.environ["TP_CAP_MB"] = str(a.cap_mb)
+    json_block, head, block, per = blocks(work, a.layers, not a.no_args)
+    os.environ.update(perfetto_tp._env(), TP_CAP_MB=str(a.cap_mb), TP_TURBOFAN="1")
     node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
     cap = f"WASM memory capped at {a.cap_mb} MiB" if a.cap_mb else "4 GiB WASM address space"
-    print(f"capacity: one step = {per} slices (6-7 arguments each), repeated; Perfetto v52 WASM "
+    print(f"capacity: one step = {per} slices ({'no' if a.no_args else '6-7'} arguments each), repeated; Perfetto v52 WASM "
           f"(tests/perfetto/tp.mjs) under Node {node}, {cap}")
     found = {}
     for fmt in ("json", "proto"):
@@ -302,6 +307,7 @@ def main():
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=int, default=250_000, help="--capacity: events of the first probe")
     ap.add_argument("--max", type=int, default=256_000_000, help="--capacity: events of the largest probe")
+    ap.add_argument("--no-args", action="store_true", help="--capacity: the events without their arguments")
     ap.add_argument("--cap-mb", type=int, default=512,
                     help="--capacity: cap on the engine's WASM memory (0: none, the 4 GiB of WASM32; hours here)")
     a = ap.parse_args()
