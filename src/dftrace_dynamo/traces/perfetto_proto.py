@@ -7,7 +7,7 @@ trace processor loads without keeping the text of every event.
 * One track per thread (``TrackDescriptor`` with pid, tid and thread name),
   under one track per process (pid and name; the rank names of ``merge``,
   :class:`.merge.Inputs`, whose pid/tid moves and clock offsets apply here too;
-  an offset is subtracted in integer nanoseconds, exactly).
+  an offset of whole µs is subtracted from integer nanoseconds).
 * One packet sequence per thread: its packets default to the thread's track
   and to a sequence-scoped incremental clock (each timestamp is the
   nanoseconds since the previous packet of the sequence), and its event names,
@@ -295,7 +295,7 @@ def _text(value):
 
 def _convert_input(inputs, index, w, dropped, other):
     """Writes the tracks and sequences of input ``index``; counts left-out events into ``dropped``/``other``."""
-    shift_ns = round(inputs.shift_us(index) * 1000)
+    shift_ns = inputs.shift_us(index) * 1000
     threads, processes, thread_names, counters, scoped = {}, {}, {}, {}, {}
     order = 0
     global_track = None
