@@ -9,6 +9,7 @@ import statistics
 import pytest
 
 from backend_support import run_torchrun
+from dftrace_dynamo.traces import origin
 from scripts.clitools import cli, summary_json
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "dist_origin.py"
@@ -66,3 +67,16 @@ def test_an_async_collectives_wait_is_the_time_blocked_in_wait(tmp_path, monkeyp
     assert overlap["rank1"] < 0.2 * overlap_ms * 1e3, overlap
     s = info["straggler"]
     assert s["rank"] == "rank1" and 0.8 * expected <= s["wait_caused_median_us"] <= 1.2 * expected, s
+
+
+def test_charges_follow_the_chain_of_waits():
+    """The rule on known numbers ({rank: (arrival, wait)} per operation, ms). A gather whose root
+    (0) waits 60 for rank 3, then an all_reduce that rank 0 reaches last: every other rank lost
+    60 to rank 3, rank 0 nothing to anyone. A chain 0 -> 1 -> 2 where 0 sends 40 late and stage
+    1 computes 2 before sending on: 1 and 2 lose 40 to rank 0, 2 loses 2 to rank 1."""
+    gather = [{0: (0, 60), 1: (0, 0), 2: (0, 0), 3: (60, 0)},
+              {0: (61, 0), 1: (1, 60), 2: (1, 60), 3: (60.5, 0.5)}]
+    assert origin.charges(gather) == {(3, 0): 60, (3, 1): 60, (3, 2): 60}
+    chain = [{0: (40, 0), 1: (0, 40)}, {1: (42, 0), 2: (0, 42)}]
+    assert origin.charges(chain) == {(0, 1): 40, (0, 2): 40, (1, 2): 2}
+    assert origin.per_neighbour(origin.charges(chain), range(3)) == {0: (40, 2), 1: (2, 1), 2: (0.0, 0)}

@@ -48,7 +48,7 @@ def charges(ops):
         own = amount - inherited
         if own > 0 and origin != loser:
             lost[(origin, loser)] = lost.get((origin, loser), 0.0) + own
-        if depth > len(ops):  # (a cycle cannot arise: each step goes to an earlier operation)
+        if depth > len(ops):  # each call goes to an earlier operation: a bound, never reached
             return
         for _, j in reversed(timeline[origin][:position[(origin, k)]]):
             if inherited <= 0:

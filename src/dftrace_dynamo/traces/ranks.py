@@ -23,19 +23,22 @@ step the other ranks were in when it completed (rank 0 evaluates, then every ran
 meets at a barrier; with measured clock offsets, else the step before it), and one
 that every member made during an evaluation counts in no wait. The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
-sat in the collective before the last peer arrived. The last rank to arrive
-is the one waited for: it is charged the median wait of the others (one
-other rank that happens to be late itself does not hide the cost). Per rank and
-steady step, the wall time is split (each instant counted once, in this order)
-into wait, communication (the rest of the collectives' time), data, compute
-(graph calls, ``backward``, optimizer) and other.
+sat in the collective before the last peer arrived; in an async one whose ``wait()`` the
+trace holds (``wait <op>`` events), the part of that ``wait()`` before the last peer
+arrived, the operation's time in flight outside it being **overlap**. Each wait is charged
+to the rank where the delay began (:mod:`.origin`), as the time the waiting rank lost to
+it; ``wait_caused`` is, per step, the median over the ranks that lost time to a rank of
+what each lost. Per rank and steady step, the wall time is split (each instant counted
+once, in this order) into wait, communication (the rest of the collectives' time and of the
+``wait()`` calls), data, compute (optimizer, ``backward``, graph calls: forward) and other.
 
 The first step of the run and warm-up steps are left out. The **straggler** is the rank charged
 the most wait per step (median over the steady steps: a step where the wait fell in an
 operation that is no event, such as DDP's bucket rebuild at its second iteration, does not
 count), named only when that is above the threshold: three times the
 run's own step-to-step noise (1.4826 × the median absolute deviation of the
-step times, median over the ranks), and at least 5 % of the median step.
+step times, median over the ranks), and at least 5 % of the median step. It comes with how many
+ranks it delays and what in it was slower than on its peers (:func:`.origin.cause`).
 """
 
 import itertools
