@@ -26,8 +26,10 @@ def job(tmp_path, monkeypatch, nproc=2, **env):
     return files
 
 
-def comm_events(path):
-    return [e for e in read_events(path) if e.get("cat") == "comm"]
+def comm_events(path, waits=False):
+    """The comm events of a trace file; with ``waits``, only the time blocked in the wait() of
+    async operations (``wait <op>``), else all but those."""
+    return [e for e in read_events(path) if e.get("cat") == "comm" and e["name"].startswith("wait ") == waits]
 
 
 def test_eager_collectives_counts_and_bytes(tmp_path, monkeypatch):
@@ -41,6 +43,9 @@ def test_eager_collectives_counts_and_bytes(tmp_path, monkeypatch):
         assert got == {("all_reduce", 4000, "float32", False): [0, 1, 2], ("broadcast", 80, "float64", False): [0, 1, 2],
                        ("all_gather", 20, "int32", False): [0, 1, 2], ("all_reduce", 1024, "float32", True): [0, 1, 2],
                        ("barrier", 0, None, False): [3]}, got
+        waits = [(e["name"], e["args"]["op"], e["args"]["rank"], e["args"]["step"])
+                 for e in comm_events(path, waits=True)]
+        assert waits == [("wait all_reduce", "all_reduce", rank, s) for s in range(3)], waits
 
 
 @pytest.mark.parametrize("nproc,delay_ms", [(2, 30), (2, 0), (4, 30), (4, 0)])

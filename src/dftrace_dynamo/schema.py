@@ -61,6 +61,9 @@ ARG_GROUP_SIZE = "group_size"
 ARG_RANK = "rank"  # this process's rank in the default group
 ARG_PEER = "peer"  # send/recv: the global rank sent to or received from
 ARG_ASYNC = "async_op"  # issued with async_op=True: the event ends when the work completed
+# the time a rank was blocked in ``wait()`` on an async operation's work: a comm event named
+# this prefix + the operation's name, args op (the operation's name), group, rank
+COMM_WAIT_PREFIX = "wait "
 ARG_BUCKET = "bucket"  # DDP gradient bucket index
 # the ``clock`` record (cat ``dftracer``): this process's clock minus rank 0's, measured when the
 # process group was set up, and the bound on that measurement's error (both ns)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import dftrace_dynamo
 from dftrace_dynamo import step
+from pipeline import iteration as pipeline_iteration
 
 MODE, STEPS = os.environ.get("MODE", "ddp"), int(os.environ.get("STEPS", "8"))
 DELAY = float(os.environ.get("DELAY_MS", "0")) / 1e3
@@ -82,22 +83,8 @@ elif MODE == "pipeline":  # rank r is stage r of a chain: activations forward, g
 
     for _ in range(STEPS):
         opt.zero_grad()
-        x = torch.randn(8, 16)
-        if rank > 0:
-            p2p(False, x, rank - 1)  # between zero_grad() and the forward: the step it begins
-            x.requires_grad_()
-        h = stage(x)
-        if rank == int(os.environ.get("DELAY_RANK", "0")):
-            time.sleep(DELAY)
-        if rank < world - 1:
-            p2p(True, h.detach(), rank + 1)
-            grad = torch.empty_like(h)
-            p2p(False, grad, rank + 1)
-            h.backward(grad)
-        else:
-            h.sum().backward()
-        if rank > 0:
-            p2p(True, x.grad, rank - 1)
+        pipeline_iteration(stage, torch.randn(8, 16), rank, world, p2p,
+                           lambda: time.sleep(DELAY) if rank == int(os.environ.get("DELAY_RANK", "0")) else None)
         opt.step()
 elif MODE == "fsdp":  # FSDP2: each Linear and the model sharded, compiled (Dynamo skips FSDP's hooks)
     from torch.distributed.fsdp import fully_shard

@@ -25,7 +25,10 @@ Each event spans the operation from its issue to its completion: a
 synchronous call is timed around the call; with ``async_op=True`` (and for
 ``isend``/``irecv`` and DDP buckets) the event ends when the work's future
 completes (``Work.get_future().then``), on the thread that completes it, and
-carries ``args.async_op``. Args: ``op``, ``bytes`` (this rank's payload),
+carries ``args.async_op``. The time the rank is then blocked in the work's
+``wait()`` is an event of its own, ``wait <op>`` (``args.op``: the operation,
+``group``, ``rank``): the rank's wait for its peers, where an async
+operation's issue-to-completion span overlaps its compute. Args: ``op``, ``bytes`` (this rank's payload),
 ``dtype``, ``group`` (the process group's name), ``group_size``, ``rank``, for
 point-to-point operations ``peer`` (the global rank sent to or received from) and,
 for DDP, ``bucket``; ``step`` is the step in which the operation was issued.
@@ -57,7 +60,7 @@ import torch
 
 from .. import _core
 from ..schema import (ARG_ASYNC, ARG_BUCKET, ARG_BYTES, ARG_DTYPE, ARG_GROUP, ARG_GROUP_SIZE, ARG_OP,
-                      ARG_PEER, ARG_RANK, ARG_STEP, CAT_COMM)
+                      ARG_PEER, ARG_RANK, ARG_STEP, CAT_COMM, COMM_WAIT_PREFIX)
 from ..session import config, hooks, logger
 
 GROUP = "distributed"
@@ -93,6 +96,9 @@ UNWAITED_MAX = 4096
 # id(work) -> (weak reference to the work, op, start, args, end of its issue): async works without a
 # future, whose event ends at their wait() (not kept alive: a work never waited for frees its tensors)
 _unwaited: "collections.OrderedDict" = collections.OrderedDict()
+# id(work) -> (weak reference to the work, op, group, rank) of the async works issued and not yet
+# waited for: their wait() is recorded (the oldest dropped beyond UNWAITED_MAX)
+_issued: "collections.OrderedDict" = collections.OrderedDict()
 _lock = hooks.fork_safe(threading.RLock())  # reentrant: a signal's finalize may interrupt its holder
 _local = threading.local()  # depth: inside a recorded operation (inner calls are its parts)
 _groups: dict = {}  # id(group) -> (name, size, rank, nccl, group)
@@ -249,6 +255,10 @@ def _when_done(work, op: str, start: int, args: dict) -> None:
     args[ARG_ASYNC] = True
     token = next(_tokens)
     _in_flight[token] = (op, start, args, threading.get_native_id(), None)
+    with _lock:
+        if len(_issued) >= UNWAITED_MAX:
+            _issued.popitem(last=False)
+        _issued[id(work)] = (weakref.ref(work), op, args[ARG_GROUP], args[ARG_RANK])
     try:
         fut = work.get_future() if hasattr(work, "get_future") else work
         fut.then(functools.partial(_on_completion, op=op, start=start, args=args, token=token))
@@ -263,22 +273,35 @@ def _when_done(work, op: str, start: int, args: dict) -> None:
 def _wrap_wait(original):
     @functools.wraps(original)
     def wait(self, *args, **kwargs):
+        issued = _take(_issued, self) if _issued else None
+        start = _core.now_ns() if issued is not None else 0
         result = original(self, *args, **kwargs)
-        if _unwaited:
-            with _lock:
-                entry = _unwaited.get(id(self))
-                if entry is not None and entry[0]() is self:  # not a collected work's reused id
-                    del _unwaited[id(self)]
-                else:
-                    entry = None
-            if entry is not None:
-                try:
-                    _record(*entry[1:4], timed=True)
-                except Exception:  # the trace closed meanwhile
-                    pass
+        if issued is not None:
+            _, op, group, rank = issued
+            try:
+                _record(COMM_WAIT_PREFIX + op, start, {ARG_OP: op, ARG_GROUP: group, ARG_RANK: rank,
+                                                       ARG_STEP: _core.get_step()})
+            except Exception:  # the trace closed meanwhile
+                pass
+        entry = _take(_unwaited, self) if _unwaited else None
+        if entry is not None:
+            try:
+                _record(*entry[1:4], timed=True)
+            except Exception:  # the trace closed meanwhile
+                pass
         return result
 
     return wait
+
+
+def _take(entries, work):
+    """The entry of ``work`` in ``entries`` (removed), or None (not a collected work's reused id)."""
+    with _lock:
+        entry = entries.get(id(work))
+        if entry is None or entry[0]() is not work:
+            return None
+        del entries[id(work)]
+        return entry
 
 
 def _issue_only(entry: tuple) -> None:

@@ -29,7 +29,7 @@ import tempfile
 import orjson
 
 from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
-from . import clock, engines, kernels, sketch, steps
+from . import clock, engines, kernels, ranks, sketch, steps
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
 from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, SAMPLE_VIEWS, load, rank_columns,
@@ -249,6 +249,11 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
         f"{paths[i]}: not closed (its process ended without closing the trace): counted up to its last "
         "aggregate checkpoint; --source events counts every event that reached the file"
         for i in indices if not records[i]["closed"]]
+    if base.get("rank_rows") is not None:  # op time per step and module: what made a rank slow
+        base["rank_rows"]["ops"] = ranks.module_rows(
+            (i, pids[i], step, *keys[gid], ns / 1000) for i in indices
+            for keys in [[(k[2], _text(k[3]) or "(top level)", _text(k[4]) or "(none)") for k in records[i]["keys"]]]
+            for gid, step, ns in records[i]["samples"] or ())
     return dict(base, whole=False, steps=info, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
                 rank_rows=base.get("rank_rows"),
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},

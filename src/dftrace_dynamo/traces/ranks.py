@@ -23,19 +23,22 @@ step the other ranks were in when it completed (rank 0 evaluates, then every ran
 meets at a barrier; with measured clock offsets, else the step before it), and one
 that every member made during an evaluation counts in no wait. The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
-sat in the collective before the last peer arrived. The last rank to arrive
-is the one waited for: it is charged the median wait of the others (one
-other rank that happens to be late itself does not hide the cost). Per rank and
-steady step, the wall time is split (each instant counted once, in this order)
-into wait, communication (the rest of the collectives' time), data, compute
-(graph calls, ``backward``, optimizer) and other.
+sat in the collective before the last peer arrived; in an async one whose ``wait()`` the
+trace holds (``wait <op>`` events), the part of that ``wait()`` before the last peer
+arrived, the operation's time in flight outside it being **overlap**. Each wait is charged
+to the rank where the delay began (:mod:`.origin`), as the time the waiting rank lost to
+it; ``wait_caused`` is, per step, the median over the ranks that lost time to a rank of
+what each lost. Per rank and steady step, the wall time is split (each instant counted
+once, in this order) into wait, communication (the rest of the collectives' time and of the
+``wait()`` calls), data, compute (optimizer, ``backward``, graph calls: forward) and other.
 
 The first step of the run and warm-up steps are left out. The **straggler** is the rank charged
 the most wait per step (median over the steady steps: a step where the wait fell in an
 operation that is no event, such as DDP's bucket rebuild at its second iteration, does not
 count), named only when that is above the threshold: three times the
 run's own step-to-step noise (1.4826 × the median absolute deviation of the
-step times, median over the ranks), and at least 5 % of the median step.
+step times, median over the ranks), and at least 5 % of the median step. It comes with how many
+ranks it delays and what in it was slower than on its peers (:func:`.origin.cause`).
 """
 
 import itertools
@@ -44,14 +47,17 @@ import statistics
 
 import numpy as np
 
-from ..schema import ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, ARG_PEER, ARG_RANK
-from . import clock, compiles
+from ..schema import ARG_ASYNC, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, ARG_PEER, ARG_RANK, COMM_WAIT_PREFIX
+from . import clock, compiles, origin
 from .steps import quantile
 
 P2P = {"send": True, "isend": True, "recv": False, "irecv": False}  # point-to-point op -> it sends
 FUNCTIONAL = "function._c10d_functional."  # op events of functional collectives (events.comm)
-PARTS = ("wait", "comm", "data", "compute", "other")  # in the order an instant is counted
+PARTS = ("wait", "comm", "data", "compute", "other")  # the rows' parts of a step
 PART_KEYS = tuple(f"{c}_us" for c in PARTS)  # the rows' fields
+# the layers an instant is counted in, in order (compute: optimizer, backward, forward)
+LAYERS = ("wait", "comm", "data", "optimizer", "backward", "forward", "other")
+COMPUTE = ("optimizer", "backward", "forward")
 NOISE_FACTOR, MIN_SHARE = 3.0, 0.05
 
 
@@ -142,15 +148,42 @@ def rows(con, kinds):
         AND (kind = {k['comm']} OR (kind = {k['op']} AND starts_with(name, '{FUNCTIONAL}')))
         ORDER BY file, pid, ts""")
     channels = _parsed(list(zip(comm["name"].tolist(), comm.pop("extra").tolist())), _channel)
-    comm["group"], comm["name"] = (np.array(c, object) for c in zip(*channels)) if channels else (comm["name"],) * 2
+    fields = ("group", "name", "op", "pg", "async", "blocked")
+    for c, values in zip(fields, zip(*channels) if channels else [comm["name"]] * len(fields)):
+        comm[c] = np.array(values, bool if c in ("async", "blocked") else object)
     spans = _columns(con, f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
         WHERE step IS NOT NULL AND ts IS NOT NULL
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
+    # op time per process, step, module and phase: what in a rank was slower than on its peers
+    ops = module_rows(con.execute(f"""SELECT file, pid, step, name, module, phase, sum(coalesce(dur, 0)) FROM ev
+        WHERE kind = {k['op']} AND step IS NOT NULL GROUP BY ALL""").fetchall()) if _has_modules(con) else None
     # each event in the step whose slice holds it (per process: here, where its file is read)
     steps = _Steps(slices)
     comm["in_step"] = comm["step"] >= 0  # else made during an evaluation
     comm["step"], spans["step"] = steps.step_at(comm), steps.step_at(spans)
-    return {"slices": slices, "comm": comm, "spans": spans}
+    out = {"slices": slices, "comm": comm, "spans": spans}
+    if ops is not None:
+        out["ops"] = ops
+    return out
+
+
+def module_rows(rows):
+    """The op time per process, step, module and phase (forward and backward; communication
+    left out) as :func:`rows`' ``ops`` columns. ``rows``: (file, pid, step, op name, module,
+    phase, µs)."""
+    rows = [r for r in rows if r[5] in ("forward", "backward") and not str(r[3]).startswith(FUNCTIONAL)]
+    names = ("file", "pid", "step", "name", "module", "phase", "dur")
+    columns = dict(zip(names, zip(*rows))) if rows else {c: () for c in names}
+    out = {c: np.array(columns[c], np.int64) for c in ("file", "pid", "step")}
+    out.update(module=np.array(columns["module"], object), phase=np.array(columns["phase"], object),
+               dur=np.array(columns["dur"], float))
+    return out
+
+
+def _has_modules(con):
+    """Whether table ``ev`` holds op events with their module and phase (the rank columns of an
+    aggregate record do not)."""
+    return {"module", "phase"} <= {c for (c, *_) in con.execute("DESCRIBE ev").fetchall()}
 
 
 def join(parts):
@@ -163,8 +196,12 @@ def join(parts):
         columns = {c: np.concatenate([p[field][c] for p in parts]) for c in parts[0][field]}
         order = np.lexsort((columns["ts"], columns["pid"], columns["file"]))
         return {c: v[order] for c, v in columns.items()}
-    return {"slices": by_time("slices"), "comm": by_time("comm"),
-            "spans": {c: np.concatenate([p["spans"][c] for p in parts]) for c in parts[0]["spans"]}}
+    out = {"slices": by_time("slices"), "comm": by_time("comm"),
+           "spans": {c: np.concatenate([p["spans"][c] for p in parts]) for c in parts[0]["spans"]}}
+    ops = [p["ops"] for p in parts if "ops" in p]
+    if ops:
+        out["ops"] = {c: np.concatenate([o[c] for o in ops]) for c in ops[0]}
+    return out
 
 
 def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=None):
@@ -187,15 +224,17 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     measured = clock.offsets_us(paths, clocks, warnings)
     if all(f in measured for f, _ in procs):
         _steps_of_evaluations(steps, comm, comm_proc, comm_step, [measured[f][0] for f, _ in procs])
-    # collectives matched across ranks: (group, op, step, ordinal) -> process -> (start, end)
+    blocked = _blocked(comm, comm_proc)
+    # collectives matched across ranks: (group, op, step, ordinal) -> process -> (start, end, the
+    # time blocked in its wait() where it was async and waited for, else None)
     matched, seen = {}, {}
-    known = comm_proc >= 0
+    known = np.flatnonzero((comm_proc >= 0) & ~comm["blocked"])
     in_step = set()  # the collectives some member made in a step (not all during an evaluation)
-    for q, s, name, ts, dur, group, stepped in zip(
-            comm_proc[known].tolist(), comm_step[known].tolist(),
+    for i, q, s, name, ts, dur, group, stepped in zip(
+            known.tolist(), comm_proc[known].tolist(), comm_step[known].tolist(),
             *(comm[c][known].tolist() for c in ("name", "ts", "dur", "group", "in_step"))):
         n = seen[(q, s, group, name)] = seen.get((q, s, group, name), -1) + 1
-        matched.setdefault((group, name, s, n), {})[q] = (ts, ts + dur)
+        matched.setdefault((group, name, s, n), {})[q] = (ts, ts + dur, blocked.get(i))
         if stepped:
             in_step.add((group, name, s, n))
     if all(f in measured for f, _ in procs):
@@ -209,17 +248,23 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     common = steps.common()
     steady = [s for s in common[1:].tolist() if s not in warm]
 
-    wait_iv, blame = [], {}  # (proc, step, start, end) of the waits; (proc, step) -> wait charged
+    wait_iv, of_step = [], {}  # (proc, step, start, end) of the waits; step -> its operations
     for key, members in matched.items():
         if len(members) < 2 or key not in in_step:
             continue
         s = key[2]
         arrive = {q: members[q][0] - offsets[q] for q in members}
         last_q = max(arrive, key=arrive.get)
-        waits = {q: min(arrive[last_q] - arrive[q], members[q][1] - members[q][0]) for q in members}
-        wait_iv += [(q, s, arrive[q], arrive[q] + w) for q, w in waits.items()]
-        others = [w for q, w in waits.items() if q != last_q]
-        blame[(last_q, s)] = blame.get((last_q, s), 0.0) + statistics.median(others)
+        waits = {}
+        for q, (ts, end, held) in members.items():
+            if held is None:  # blocked from its arrival, until the last peer arrived (at most its duration)
+                waits[q] = min(arrive[last_q] - arrive[q], end - ts)
+                wait_iv.append((q, s, arrive[q], arrive[q] + waits[q]))
+            else:  # async: blocked only in its wait(), up to the last peer's arrival
+                held = (held[0] - offsets[q], held[1] - offsets[q])
+                waits[q] = max(min(held[1], arrive[last_q]) - held[0], 0.0)
+                wait_iv.append((q, s, held[0], held[0] + waits[q]))
+        of_step.setdefault(s, []).append({q: (arrive[q], waits[q]) for q in members})
 
     # the rows: every process's steady steps, process after process; their intervals by layer (PARTS)
     lo, hi = (x - shift[:, None] for x in steps.table(steady))
@@ -232,9 +277,18 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
         return np.where(inside & (proc >= 0), proc * n_steady + at, -1)
     wq, ws, wa, wb = (np.array(c, dtype) for c, dtype in
                       zip(zip(*wait_iv) if wait_iv else ([],) * 4, (np.int64, np.int64, float, float)))
-    layer = np.concatenate([np.zeros(len(wq), np.int64), np.ones(len(comm_proc), np.int64),
-                            np.where(spans["kind"] == kinds["data"], 2, 3)])
-    row = np.concatenate([row_of(wq, ws), row_of(comm_proc, comm_step), row_of(span_proc, span_step)])
+    span_layer = np.select([spans["kind"] == kinds[k] for k in ("data", "optimizer", "backward")],
+                           [LAYERS.index(k) for k in ("data", "optimizer", "backward")], LAYERS.index("forward"))
+    layer = np.concatenate([np.zeros(len(wq), np.int64), np.ones(len(comm_proc), np.int64), span_layer])
+    comm_row = row_of(comm_proc, comm_step)
+    # an async operation waited for is in flight while the rank computes: its time outside the
+    # wait() is overlap, the wait() (an event of its own) is wait or communication
+    waited = np.array(sorted(blocked), np.int64)
+    held_from = np.array([blocked[i][0] for i in waited.tolist()], float)
+    in_flight = np.clip(np.minimum(comm["ts"][waited] + comm["dur"][waited], held_from) - comm["ts"][waited], 0, None)
+    overlap = np.bincount(comm_row[waited][comm_row[waited] >= 0], in_flight[comm_row[waited] >= 0], lo.size)
+    comm_row[waited] = -1
+    row = np.concatenate([row_of(wq, ws), comm_row, row_of(span_proc, span_step)])
     by = np.concatenate([wq, comm_proc, span_proc])
     start = np.concatenate([wa, comm["ts"], spans["ts"]]).astype(float)
     end = np.concatenate([wb, comm["ts"] + comm["dur"], spans["ts"] + spans["dur"]]).astype(float)
@@ -243,25 +297,29 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     moved[:len(wq)] = False  # the waits are on the aligned clock already
     start[own & moved] -= shift[by[own & moved]]
     end[own & moved] -= shift[by[own & moved]]
-    split = _split(lo.ravel(), hi.ravel(), row[own], layer[own], start[own], end[own], len(PARTS) - 1)
-    caused = np.zeros(lo.shape)
-    for (q, s), w in blame.items():
-        j = np.searchsorted(steady, s)
-        if j < n_steady and steady[j] == s:
-            caused[q, j] = w
+    split = _split(lo.ravel(), hi.ravel(), row[own], layer[own], start[own], end[own], len(LAYERS) - 1)
+    part = {name: split[:, LAYERS.index(name)] for name in LAYERS}
+    part["compute"] = sum(part[name] for name in COMPUTE)
+    # the wait each rank made the others lose, per neighbour, charged where the delay began
+    caused, waiting = np.zeros(lo.shape), np.zeros(lo.shape, np.int64)
+    for j, s in enumerate(steady.tolist()):
+        lost = origin.charges(of_step.get(s, []))
+        for q, (w, n) in origin.per_neighbour(lost, range(len(procs))).items():
+            caused[q, j], waiting[q, j] = w, n
     columns = {"wall_us": (hi - lo).ravel().tolist(), "end_us": hi.ravel().tolist(),
-               **{key: split[:, c].tolist() for c, key in enumerate(PART_KEYS)},
-               "wait_caused_us": caused.ravel().tolist()}
+               **{f"{c}_us": part[c].tolist() for c in PARTS},
+               "wait_caused_us": caused.ravel().tolist(), "overlap_us": overlap.tolist()}
     step_list, rows, per_rank = steady.tolist(), [], []
     for i in range(len(procs)):
         own = {key: values[i * n_steady:(i + 1) * n_steady] for key, values in columns.items()}
         rows += [{"rank": label[i], "step": s, "wall_us": w, "end_us": e, "wait_us": a, "comm_us": c, "data_us": d,
-                  "compute_us": u, "other_us": o, "wait_caused_us": x}
-                 for s, w, e, a, c, d, u, o, x in zip(step_list, *own.values())]
+                  "compute_us": u, "other_us": o, "wait_caused_us": x, "overlap_us": v}
+                 for s, w, e, a, c, d, u, o, x, v in zip(step_list, *own.values())]
         entry = {"rank": label[i], "steps": n_steady, "clock_offset_us": offsets[i]}
         if n_steady:
             entry.update({key: statistics.fmean(own[key]) for key in ("wall_us", *PART_KEYS)})
             entry["wait_caused_us"] = statistics.fmean(own["wait_caused_us"])
+            entry["overlap_us"] = statistics.fmean(own["overlap_us"])
             entry["wait_caused_median_us"] = quantile(own["wait_caused_us"], 0.5)
         peaks = steps.memory(i, ARG_PEAK_RSS)
         if peaks:
@@ -269,10 +327,49 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
             entry["peak_rss_median"] = quantile(peaks, 0.5)
         per_rank.append(entry)
     walls = hi - lo
+    phases = {name: part[layer].reshape(lo.shape) for name, layer in zip(
+        origin.PHASES, ("data", "forward", "backward", "optimizer", "other"))}
+    found = _straggler(per_rank, label, walls)
+    if found["straggler"] is not None:
+        i = label.index(found["straggler"]["rank"])
+        found["straggler"]["waiting_ranks"] = int(np.median(waiting[i])) if n_steady else 0
+        found["straggler"]["slower"] = origin.cause(
+            i, {p: origin.excess(v) for p, v in phases.items()},
+            {key: origin.excess(v) for key, v in _module_times(rank_rows.get("ops"), steps, steady).items()})
     return {"ranks": per_rank, "rows": rows, "clock": how,
-            **_straggler(per_rank, label, walls), "skew": _skew(hi, step_list),
+            **found, "skew": _skew(hi, step_list),
             "memory": _memory(steps, label), "divergence": _divergence(procs, label, records),
             "collectives": sum(1 for m in matched.values() if len(m) > 1)}
+
+
+def _blocked(comm, comm_proc):
+    """{index of an async operation in ``comm``: (start, end) of the time its process was blocked
+    in its wait()}: each wait event goes to the earliest async operation of its process, name and
+    group issued before it and not yet waited for."""
+    pending, out = {}, {}
+    for i in np.flatnonzero((comm_proc >= 0) & (comm["async"] | comm["blocked"])).tolist():  # by process, time
+        key = (int(comm_proc[i]), comm["op"][i], comm["pg"][i])
+        if not comm["blocked"][i]:
+            pending.setdefault(key, []).append(i)
+        elif pending.get(key):
+            out[pending[key].pop(0)] = (float(comm["ts"][i]), float(comm["ts"][i] + comm["dur"][i]))
+    return out
+
+
+def _module_times(ops, steps, steady):
+    """{(module, phase): op time, a row per process and a column per steady step}."""
+    if ops is None or not len(steady):
+        return {}
+    proc = steps.index(ops)
+    at = np.searchsorted(steady, ops["step"])
+    keep = (proc >= 0) & (at < len(steady))
+    keep[keep] = steady[at[keep]] == ops["step"][keep]
+    out = {}
+    for q, j, module, phase, dur in zip(proc[keep].tolist(), at[keep].tolist(), ops["module"][keep].tolist(),
+                                        ops["phase"][keep].tolist(), ops["dur"][keep].tolist()):
+        table = out.setdefault((module, phase), np.zeros((len(steps.procs), len(steady))))
+        table[q, j] += dur
+    return out
 
 
 def _steps_of_evaluations(steps, comm, comm_proc, comm_step, offsets) -> None:
@@ -389,13 +486,19 @@ def _memory_args(extra):
 def _channel(event):
     """What a collective (``(name, extra text)``) is matched by across ranks besides its step and
     ordinal: (its process group, its name); a send and the receive of it: (the group, sender and
-    receiver, ``"p2p"``)."""
+    receiver, ``"p2p"``); then the operation's own name and group, whether it was async, and
+    whether the event is the time blocked in the ``wait()`` on one (named for it)."""
     name, extra = event
     args = json.loads(extra) if extra else {}
     group, peer, rank = args.get(ARG_GROUP) or "graph", args.get(ARG_PEER), args.get(ARG_RANK)
+    is_async = args.get(ARG_ASYNC) in (True, "true")
+    blocked = name.startswith(COMM_WAIT_PREFIX)
+    if blocked:
+        name = name[len(COMM_WAIT_PREFIX):]
+    own = (name, group, is_async, blocked)
     if name in P2P and peer is not None and rank is not None:  # (numbers as text, as the table holds them)
-        return f"{group} {rank}->{peer}" if P2P[name] else f"{group} {peer}->{rank}", "p2p"
-    return group, name
+        return (f"{group} {rank}->{peer}" if P2P[name] else f"{group} {peer}->{rank}", "p2p", *own)
+    return (group, name, *own)
 
 
 def _offsets(count, matched):
@@ -403,7 +506,7 @@ def _offsets(count, matched):
     diffs = [[] for _ in range(count)]
     for members in matched.values():
         if 0 in members:
-            for q, (_, end) in members.items():
+            for q, (_, end, _) in members.items():
                 diffs[q].append(end - members[0][1])
     return [statistics.median(d) if d else 0.0 for d in diffs]
 

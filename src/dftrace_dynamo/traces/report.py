@@ -156,15 +156,32 @@ def _mb(n):
     return "-" if n is None else f"{n / 2**20:,.1f}"
 
 
+def _each(n):
+    """Who waits for the straggler: the wait is per waiting rank, never their sum."""
+    return "each of the others waits" if not n or n < 1 else f"each of the {n} rank(s) it delays waits"
+
+
+def _slower(slower):
+    """What in the straggler was slower than on its peers (:func:`.origin.cause`)."""
+    if not slower:
+        return ""
+    where = slower["phase"]
+    if "module" in slower:
+        return (f"; slower than its peers in {where}, module {slower['module']} "
+                f"(+{fmt_ms(slower['module_excess_us'])} ms per step)")
+    return f"; slower than its peers in {where} (+{fmt_ms(slower['excess_us'])} ms per step)"
+
+
 def _wait_lines(info):
     """Who waits for whom (traces.ranks): time per step by part, the straggler, skew, divergence,
     memory."""
     if not info:
         return []
     width = max(len("rank"), *(len(r["rank"]) for r in info["ranks"]))
-    cols = ("wall", "compute", "comm", "wait", "data", "other", "wait_caused")
+    cols = ("wall", "compute", "comm", "wait", "data", "other", "wait_caused", "overlap")
     out = ["", "Who waits for whom (ms per steady step, mean; wait: blocked in a collective before the "
-           "last peer arrived; wait_caused: the others' median wait charged to the rank that came last)",
+           "last peer arrived; wait_caused: what each rank it delays loses to it, charged to the rank "
+           "where the delay began; overlap: async communication in flight outside its wait())",
            f"{'rank':<{width}}  " + "  ".join(f"{c:>11}" for c in cols) + f"  {'peak MiB':>9}"]
     for r in info["ranks"]:
         out.append(f"{r['rank']:<{width}}  " + "  ".join(f"{fmt_ms(r.get(f'{c}_us')):>11}" for c in cols)
@@ -173,8 +190,9 @@ def _wait_lines(info):
     if info["threshold_us"] is not None:
         why = (f"threshold {fmt_ms(info['threshold_us'])} ms: 3 x the step-to-step noise "
                f"({fmt_ms(info['noise_us'])} ms), at least 5% of the median step")
-        out.append(f"straggler: {s['rank']}, the others wait {fmt_ms(s['wait_caused_median_us'])} ms per step for it "
-                   f"(median of {s['steps']} steps; {why})"
+        out.append(f"straggler: {s['rank']}, {_each(s.get('waiting_ranks'))} "
+                   f"{fmt_ms(s['wait_caused_median_us'])} ms per step for it (median of {s['steps']} steps; "
+                   f"{why}){_slower(s.get('slower'))}"
                    if s else f"straggler: none (no rank makes the others wait more than the {why})")
     out.append(f"clocks: {info['clock']}")
     sk = info["skew"]

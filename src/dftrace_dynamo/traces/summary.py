@@ -39,8 +39,8 @@ import threading
 import duckdb
 
 from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_OP, STEP_STRUCTURE
-from ..schema import (ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH, ARG_PEAK_RSS, ARG_PEER, ARG_RANK, ARG_RSS,
-                      CAT_COMM, CAT_STEP)
+from ..schema import (ARG_ASYNC, ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH, ARG_PEAK_RSS, ARG_PEER, ARG_RANK,
+                      ARG_RSS, CAT_COMM, CAT_STEP)
 from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
 from . import compiles, ranks, reader, runs, sketch, steps
 from .reader import (MAX_LINE, MEMBER_START, PH_LETTERS, Damage, TraceError, check_trace,
@@ -67,7 +67,7 @@ PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 # each one costs parsing time on every event: only those a view uses
 _INFO = ("kind", "reason", "location", "frame", "run_id")  # of compile events and the start record
 # of comm events and step slices (ranks)
-_RANK_INFO = (ARG_BYTES, ARG_GROUP, ARG_RANK, ARG_PEER, ARG_PEAK_RSS, ARG_CUDA_PEAK)
+_RANK_INFO = (ARG_BYTES, ARG_GROUP, ARG_RANK, ARG_PEER, ARG_ASYNC, ARG_PEAK_RSS, ARG_CUDA_PEAK)
 _ARGS = ("graph", "node", "module", "phase", ARG_RECOMPUTE, "name", "step", "kernel_type", *_INFO, *_RANK_INFO)
 # args read only to tell an object from another JSON value (see _SUSPECT): keys that events without
 # any of _ARGS have (every DFTracer event has hhash; memory counters, rss)

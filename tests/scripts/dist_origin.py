@@ -1,0 +1,105 @@
+"""Topologies for the origin-of-a-wait tests (tests/test_origin.py), a torchrun job on gloo:
+every rank runs a compiled model ``pre -> slow -> post`` (``slow`` holds a custom op that
+sleeps SLEEP_MS on rank LATE, so the delay is an op of module ``slow`` in forward), or (WHERE=data)
+a DataLoader whose batches take SLEEP_MS on rank LATE, or (WHERE=eager) a sleep of the training
+loop itself; then the ranks meet in TOPOLOGY:
+
+* ``gather``: ``gather(dst=0)`` then ``all_reduce`` (the root waits for the late rank in the gather,
+  so it arrives last at the all_reduce);
+* ``chain``: a pipeline, stage r receives from r - 1 and sends to r + 1, the gradients back;
+* ``reduce_scatter``: ``reduce_scatter_tensor`` then ``all_gather_into_tensor``;
+* ``async``: an ``all_reduce(async_op=True)``, OVERLAP_MS of work (not on rank LATE), then its
+  ``wait()``;
+* ``all_reduce``: one ``all_reduce``."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import pipeline
+
+import dftrace_dynamo
+
+TOPOLOGY, WHERE = os.environ["TOPOLOGY"], os.environ.get("WHERE", "module")
+STEPS, LATE, SLEEP = int(os.environ.get("STEPS", "8")), int(os.environ["LATE"]), float(os.environ["SLEEP_MS"]) / 1e3
+dftrace_dynamo.initialize_log()
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+
+
+@torch.library.custom_op("origin_test::pause", mutates_args=())
+def pause(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    time.sleep(seconds)
+    return x.clone()
+
+
+@pause.register_fake
+def _(x, seconds):
+    return torch.empty_like(x)
+
+
+pause.register_autograd(lambda ctx, grad: (grad, None))
+
+
+class Slow(torch.nn.Module):
+    def __init__(self, seconds):
+        super().__init__()
+        self.lin, self.seconds = torch.nn.Linear(16, 16), seconds
+
+    def forward(self, x):
+        return pause(self.lin(x), self.seconds)
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        if WHERE == "data" and rank == LATE:
+            time.sleep(SLEEP)
+        return torch.randn(16)
+
+
+net = torch.nn.Sequential()
+net.add_module("pre", torch.nn.Linear(16, 16))
+net.add_module("slow", Slow(SLEEP if WHERE == "module" and rank == LATE else 0.0))
+net.add_module("post", torch.nn.Linear(16, 16))
+model = torch.compile(net, backend="dftrace")
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+batches = iter(torch.utils.data.DataLoader(Data(), batch_size=1))
+
+
+def p2p(send, tensor, peer):
+    (dist.send if send else dist.recv)(tensor, peer)
+
+
+for i in range(STEPS):
+    x = next(batches)
+    opt.zero_grad()
+    if WHERE == "eager" and rank == LATE:
+        time.sleep(SLEEP)
+    if TOPOLOGY == "chain":
+        pipeline.iteration(model, torch.empty(1, 16) if rank > 0 else x, rank, world, p2p)
+    else:
+        loss = model(x).sum()
+        loss.backward()
+        t = torch.ones(world * 4) * rank
+        if TOPOLOGY == "gather":
+            dist.gather(t, [torch.empty_like(t) for _ in range(world)] if rank == 0 else None, dst=0)
+            dist.all_reduce(t)
+        elif TOPOLOGY == "reduce_scatter":
+            out = torch.empty(4)
+            dist.reduce_scatter_tensor(out, t)
+            dist.all_gather_into_tensor(torch.empty(world * 4), out)
+        elif TOPOLOGY == "async":  # the all_reduce in flight while the others work OVERLAP_MS
+            work = dist.all_reduce(t, async_op=True)
+            if rank != LATE:
+                time.sleep(float(os.environ["OVERLAP_MS"]) / 1e3)
+            work.wait()
+        else:
+            dist.all_reduce(t)
+    opt.step()
+dist.barrier()
+dist.destroy_process_group()

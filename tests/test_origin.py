@@ -1,0 +1,82 @@
+"""The origin of a wait (traces.origin): torchrun jobs on gloo where one rank is late by a known
+sleep in a known place, and the others wait for it through chains of collectives and
+point-to-point operations. The rank view names the rank where the delay began, what each
+rank it delays loses per step, and what in it was slower than on its peers."""
+
+import pathlib
+import statistics
+
+import pytest
+
+from backend_support import run_torchrun
+from dftrace_dynamo.traces import origin
+from scripts.clitools import cli, summary_json
+
+SCRIPT = pathlib.Path(__file__).parent / "scripts" / "dist_origin.py"
+
+
+@pytest.mark.parametrize("topology, nproc, late, where, sleep_ms", [
+    ("gather", 3, 2, "module", 50),  # the root waits in the gather, then arrives last at the all_reduce
+    ("chain", 3, 0, "module", 60),  # stage 0 late: stage 2 waits for stage 1, which waited for 0
+    ("chain", 3, 2, "eager", 60),  # the last stage late: stage 0 waits for gradients through stage 1
+    ("reduce_scatter", 2, 1, "data", 40),  # a slow data loader
+])
+def test_the_wait_is_charged_where_the_delay_began(tmp_path, monkeypatch, topology, nproc, late, where, sleep_ms):
+    for key, value in dict(TOPOLOGY=topology, LATE=late, WHERE=where, SLEEP_MS=sleep_ms, STEPS=8).items():
+        monkeypatch.setenv(key, str(value))
+    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job", nproc=nproc)
+    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+    s = info["straggler"]
+    assert s is not None and s["rank"] == f"rank{late}", info
+    # every other rank loses the delay to it, each (not the sum over them)
+    assert s["waiting_ranks"] == nproc - 1, s
+    # (and a pipeline's downstream stages also wait for the late stage's own forward)
+    assert 0.8 * sleep_ms * 1e3 <= s["wait_caused_median_us"] <= 1.5 * sleep_ms * 1e3, s
+    slower = s["slower"]
+    if where == "module":
+        assert (slower["phase"], slower["module"]) == ("forward", "slow"), slower
+        assert 0.8 * sleep_ms * 1e3 <= slower["module_excess_us"] <= 1.2 * sleep_ms * 1e3, slower
+    else:
+        assert slower["phase"] == {"eager": "eager code", "data": "data"}[where], slower
+        assert 0.8 * sleep_ms * 1e3 <= slower["excess_us"] <= 1.2 * sleep_ms * 1e3, slower
+    # no rank that only passed the delay on is charged with it (a pipeline stage keeps the
+    # small waits its own compute causes downstream)
+    caused = {r["rank"]: r["wait_caused_median_us"] for r in info["ranks"]}
+    assert all(v < 0.5 * sleep_ms * 1e3 for r, v in caused.items() if r != f"rank{late}"), caused
+    line = next(x for x in cli("summary", tmp_path / "run", "--by", "rank").stdout.splitlines()
+                if x.startswith("straggler:"))
+    assert line.startswith(f"straggler: rank{late}, each of the {nproc - 1} rank(s) it delays waits"), line
+    assert f"slower than its peers in {slower['phase']}" in line, line
+
+
+def test_an_async_collectives_wait_is_the_time_blocked_in_wait(tmp_path, monkeypatch):
+    """Both ranks issue an async all_reduce, rank 1 80 ms late; rank 0 works 40 ms, then both
+    ``wait()``. Rank 0 is blocked 40 ms (not the 80 ms from its issue to the completion), rank 1
+    not at all; rank 0's all_reduce is in flight during its 40 ms of work (overlap)."""
+    sleep_ms, overlap_ms = 80, 40
+    for key, value in dict(TOPOLOGY="async", LATE=1, WHERE="eager", SLEEP_MS=sleep_ms, OVERLAP_MS=overlap_ms,
+                           STEPS=8).items():
+        monkeypatch.setenv(key, str(value))
+    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job", nproc=2)
+    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+    wait = {r: statistics.median(x["wait_us"] for x in info["rows"] if x["rank"] == r) for r in ("rank0", "rank1")}
+    overlap = {r["rank"]: r["overlap_us"] for r in info["ranks"]}
+    expected = (sleep_ms - overlap_ms) * 1e3
+    assert 0.8 * expected <= wait["rank0"] <= 1.2 * expected and wait["rank1"] < 0.1 * expected, wait
+    assert 0.8 * overlap_ms * 1e3 <= overlap["rank0"] <= 1.2 * overlap_ms * 1e3, overlap
+    assert overlap["rank1"] < 0.2 * overlap_ms * 1e3, overlap
+    s = info["straggler"]
+    assert s["rank"] == "rank1" and 0.8 * expected <= s["wait_caused_median_us"] <= 1.2 * expected, s
+
+
+def test_charges_follow_the_chain_of_waits():
+    """The rule on known numbers ({rank: (arrival, wait)} per operation, ms). A gather whose root
+    (0) waits 60 for rank 3, then an all_reduce that rank 0 reaches last: every other rank lost
+    60 to rank 3, rank 0 nothing to anyone. A chain 0 -> 1 -> 2 where 0 sends 40 late and stage
+    1 computes 2 before sending on: 1 and 2 lose 40 to rank 0, 2 loses 2 to rank 1."""
+    gather = [{0: (0, 60), 1: (0, 0), 2: (0, 0), 3: (60, 0)},
+              {0: (61, 0), 1: (1, 60), 2: (1, 60), 3: (60.5, 0.5)}]
+    assert origin.charges(gather) == {(3, 0): 60, (3, 1): 60, (3, 2): 60}
+    chain = [{0: (40, 0), 1: (0, 40)}, {1: (42, 0), 2: (0, 42)}]
+    assert origin.charges(chain) == {(0, 1): 40, (0, 2): 40, (1, 2): 2}
+    assert origin.per_neighbour(origin.charges(chain), range(3)) == {0: (40, 2), 1: (2, 1), 2: (0.0, 0)}
