@@ -457,8 +457,8 @@ _ARG_ISSUES = {
             "'[...]' or '{...}'",
     "self_reference": "an arg value that contains itself is written as the string '[...]' or '{...}' there",
     "unprintable": "an arg value (or key) whose str() raised is written as '<unprintable TYPE>'",
-    "cut": "a name, key or text value longer than 1 MiB is cut there, and an event's args stop after "
-           "8 MiB, each with a marker '… [cut: ...]'",
+    "cut": "a name, key or text value longer than 2 MiB is cut there, and an event's args stop after "
+           "6 MiB, each with a marker '… [cut: ...]'",
 }
 
 
