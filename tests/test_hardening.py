@@ -327,6 +327,33 @@ def test_output_directory_deleted_mid_run_is_reported_when_writing_fails(tmp_pat
     assert res["path"] is None and res["num_events"] == 0 and res["dropped"] == int(m.group(4))
 
 
+UNLINK_CHILD = textwrap.dedent("""
+    import json, os, sys
+    import dftrace_dynamo
+    from dftrace_dynamo import _core
+    log = dftrace_dynamo.initialize_log(logfile=sys.argv[1] + "/t")
+    for i in range(20_000):
+        with dftrace_dynamo.region("r", i=i):
+            pass
+        if i == 5_000:
+            os.unlink(log.path)
+            _core.flush()  # the write that finds the file gone
+            print("at the write:", file=sys.stderr, flush=True)
+    print(json.dumps(dftrace_dynamo.finalize()))
+""")
+
+
+def test_a_trace_file_unlinked_mid_run_counts_every_event_recorded(tmp_path):
+    out = run_python(["-c", UNLINK_CHILD, str(tmp_path / "out")], timeout=120)
+    message, marker = out.stderr.splitlines()
+    assert marker == "at the write:"
+    m = MESSAGE.match(message)
+    assert m and m.group(2) == "No such file or directory", message
+    assert (int(m.group(3)), int(m.group(4))) == (0, 5_001)  # what was recorded when the write failed
+    res = json.loads(out.stdout)
+    assert (res["num_events"], res["dropped"]) == (0, 20_000)  # kept 0, lost every one recorded
+
+
 def test_log_path_with_invalid_utf8_bytes_traces(tmp_path):
     directory = os.fsdecode(bytes(tmp_path) + b"/d\xff\xfe")
     p = run_py("""
