@@ -228,7 +228,7 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     try:
         path_prefix = _resolve_prefix(prefix)
         directory = os.path.dirname(path_prefix)
-        os.makedirs(directory, exist_ok=True)
+        make_dirs(directory)
         if not os.access(directory, os.W_OK):
             raise PermissionError(f"directory {directory} is not writable")
         path = trace_path(path_prefix, cfg.compression, pid, hhash)
@@ -255,6 +255,26 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     for hook in _open_hooks:
         hook()
     return True
+
+
+DIR_MODE = 0o755  # of the directories the tracer creates (the umask may take more away, never add)
+
+
+def make_dirs(directory: str) -> None:
+    """``os.makedirs`` where every directory created gets :data:`DIR_MODE`: under ``umask 000``
+    makedirs would make them writable by everyone (its mode reaches only the last one)."""
+    missing = []
+    while directory and not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:  # made meanwhile by another process of the job
+            pass
 
 
 def _resolve_prefix(value: str) -> str:
