@@ -64,8 +64,8 @@ int dft_json_namecat(dft_buf *b, PyObject *name, PyObject *cat); /* ,"name":..,"
 /* Every line must stay under the 16 MiB a reader takes (traces/reader.py MAX_LINE): a name,
  * category, key or string value is cut at DFT_VALUE_MAX bytes of JSON text, and an event's args
  * stop once they pass DFT_ARGS_MAX, each with a marker saying what was cut. */
-#define DFT_VALUE_MAX (1u << 20)
-#define DFT_ARGS_MAX (8u << 20)
+#define DFT_VALUE_MAX (2u << 20)
+#define DFT_ARGS_MAX (6u << 20)
 enum { DFT_ARG_DEEP, DFT_ARG_CYCLE, DFT_ARG_UNPRINTABLE, DFT_ARG_CUT, DFT_ARG_KINDS };
 extern uint64_t dft_arg_issues[DFT_ARG_KINDS];
 /* Plain C, no GIL. Each returns the text's end and may store up to

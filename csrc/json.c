@@ -222,7 +222,7 @@ typedef struct {
     size_t start; /* where the args' text begins in b */
 } json_path;
 
-#define ARGS_CUT "[cut: the args passed 8 MiB]"
+#define ARGS_CUT "[cut: the args passed 6 MiB]"
 
 /* Whether the args have passed DFT_ARGS_MAX: then the rest of the container in hand is one
  * marker item (counted), after a comma when it follows an item. */

@@ -568,13 +568,13 @@ static void emit_end(uint64_t dropped);
 /* A member could not be written (disk full, file size limit, I/O error, file
  * deleted): the file is cut back to its last whole member (plain text: its
  * last whole line) and closed with the end record
- * where that still fits; recording stops (the writer discards what is still
- * buffered) and one line on stderr says what happened. */
+ * where that still fits; writing stops and one line on stderr says what
+ * happened. Events go on being taken, and discarded (counted as dropped), so
+ * that close() accounts for every event recorded, before the failure or after. */
 static void write_failed(void) {
     dft_sink *k = &dft_w.sink;
     int err = k->err;
     dft_w.failed = 1;
-    atomic_fetch_and(&dft_hot.state, ~DFT_ST_OPEN);
     /* the member's events are lost, but for those in the whole lines kept (plain text: one
      * "ph" each, thread names "M"; a quote inside a string is escaped); a deleted file loses
      * them all */
@@ -606,8 +606,8 @@ static void write_failed(void) {
         dft_w.fmt.len = 0;
     }
     dprintf(2, "dftrace_dynamo: cannot write the trace file %s: %s; tracing stopped, the file keeps "
-               "%llu events (%llu lost)%s\n", dft_w.path, strerror(err),
-            (unsigned long long)dft_w.written, (unsigned long long)lost,
+               "%llu events (%llu lost so far; later events are lost too, finalize() counts them all)%s\n",
+            dft_w.path, strerror(err), (unsigned long long)dft_w.written, (unsigned long long)lost,
             k->cut_err ? " but could not be cut back to its last whole part" : "");
 }
 

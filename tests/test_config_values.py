@@ -166,3 +166,14 @@ def test_a_huge_value_of_any_variable_gives_one_short_line_and_the_program_runs(
             assert read_lines(path)[-1] == "]"
         else:  # a bad value: tracing off, the one line says which variable
             assert len(lines) == 1 and variable in lines[0], (value, err[-2000:])
+
+
+def test_directories_the_tracer_creates_are_not_writable_by_everyone_under_umask_000(tmp_path):
+    code = "import os; os.umask(0); exec(" + repr(textwrap.dedent(PROGRAM)) + ")"
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=clean_env({"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": "a/b/c/t"}))
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    for d in ("a", "a/b", "a/b/c"):
+        assert os.stat(tmp_path / d).st_mode & 0o777 == 0o755, d
+    (path,) = traces(tmp_path / "a/b/c")
+    assert os.stat(path).st_mode & 0o777 == 0o644

@@ -35,7 +35,8 @@ CHILD = textwrap.dedent("""
 """)
 
 MESSAGE = re.compile(r"^dftrace_dynamo: cannot write the trace file (\S+): (.+); tracing stopped, "
-                     r"the file keeps (\d+) events \((\d+) lost\)$")
+                     r"the file keeps (\d+) events \((\d+) lost so far; later events are lost too, "
+                     r"finalize\(\) counts them all\)$")
 
 
 def run_child(prefix, comp, limit):

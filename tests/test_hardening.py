@@ -179,7 +179,7 @@ CUT = re.compile(r"(.*)… \[cut: (\d+) of (\d+) characters kept\]", re.DOTALL)
 def cut_text(text):
     """(the one character a cut text repeats, its length before the cut), checking the marker's count."""
     m = CUT.fullmatch(text)
-    assert m and len(m[1]) == int(m[2]) and len(set(m[1])) == 1 and len(m[1].encode()) <= 1 << 20, text[-80:]
+    assert m and len(m[1]) == int(m[2]) and len(set(m[1])) == 1 and len(m[1].encode()) <= 2 << 20, text[-80:]
     return m[1][0], int(m[3])
 
 
@@ -194,7 +194,7 @@ def test_values_past_the_line_limit_are_cut_with_a_marker_and_every_reader_loads
         dftracer.log_event("big", "user", t, 1.0, {"a": "x" * (17 << 20), "i": 0})
         dftracer.log_event("many", "user", t, 1.0, {"l": ["\\u00e9" * (400 << 10)] * 40, "i": 1})
         dftracer.log_event("n" * (17 << 20), "user", t, 1.0, {"i": 2})
-        dftracer.log_event("keys", "user", t, 1.0, {"k" * (2 << 20): 1, "o": HugeStr(), "i": 3})
+        dftracer.log_event("keys", "user", t, 1.0, {"k" * (3 << 20): 1, "o": HugeStr(), "i": 3})
         dftracer.log_event("wide", "user", t, 1.0, {f"k{j}": "\\n" * (200 << 10) for j in range(100)})
         dftracer.log_event("small", "user", t, 1.0, {"a": "y" * 1000, "i": 5})
         print(log.finalize()["adjusted"].get("cut"))
@@ -209,14 +209,14 @@ def test_values_past_the_line_limit_are_cut_with_a_marker_and_every_reader_loads
     assert len(events) == 6
     big, many, name, keys, wide, small = events
     assert cut_text(big["args"]["a"]) == ("x", 17 << 20) and big["args"]["i"] == 0
-    # the list stops at 8 MiB of args, and so does the dict around it
-    assert many["args"]["l"][-1] == "…" and many["args"]["…"] == "[cut: the args passed 8 MiB]"
-    assert 8 << 20 < len("".join(many["args"]["l"]).encode()) < 9 << 20
+    # the list stops at 6 MiB of args, and so does the dict around it
+    assert many["args"]["l"][-1] == "…" and many["args"]["…"] == "[cut: the args passed 6 MiB]"
+    assert 6 << 20 < len("".join(many["args"]["l"]).encode()) < 7 << 20
     assert all(v == "\u00e9" * (400 << 10) for v in many["args"]["l"][:-1])
     assert cut_text(name["name"]) == ("n", 17 << 20)
     assert cut_text(keys["args"]["o"]) == ("s", 17 << 20) and keys["args"]["i"] == 3
-    assert [cut_text(k) for k in keys["args"] if k.startswith("k")] == [("k", 2 << 20)]
-    assert wide["args"]["…"] == "[cut: the args passed 8 MiB]" and len(wide["args"]) < 100
+    assert [cut_text(k) for k in keys["args"] if k.startswith("k")] == [("k", 3 << 20)]
+    assert wide["args"]["…"] == "[cut: the args passed 6 MiB]" and len(wide["args"]) < 100
     assert small["args"] == {"hhash": small["args"]["hhash"], "a": "y" * 1000, "i": 5}
     loads_everywhere(path)
 
@@ -325,6 +325,33 @@ def test_output_directory_deleted_mid_run_is_reported_when_writing_fails(tmp_pat
     assert m and m.group(2) == "No such file or directory" and m.group(3) == "0" and int(m.group(4)) > 10_000
     res = json.loads(out.stdout)
     assert res["path"] is None and res["num_events"] == 0 and res["dropped"] == int(m.group(4))
+
+
+UNLINK_CHILD = textwrap.dedent("""
+    import json, os, sys
+    import dftrace_dynamo
+    from dftrace_dynamo import _core
+    log = dftrace_dynamo.initialize_log(logfile=sys.argv[1] + "/t")
+    for i in range(20_000):
+        with dftrace_dynamo.region("r", i=i):
+            pass
+        if i == 5_000:
+            os.unlink(log.path)
+            _core.flush()  # the write that finds the file gone
+            print("at the write:", file=sys.stderr, flush=True)
+    print(json.dumps(dftrace_dynamo.finalize()))
+""")
+
+
+def test_a_trace_file_unlinked_mid_run_counts_every_event_recorded(tmp_path):
+    out = run_python(["-c", UNLINK_CHILD, str(tmp_path / "out")], timeout=120)
+    message, marker = out.stderr.splitlines()
+    assert marker == "at the write:"
+    m = MESSAGE.match(message)
+    assert m and m.group(2) == "No such file or directory", message
+    assert (int(m.group(3)), int(m.group(4))) == (0, 5_001)  # what was recorded when the write failed
+    res = json.loads(out.stdout)
+    assert (res["num_events"], res["dropped"]) == (0, 20_000)  # kept 0, lost every one recorded
 
 
 def test_log_path_with_invalid_utf8_bytes_traces(tmp_path):

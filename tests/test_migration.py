@@ -322,3 +322,12 @@ def test_configuration_names_where_the_meanings_differ():
     assert p.stdout.strip() == "ERROR"
     page = " ".join((ROOT / "docs" / "configuration.rst").read_text().split())
     assert "DFTracer defaults to ``ERROR``" in page and "``DFTRACER_INC_METADATA``: in DFTracer, ``1`` is needed" in page
+
+
+@pytest.mark.parametrize("autograd, level", [(True, "aten"), (False, "torch")])
+def test_create_backend_takes_pydftracers_positional_autograd(autograd, level):
+    from dftrace_dynamo import create_backend
+
+    backend = create_backend(None, None, None, None, None, True, autograd)  # pydftracer 2.0.6's order
+    assert backend.level == level
+    assert create_backend(level="torch").level == "torch"

@@ -334,7 +334,10 @@ class TracerBackend:
 def create_backend(name=None, epoch=None, step=None, image_idx=None, image_size=None, enable=True,
                    level: str = DEFAULT_LEVEL, inner: Any = None, on_graph: Optional[Callable] = None,
                    autograd: Optional[bool] = None) -> TracerBackend:
-    """A tracing backend with its own tags; ``autograd=`` is pydftracer's spelling of the level."""
+    """A tracing backend with its own tags; ``autograd=`` is pydftracer's spelling of the level, and
+    a bool in ``level``'s place is pydftracer's 7th positional parameter, ``autograd``."""
+    if isinstance(level, bool):
+        level, autograd = DEFAULT_LEVEL, level if autograd is None else autograd
     level = resolve_level(level, autograd)
     tags = Tags(name=name, epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
     return TracerBackend(level=level, enable=enable, inner=inner, on_graph=on_graph, tags=tags)

@@ -58,6 +58,7 @@ def _train(out, steps):
 
 
 def run(args):
+    from dftrace_dynamo.session import logger
     from dftrace_dynamo.traces import report
     from dftrace_dynamo.traces.reader import TraceError
     from dftrace_dynamo.traces.summary import summarize
@@ -65,7 +66,7 @@ def run(args):
     if args.steps < 1:
         raise TraceError("--steps must be at least 1")
     os.environ["DFTRACER_ENABLE"] = "1"  # the demo always traces, whatever the shell says
-    os.makedirs(args.out, exist_ok=True)
+    logger.make_dirs(args.out)
     start = time.perf_counter()
     path = _train(args.out, args.steps)
     if path is None:

@@ -66,12 +66,14 @@ def _steps_spec(text):
 
 def _run_directory(parent, name):
     """A new directory ``parent/<name>-<date>-<time>[-k]`` for this run's traces, so runs never mix."""
-    os.makedirs(parent, exist_ok=True)
+    from dftrace_dynamo.session import logger
+
+    logger.make_dirs(parent)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for k in range(1, 1000):
         path = os.path.join(parent, f"{name}-{stamp}" + (f"-{k}" if k > 1 else ""))
         try:
-            os.mkdir(path)
+            os.mkdir(path, logger.DIR_MODE)
             return path
         except FileExistsError:
             continue

@@ -233,7 +233,7 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     try:
         path_prefix = _resolve_prefix(prefix)
         directory = os.path.dirname(path_prefix)
-        os.makedirs(directory, exist_ok=True)
+        make_dirs(directory)
         if not os.access(directory, os.W_OK):
             raise PermissionError(f"directory {directory} is not writable")
         path = trace_path(path_prefix, cfg.compression, pid, hhash)
@@ -262,6 +262,26 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
     for hook in _open_hooks:
         hook()
     return True
+
+
+DIR_MODE = 0o755  # of the directories the tracer creates (the umask may take more away, never add)
+
+
+def make_dirs(directory: str) -> None:
+    """``os.makedirs`` where every directory created gets :data:`DIR_MODE`: under ``umask 000``
+    makedirs would make them writable by everyone (its mode reaches only the last one)."""
+    missing = []
+    while directory and not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:  # made meanwhile by another process of the job
+            pass
 
 
 def _resolve_prefix(value: str) -> str:
@@ -464,8 +484,8 @@ _ARG_ISSUES = {
             "'[...]' or '{...}'",
     "self_reference": "an arg value that contains itself is written as the string '[...]' or '{...}' there",
     "unprintable": "an arg value (or key) whose str() raised is written as '<unprintable TYPE>'",
-    "cut": "a name, key or text value longer than 1 MiB is cut there, and an event's args stop after "
-           "8 MiB, each with a marker '… [cut: ...]'",
+    "cut": "a name, key or text value longer than 2 MiB is cut there, and an event's args stop after "
+           "6 MiB, each with a marker '… [cut: ...]'",
 }
 
 

@@ -11,7 +11,9 @@ that, the run of a file of the same process (pid) that began before them (a spli
 part after a pause between steps overlaps nothing); the others are grouped by time: the processes of
 one job run at the same time, while running a script again starts after the
 previous run ended, so files whose time spans (first to last event) overlap,
-directly or through other files, are one run.
+directly or through other files, are one run, and so are the files of one
+process (its parts, wherever ``dftracer_split`` cut them: running a script
+again starts a new process).
 """
 
 import datetime
@@ -55,14 +57,21 @@ def find_runs(paths, rows):
             run["pids"].add(pid)
             run["end_us"] = max(run["end_us"], last)
         else:
-            by_time.append((first, last, file))
-    end = None
-    for first, last, file in sorted(by_time):
-        if end is None or first > end:
-            runs.append({"label": None, "files": [], "start_us": first})
-            end = last
-        runs[-1]["files"].append(file)
-        end = max(end, last)
+            by_time.append((first, last, file, pid))
+    end, pid_run = None, {}
+    for first, last, file, pid in sorted(by_time):
+        # a later part of a process's file (dftracer_split) is that process's run, even after a gap
+        run = pid_run.get(pid) if pid is not None else None
+        if run is None:
+            if end is None or first > end:
+                runs.append({"label": None, "files": [], "start_us": first})
+                end = last
+            run = runs[-1]
+        run["files"].append(file)
+        if run is runs[-1]:
+            end = max(end, last)
+        if pid is not None:
+            pid_run[pid] = run
     seen = {f for r in runs for f in r["files"]}
     if runs and len(seen) < len(paths):  # files without any timed event go with the first run
         runs[0]["files"] += [i for i in range(len(paths)) if i not in seen]
