@@ -159,9 +159,9 @@ static int write_member(int fd, const char *p, size_t n) {
 
 /* The caller's lines ({"name":..}\n each) with ids, then the end record and ']'. */
 static int tail_text(dft_buf *b, uint64_t events) {
-    size_t need = fl.lines_len + 64 * 1 + 512 + dft_w.hhash_len;
+    size_t need = fl.lines_len + 512 + dft_w.hhash_len + dft_w.pid_len; /* and the end record */
     for (size_t i = 0; i < fl.lines_len; i++)
-        need += fl.lines[i] == '\n' ? 24 : 0;
+        need += fl.lines[i] == '\n' ? 8 + DFT_FMT_MAX : 0; /* an id each */
     if (dft_buf_reserve(b, need) < 0)
         return -1;
     char num[DFT_FMT_MAX + 8];

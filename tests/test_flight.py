@@ -200,7 +200,8 @@ def test_a_hang_dumps_on_both_ranks_while_they_are_blocked(tmp_path):
         pending = [e for e in events if e.get("args", {}).get("pending") is True]
         if rank == 0:
             (op,) = pending
-            assert (op["name"], op["cat"], op["args"]["peers"], op["args"]["bytes"]) == ("all_reduce", "comm", [0, 1], 4)
+            assert (op["name"], op["cat"], op["args"]["peers"], op["args"]["bytes"]) == \
+                ("all_reduce", "comm", [0, 1], 4)
             assert op["ts"] >= marks[0]["wait"][0] / 1e3 - 2 and op["args"]["waited_s"] >= 1.5
             assert [p["op"] for p in args["pending"]] == ["all_reduce"]
         else:

@@ -271,8 +271,8 @@ def _watch(stop: threading.Event, flight: config.Flight) -> None:
     while not stop.wait(period):
         try:
             progress = _state.progress
-            if flight.hang and progress is not None and not _state.hang_dumped and time.monotonic() - progress > flight.hang:
-                idle = time.monotonic() - progress
+            idle = time.monotonic() - progress if progress is not None else 0.0
+            if flight.hang and not _state.hang_dumped and idle > flight.hang:
                 _dump("hang", f"no step ended for {idle:.0f} s", {"idle_s": round(idle, 3)}, blocked=True)
                 _state.hang_dumped = True
             _serve_peers()
