@@ -15,7 +15,6 @@
 #include "core.h"
 
 #include <math.h>
-#include <stdio.h>
 
 #define CKPT_NS 3000000000ull
 /* the record is rewritten whole and grows with the run (groups, sketches, steps, copied events):
@@ -40,7 +39,7 @@ typedef struct {
     uint32_t gid, dead;
     int64_t step;
     uint64_t count, ns, min, max, zero, *b;
-    double sq;
+    unsigned __int128 sq; /* of the durations in ns: exact, and written without printf (fmt_sq) */
     int32_t lo;
     uint32_t nb;
 } stat_t;
@@ -458,10 +457,9 @@ static inline __attribute__((always_inline)) int add_event(int kind, uint32_t gi
     stat_t *s = stat_get(gid, key);
     if (!s)
         return -1;
-    double us = (double)ns / 1000.0;
     s->count++;
     s->ns += ns;
-    s->sq += us * us;
+    s->sq += (unsigned __int128)ns * ns;
     s->min = ns < s->min ? ns : s->min;
     s->max = ns > s->max ? ns : s->max;
     if (kind == 1) {
@@ -737,6 +735,34 @@ int dft_agg_tick(void) {
            (A.text - A.text_at >= CKPT_RATIO * A.rec_len || now - A.last_ns >= CKPT_MAX_NS);
 }
 
+/* A sum of squared ns as µs², exactly: its integer part and up to 6 decimals (at most 46 bytes). */
+static char *fmt_sq(char *p, unsigned __int128 v) {
+    const uint64_t e19 = 10000000000000000000ull;
+    unsigned __int128 q = v / 1000000;
+    uint32_t r = (uint32_t)(v % 1000000);
+    if (q >> 64) { /* past 2^64 µs²: the digits above the last 19, then those 19 */
+        p = dft_fmt_u64(p, (uint64_t)(q / e19));
+        uint64_t lo = (uint64_t)(q % e19);
+        for (int i = 18; i >= 0; i--, lo /= 10)
+            p[i] = (char)('0' + lo % 10);
+        p += 19;
+    } else {
+        p = dft_fmt_u64(p, (uint64_t)q);
+    }
+    if (r) {
+        char f[6];
+        int n = 6;
+        for (int i = 5; i >= 0; i--, r /= 10)
+            f[i] = (char)('0' + r % 10);
+        while (f[n - 1] == '0')
+            n--;
+        *p++ = '.';
+        memcpy(p, f, (size_t)n);
+        p += n;
+    }
+    return p;
+}
+
 static int record(dft_buf *b) {
     char num[64];
     if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":") < 0 ||
@@ -767,7 +793,10 @@ static int record(dft_buf *b) {
         for (int j = 0; j < 5; j++)
             if (PUTL(b, ",") < 0 || put_i64(b, (int64_t)v[j]) < 0)
                 return -1;
-        if (put(b, num, (size_t)snprintf(num, sizeof num, ",%.17g,[", s->sq)) < 0)
+        num[0] = ',';
+        char *e = fmt_sq(num + 1, s->sq);
+        memcpy(e, ",[", 2);
+        if (put(b, num, (size_t)(e + 2 - num)) < 0)
             return -1;
         int bf = 1;
         for (uint32_t j = 0; j < s->nb; j++)

@@ -116,6 +116,36 @@ def test_sketch_buckets_equal_sketch_key_at_bucket_edges(tmp_path):
     assert +got == expected
 
 
+def test_sum_of_squares_is_exact(tmp_path):
+    """Each group's sum_sq_us2 is the exact sum of its durations squared (µs², from the ns the
+    file holds), far past 2^53 and 2^64, as a JSON number: no float accumulation, no exponent."""
+    durations = {"function.small.default": [1, 999, 1001, 123_457] * 250,
+                 "function.big.default": [3_600_000_000_123, 59_999_999_999, 7] * 40}
+    p = run_py(f"""
+        from dftrace_dynamo import _core
+        from dftrace_dynamo.session import logger
+        logger.initialize_log({str(tmp_path / "sq")!r})
+        t = _core.now_ns()
+        for name, ns in {durations!r}.items():
+            for d in ns:
+                _core.log(name, "dynamo", t, t + d, {{"node": "sq"}})
+                t += d + 2000
+        print(_core.path())
+        logger.finalize()
+        """, tmp_path, env={"DFTRACER_ENABLE": "1"})
+    assert p.returncode == 0, p.stderr
+    path = p.stdout.strip()
+    record = writer_record(path)
+    text = read_bytes(path).decode()
+    for name, ns in durations.items():
+        gid = next(i for i, key in enumerate(record["keys"]) if key[2] == name)
+        (group,) = [g for g in record["groups"] if g[0] == gid]
+        exact = sum(d * d for d in ns)
+        whole, frac = divmod(exact, 10**6)
+        written = f"{whole}.{frac:06d}".rstrip("0").rstrip(".")
+        assert f",{group[3]},{group[4]},{group[5]},{group[6]},{written},[" in text, (name, written)
+
+
 def _member_with_record(path):
     """(offset, end) of the last member of ``path`` holding an aggregate record."""
     kind = compression_of(path)
