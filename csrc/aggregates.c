@@ -10,8 +10,9 @@
  * step in which nothing compiled (the warm-up rule of traces/steps.py) is
  * folded into the steady totals. The record is a metadata line written at a
  * checkpoint (a step ended, CKPT_NS passed and the events written since are
- * CKPT_RATIO times the last record's text, or CKPT_MAX_NS passed) and at close.
- * The category names are those of schema.py. */
+ * CKPT_RATIO times the last record's text, or CKPT_MAX_NS passed) and at close,
+ * citing the bytes it stands for (covers) so that a reader can tell an edited
+ * file from the one written. The category names are those of schema.py. */
 #include "core.h"
 
 #include <math.h>
@@ -816,7 +817,8 @@ static int record(dft_buf *b) {
         for (int k = 0; k < 2; k++)
             if (A.st[i].count[k]) {
                 if ((!first && PUTL(b, ",") < 0) || PUTL(b, "[") < 0 || put_i64(b, A.st[i].step) < 0 ||
-                    put(b, k ? ",1," : ",0,", 3) < 0 || put_i64(b, (int64_t)A.st[i].ns[k]) < 0 || PUTL(b, "]") < 0)
+                    put(b, k ? ",1," : ",0,", 3) < 0 || put_i64(b, (int64_t)A.st[i].ns[k]) < 0 || PUTL(b, ",") < 0 ||
+                    put_i64(b, (int64_t)A.st[i].count[k]) < 0 || PUTL(b, "]") < 0)
                     return -1;
                 first = 0;
             }
@@ -856,6 +858,14 @@ void dft_agg_write(dft_buf *b, int last) {
     if (put(b, head, (size_t)(p - head) + sizeof name - 1) < 0 || put(b, dft_w.pid_s, dft_w.pid_len) < 0 ||
         PUTL(b, ",\"tid\":0,\"ph\":\"M\",\"args\":{\"hhash\":") < 0 ||
         put(b, dft_w.hhash_json, dft_w.hhash_len) < 0 || PUTL(b, ",") < 0) /* as every event's args */
+        goto out;
+    /* what the record stands for, checkable without decoding the events: the file's bytes before
+     * the member this line ends (CRC-32) and the text of that member before this line */
+    char covers[160];
+    n = snprintf(covers, sizeof covers, "\"covers\":{\"bytes\":%llu,\"crc32\":%u,\"text_bytes\":%llu,"
+                 "\"text_crc32\":%u},", (unsigned long long)dft_w.sink.good, (unsigned)dft_w.sink.crc,
+                 (unsigned long long)at, (unsigned)crc32(0, (const Bytef *)b->p, (uInt)at));
+    if (put(b, covers, (size_t)n) < 0)
         goto out;
     size_t body = b->len;
     if (A.broken || record(b) < 0 || b->len - at > RECORD_MAX) { /* a record that cannot answer */

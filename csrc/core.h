@@ -347,6 +347,7 @@ typedef struct {
     int fd, mode, err; /* err: errno of the first failed write */
     int cut_err;       /* errno of a failed dft_sink_cut */
     uint64_t good;     /* file size up to the end of the last whole member */
+    uint32_t crc;      /* CRC-32 of those good bytes (the aggregate records cite it) */
     size_t kept;       /* after a failed write: bytes of it kept (plain text: whole lines) */
     void *dfl;         /* gzip: the own encoder's state (deflate.c) */
     void *ld;          /* libdeflate compressor, when loaded */

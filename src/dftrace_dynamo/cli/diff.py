@@ -134,14 +134,14 @@ def run(args):
     if args.top < 1:
         raise TraceError("--top must be at least 1")
     base, new = find_traces([args.base]), find_traces([args.new])
-    with engines.make(args.engine, args.scheduler, args.workers) as engine, \
+    with engines.make(args.engine, args.scheduler, args.workers, args.timeout) as engine, \
             progress_bar(200, "diff", unit="%") as bar:
         result = diff(base, new, args.top, args.include_warmup, None if bar.disable else bar.update,
                       args.fail_above, engine, args.source, MARGIN if args.margin is None else args.margin)
     for note in result["warnings"]:
         warn("diff", note)
     for side, paths in (("base", base), ("new", new)):
-        note = engines.source_note(result["scan"][side], len(paths))
+        note = engines.source_note(result["scan"][side], len(paths), args.engine)
         if note:
             print(f"dftrace-dynamo diff: {side.upper()}: {note}", file=sys.stderr)
     render = {"table": to_table, "csv": to_csv, "json": to_json}[args.format]

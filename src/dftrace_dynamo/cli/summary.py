@@ -52,13 +52,13 @@ def run(args):
         raise TraceError("--module-depth must be at least 1")
     paths = find_traces(args.traces)
     views = list(dict.fromkeys(args.by or VIEWS))
-    with engines.make(args.engine, args.scheduler, args.workers) as engine, \
+    with engines.make(args.engine, args.scheduler, args.workers, args.timeout) as engine, \
             progress_bar(100, "summary", unit="%") as bar:
         result = summarize(paths, views, args.top, args.module_depth, None if bar.disable else bar.update,
                            args.include_warmup, args.all_runs, engine=engine, source=args.source, processes=None)
     for note in result["warnings"]:
         warn("summary", note)
-    note = engines.source_note(result["scan"], len(paths))
+    note = engines.source_note(result["scan"], len(paths), args.engine)
     if note:
         print(f"dftrace-dynamo summary: {note}", file=sys.stderr)
     if not result["op_events"] and not result["steps"]:

@@ -25,11 +25,13 @@ records itself (csrc/aggregates.c): :func:`_from_writer` reads them.
 import json
 import os
 import tempfile
+import zlib
 
+import duckdb
 import orjson
 
 from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
-from . import clock, engines, kernels, ranks, sketch, steps
+from . import clock, engines, kernels, ranks, sketch, steps, trust
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
 from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, SAMPLE_VIEWS, load, rank_columns,
@@ -132,10 +134,11 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
 
 
 def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False, processes=1):
-    """The partials of every file from its aggregate record, or None when some file has none
-    or one cannot answer (the caller then scans the events). ``processes``: how many local
-    processes read the files, this one and spawned ones, each its share of them into one
-    partial (None: one per core from :data:`PARALLEL_FILES` files up, else 1). Spawned: the
+    """(the partials of every file from its aggregate record, None), or (None, a note or None) when
+    some file has none (no note) or one that does not describe its file or cannot answer (the
+    note says which and why, in one line): the caller then scans the events. ``processes``: how
+    many local processes read the files, this one and spawned ones, each its share of them into
+    one partial (None: one per core from :data:`PARALLEL_FILES` files up, else 1). Spawned: the
     caller's main module must be importable (a script calls this under ``if __name__ ==
     "__main__":``)."""
     options = (views, module_depth, include_warmup, step_samples)
@@ -150,23 +153,54 @@ def partials(paths, views, module_depth=None, include_warmup=False, step_samples
         with engines.Processes(len(shares) - 1) as pool:
             rest = pool.map(_share, [paths] * (len(shares) - 1), shares[1:], [options] * (len(shares) - 1))
             out = [_share(paths, shares[0], options), *rest]
-    return None if None in out else [p for share in out for p in share]
+    notes = [note for _, note in out if note]
+    if any(share is None for share, _ in out):
+        if not notes:
+            return None, None
+        more = f" (and {len(notes) - 1} other file(s)'s)" if len(notes) > 1 else ""
+        return None, f"{notes[0]}{more}: read the events of the {len(paths)} file(s) instead"
+    return [p for share, _ in out for p in share], None
 
 
 def _share(paths, indices, options):
-    """The partials of the files ``paths[i]``, i in ``indices``, from their aggregate records, or
-    None when one has none or cannot answer."""
-    records = {i: read(paths[i], raw_events=True) for i in indices}
-    if not all(records.values()):
-        return None
-    written = [i for i in indices if records[i].get("version") == WRITER_VERSION]
+    """(the partials of the files ``paths[i]``, i in ``indices``, from their aggregate records,
+    None), or (None, why not for the first file that has a record and cannot give them, or None)."""
+    records = {}
+    for i in indices:
+        try:
+            records[i] = verified(paths[i], raw_events=True)
+            if records[i] is None:
+                return None, None
+            _plausible(records[i])
+        except trust.Untrusted as e:
+            return None, f"{paths[i]}: its aggregate record {e}"
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            return None, f"{paths[i]}: its aggregate record is not as documented ({type(e).__name__})"
+    written = [i for i in indices if records[i]["version"] == WRITER_VERSION]
     try:
         out = [partial(paths, i, records[i], *options) for i in indices if i not in written]
         if written:
             out.append(_from_writer(paths, written, records, *options))
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a record not as documented
-        return None
-    return out if all(out) else None
+    except trust.Untrusted as e:  # (a writer's record: the copied events, named with their file)
+        return None, str(e)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, duckdb.Error, TraceError) as e:
+        return None, f"{paths[indices[0]]}: its aggregate record is not as documented ({type(e).__name__})"
+    if not all(out):
+        return None, (f"{paths[indices[0]]}: its aggregate record cannot answer this exactly (other warm-up "
+                      "steps, or no per-step samples)")
+    return out, None
+
+
+def _plausible(record):
+    """Raises :class:`.trust.Untrusted` unless each value of a :func:`verified` ``record`` is plausible
+    (a writer's copied events are checked once read, in :func:`_from_writer`)."""
+    plausible = trust.Plausible(record["span"])
+    if record.get("version") == WRITER_VERSION:
+        plausible.writer_record(record, sketch.key)
+    elif record.get("version") == VERSION:
+        plausible.computed_record(record, sketch.key)
+    else:
+        raise trust.Untrusted(f"has a version this reader does not know ({record.get('version')!r})")
 
 
 def _text(value):
@@ -179,7 +213,7 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     records the trace writer wrote (version 2), or None when one cannot answer. Their copied
     events are read as the events of the files are; op and graph groups, per-step op time
     and samples come from the record."""
-    if any(not records[i]["complete"] or (step_samples and records[i]["samples"] is None) for i in indices):
+    if any(step_samples and records[i]["samples"] is None for i in indices):
         return None
     pids, clocks = {}, {}  # one process per file; its clock record
     with tempfile.TemporaryDirectory(prefix="dftrace-aggregates-") as tmp:
@@ -195,9 +229,19 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     names = dict(((f, p), n) for f, p, n in con.execute(
         f"SELECT file, pid, any_value(aname) FROM ev WHERE kind = {PROCESS_NAME} GROUP BY ALL").fetchall())
     con.close()
+    checks = {i: trust.Plausible(records[i]["span"]) for i in indices}
+    for i in indices:  # the copied events, as a scan of the file's events would read them
+        try:
+            checks[i].base(*([r for r in base[k] if r[0] == i] for k in ("slices",)),
+                           [r for r in base["records"] if r["file"] == i], [],
+                           *([r for r in base[k] if r[0] == i] for k in ("runs", "parts")))
+            if i == max(checks, key=lambda j: checks[j].length_us):  # (evaluation slices are not kept per file)
+                checks[i].base([], [], base["evaluation"], [], [])
+        except trust.Untrusted as e:
+            raise trust.Untrusted(f"{paths[i]}: its aggregate record {e}") from None
     base["unparsed"] += 2 * len(indices)  # the '[' and ']' lines of the files, which merge() discounts
     parts = [r for r in base["parts"] if r[3] != OP] + [
-        (i, pids[i], step, OP, bool(bwd), ns / 1000) for i in indices for step, bwd, ns in records[i]["op_steps"]]
+        (i, pids[i], step, OP, bool(bwd), ns / 1000, n) for i in indices for step, bwd, ns, n in records[i]["op_steps"]]
     info = steps.analyse(base["slices"], parts, base["records"], KIND_NAMES, include_warmup)
     warm = set(info["warmup_keys"])
     if any((i, pids[i], s) in warm and s not in set(records[i]["apart"]) for i, _, s in warm):
@@ -311,40 +355,76 @@ def _members_from_end(path, kind, budget=SEARCH_BYTES, members=SEARCH_MEMBERS):
                     return
 
 
-def read(path, raw_events=False):
-    """The last aggregate record (its ``args``) of the trace file ``path``, or None. In a closed
-    file only the ``end`` record may follow it, else None: an event the record does not hold
-    follows (the events are read, and checked, instead). A file that was not closed (its process
-    was killed) is searched further back, up to :data:`KILLED_BYTES` from its end, for its last
-    checkpoint; the events after it are not counted, and the record says so (``"closed": False``).
-    ``raw_events``: a writer's record keeps its copied events as the JSON text of their array."""
-    def last(budget, members):  # (text of the last member holding a record or None, text after it, closed)
+def _locate(path):
+    """Where the last aggregate record of the trace file ``path`` stands, or None without one:
+    (its line, the file offset of the member (plain text: the piece) read, where the line starts
+    in that member's ``text``, the text after the member, whether the file was closed). In a
+    closed file only the ``end`` record may follow it (:class:`.trust.Untrusted` otherwise: an
+    event the record does not hold follows). A file that was not closed (its process was killed)
+    is searched further back, up to :data:`KILLED_BYTES` from its end, for its last checkpoint."""
+    def last(budget, members):  # (offset, text of the last member holding a record or None, text after it, closed)
         closed, after = None, b""
-        for _, _, piece in _members_from_end(path, kind, budget, members):
+        for offset, _, piece in _members_from_end(path, kind, budget, members):
             closed = piece.rstrip().endswith(b"]") if closed is None else closed
             if MARKER in piece:
-                return piece, after, closed
+                return offset, piece, after, closed
             after = piece + after
-        return None, after, closed
+        return None, None, after, closed
 
-    try:
-        kind = compression_of(path)
-        text, after, closed = last(SEARCH_BYTES, SEARCH_MEMBERS)
-        if text is None and closed is False:
-            text, after, _ = last(KILLED_BYTES, None)
-    except OSError:
-        return None
+    kind = compression_of(path)
+    offset, text, after, closed = last(SEARCH_BYTES, SEARCH_MEMBERS)
+    if text is None and closed is False:
+        offset, text, after, _ = last(KILLED_BYTES, None)
     if text is None:
         return None
     at = text.rfind(MARKER)
     end = text.find(b"\n", at) if text.find(b"\n", at) >= 0 else len(text)
-    if closed is not False and not all(_is_end(line) for line in (text[end:] + after).splitlines()):
-        return None
-    line = text[text.rfind(b"\n", 0, at) + 1:end].rstrip(b",\r")
+    closed = closed is not False
+    if closed and not all(_is_end(line) for line in (text[end:] + after).splitlines()):
+        raise trust.Untrusted("is followed by events it does not hold")
+    line_at = text.rfind(b"\n", 0, at) + 1
+    return text[line_at:end].rstrip(b",\r"), offset, line_at, text, after, closed, kind
+
+
+def _parse(line, raw_events):
+    """The ``args`` of a record ``line`` (see :func:`read`); :class:`.trust.Untrusted` when it is not JSON
+    as documented."""
     try:
-        return dict(raw_events and _without_events(line) or orjson.loads(line)["args"], closed=closed is not False)
+        args = raw_events and _without_events(line) or orjson.loads(line)["args"]
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise trust.Untrusted("is not JSON as documented (cut or edited?)") from None
+    if not isinstance(args, dict):
+        raise trust.Untrusted("is not JSON as documented (cut or edited?)")
+    return args
+
+
+def read(path, raw_events=False):
+    """The last aggregate record (its ``args``, with ``closed``: whether the file was closed) of
+    the trace file ``path``, or None when it has none that :func:`_locate` finds or it is no JSON.
+    Unchecked: :func:`verified` says whether it describes the file. ``raw_events``: a writer's
+    record keeps its copied events as the JSON text of their array."""
+    try:
+        found = _locate(path)
+        return found and dict(_parse(found[0], raw_events), closed=found[5])
+    except (OSError, trust.Untrusted):
         return None
+
+
+def verified(path, raw_events=False):
+    """:func:`read`'s record when the file still holds the bytes it stands for (its ``covers``),
+    with ``span``, the time span its events must lie in (:func:`.trust.span`); None without one;
+    :class:`.trust.Untrusted` when there is one that does not describe the file. Its values are
+    checked apart (:class:`.trust.Plausible`)."""
+    try:
+        found = _locate(path)
+    except OSError:
+        return None
+    if found is None:
+        return None
+    line, offset, line_at, text, after, closed, kind = found
+    record = _parse(line, raw_events)
+    trust.check_covers(path, kind is not None, offset, line_at, text, record.get("covers"))
+    return dict(record, closed=closed, span=trust.span(path, text[:line_at], after, closed))
 
 
 def _without_events(line):
@@ -382,6 +462,16 @@ def write(path, record=None):
     kind = compression_of(path)
     pids = [p for p, _ in record.get("process_names") or []] + [g[5] for g in record.get("groups") or [] if len(g) > 5]
     pid = pids[0] if pids else 0
+    size = os.path.getsize(path)
+    # the last member (plain text: the tail) when it holds the closing ']', else the file's end
+    offset, end, text = next(_members_from_end(path, kind), (size, size, b""))
+    at = text.rfind(b"]")
+    if end != size or at < 0 or text[at + 1:].strip():  # not closed (a running or killed process)
+        offset, text, at = size, b"", 0
+    # the bytes it stands for, as the trace writer cites them
+    record = dict(record, covers={"bytes": offset, "crc32": trust.crc(path, 0, offset), "text_bytes": at,
+                                  "text_crc32": zlib.crc32(text[:at])})
+
     def encode(args):
         return orjson.dumps({"name": NAME, "cat": CAT_DFTRACER, "ph": "M", "pid": pid, "tid": 0, "args": args}) + b"\n"
 
@@ -390,12 +480,6 @@ def write(path, record=None):
         line = encode(dict(record, samples=None))
     if len(line) > MAX_LINE:
         raise TraceError(f"{path}: its aggregates take {len(line) >> 20} MiB, more than a line may hold")
-    size = os.path.getsize(path)
-    # the last member (plain text: the tail) when it holds the closing ']', else the file's end
-    offset, end, text = next(_members_from_end(path, kind), (size, size, b""))
-    at = text.rfind(b"]")
-    if end != size or at < 0 or text[at + 1:].strip():  # not closed (a running or killed process)
-        offset, text, at = size, b"", 0
     text = compress(text[:at] + line + text[at:], kind)
     with open(path, "r+b") as f:
         f.truncate(offset)

@@ -64,11 +64,15 @@ def _kth_differences(x, y, ks, tol=1e-6):
     ks = np.asarray(ks, dtype=np.int64)
     lo = np.full(len(ks), y[0] - x[-1] - 1.0)  # count(lo) < k <= count(hi)
     hi = np.full(len(ks), y[-1] - x[0])
-    while (hi - lo > tol).any():
+    while True:
         mid = (lo + hi) / 2
+        # down to tol, or to the doubles' own spacing where the values are too large for it
+        active = (hi - lo > tol) & (mid > lo) & (mid < hi)
+        if not active.any():
+            break
         counts = np.searchsorted(y, (x[None, :] + mid[:, None]).ravel(), "right").reshape(len(ks), -1).sum(1)
         below = counts < ks
-        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        lo, hi = np.where(active & below, mid, lo), np.where(active & ~below, mid, hi)
     idx = np.searchsorted(y, x[None, :] + (hi[:, None] + tol / 2), "right") - 1  # tol/2: rounding of x + hi
     return np.where(idx >= 0, y[np.maximum(idx, 0)] - x[None, :], -np.inf).max(1)
 

@@ -17,31 +17,34 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import os
+import threading
+import time
 
 from .reader import TraceError
 
 INSTALL = "pip install 'dftrace-dynamo[dask]'"
 SKETCH_NOTE = "p50/p99 from quantile sketches (within 1% of the exact value)"
 SOURCES = ("auto", "events", "aggregates")  # what summary and diff read (summary.summarize)
+TIMEOUT_S = 60.0  # default of --timeout: connecting, each answer of the scheduler, a cluster without workers
+POLL_S = 2.0  # how often a scan asks the scheduler whether it still has workers
 
 
 class Dask:
     """Scans on a Dask cluster: an existing one (``scheduler``: its address), a ``client``
     already made, or a local cluster of ``workers`` worker processes started here
-    (``processes=False``: threads of this process)."""
+    (``processes=False``: threads of this process). No wait is unbounded: connecting, each
+    answer of the scheduler and a cluster without workers give up after ``timeout`` seconds
+    with a :class:`TraceError` (a task that is running may take as long as it needs)."""
 
-    def __init__(self, scheduler=None, workers=None, client=None, processes=True):
+    def __init__(self, scheduler=None, workers=None, client=None, processes=True, timeout=TIMEOUT_S):
         try:
             from dask.distributed import Client, LocalCluster
         except ImportError:
             raise TraceError(f"--engine dask needs Dask's distributed scheduler: {INSTALL}") from None
-        self._own = []
+        self._own, self.timeout, self.where = [], timeout, scheduler or "the local cluster"
         if client is None:
             if scheduler:
-                try:
-                    client = Client(scheduler, timeout="30s")
-                except (OSError, TimeoutError) as e:
-                    raise TraceError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+                client = _connect(Client, scheduler, timeout)
             else:
                 cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
                                        dashboard_address=None)
@@ -52,17 +55,48 @@ class Dask:
 
     def scan(self, paths, options, progress=None):
         """The partials of ``paths``, one task per file, in input order."""
-        from dask.distributed import as_completed
+        from dask.distributed import wait
 
         from .summary import scan
 
         futures = [self.client.submit(scan, paths, [i], pure=False, **options) for i in range(len(paths))]
-        for future in as_completed(futures):
-            if future.status == "error":
-                future.result()  # raises the task's error here
-            if progress:
-                progress(100 / len(futures))
-        return self.client.gather(futures)
+        pending, idle_since = set(futures), None
+        while pending:
+            try:
+                done, pending = wait(pending, timeout=min(POLL_S, self.timeout), return_when="FIRST_COMPLETED")
+            except TimeoutError:  # nothing finished meanwhile: is anyone still working on it?
+                done = set()
+            for future in done:
+                self._result(future, paths, futures)
+                if progress:
+                    progress(100 / len(futures))
+            idle_since = None if self._workers() else idle_since or time.monotonic()
+            if idle_since and time.monotonic() - idle_since > self.timeout:
+                raise TraceError(f"the Dask cluster at {self.where} has had no worker for {self.timeout:g} s "
+                                 f"({len(pending)} of {len(futures)} file(s) left to scan)")
+        return [self._result(f, paths, futures) for f in futures]
+
+    def _result(self, future, paths, futures):
+        """A finished task's partial; its error here (a worker lost while running it: one line)."""
+        from dask.distributed import KilledWorker
+
+        try:
+            return future.result(timeout=self.timeout)
+        except KilledWorker:
+            raise TraceError(f"Dask workers died scanning {paths[futures.index(future)]} (killed, or out of "
+                             "memory?)") from None
+        except TimeoutError:
+            raise TraceError(f"the Dask cluster at {self.where} did not hand back a result within "
+                             f"{self.timeout:g} s") from None
+
+    def _workers(self):
+        """How many workers the scheduler has, asked with a timeout."""
+        try:
+            info = self.client.sync(self.client.scheduler.identity, callback_timeout=self.timeout)
+        except (TimeoutError, OSError):
+            raise TraceError(f"the Dask scheduler at {self.where} stopped answering (nothing within "
+                             f"{self.timeout:g} s)") from None
+        return len(info.get("workers") or {})
 
     def close(self):
         """Closes the client and the cluster this engine started (an existing cluster is left running)."""
@@ -75,6 +109,28 @@ class Dask:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _connect(client_class, address, timeout):
+    """A client of the scheduler at ``address``, or a :class:`TraceError` after ``timeout`` s:
+    Dask bounds the connection but not the scheduler's first answer, so the client is made in
+    a thread of its own and left behind (a daemon) when no answer comes."""
+    box = {}
+
+    def connect():
+        try:
+            box["client"] = client_class(address, timeout=timeout)
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=connect, name="dftrace-dask-connect", daemon=True)
+    thread.start()
+    thread.join(timeout + 1)
+    if "client" in box:
+        return box["client"]
+    error = box.get("error")
+    raise TraceError(f"cannot reach the Dask scheduler at {address}: "
+                     + (str(error).splitlines()[0] if error else f"no answer within {timeout:g} s"))
 
 
 def cores():
@@ -116,31 +172,57 @@ def add_arguments(parser):
                         help="with --engine dask: the scheduler of an existing cluster (tcp://host:8786)")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="with --engine dask: start a local cluster of N worker processes (default: one per core)")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help=f"with --engine dask: give up (exit status 2) when the scheduler does not answer, or "
+                             f"the cluster has no worker, for SECONDS (default {TIMEOUT_S:g})")
     parser.add_argument("--source", choices=SOURCES, default="auto",
                         help="auto (default): the aggregate records stored in the files when every file has "
                              "them, else every event; events: always read every event; aggregates: never")
 
 
-def source_note(scan, files):
+def source_note(scan, files, engine="local"):
     """One line on what was read (``scan``: a summary's) from ``files`` files, when it was not
-    every event here; for standard error."""
+    every event here; for standard error. ``engine``: the one asked for (``--engine``)."""
     if scan["source"] == "aggregates":
-        return (f"read the aggregate records of the {files} file(s), not their events "
+        where = ", here and not on Dask (each record is a small part of its file)" if engine == "dask" else ""
+        return (f"read the aggregate records of the {files} file(s){where}, not their events "
                 f"(--source events reads every event); {SKETCH_NOTE}")
     if scan["engine"] == "dask":
         return f"{files} file(s) scanned on Dask; {SKETCH_NOTE}"
     return None
 
 
-def make(name, scheduler=None, workers=None):
+def make(name, scheduler=None, workers=None, timeout=None):
     """The engine of the CLI's ``--engine``, as a context manager that gives it (None for the
     local scan) and closes what it started."""
     if name == "local":
-        if scheduler or workers:
-            raise TraceError("--scheduler and --workers go with --engine dask")
+        if scheduler is not None or workers is not None or timeout is not None:
+            raise TraceError("--scheduler, --workers and --timeout go with --engine dask")
         return contextlib.nullcontext()
-    if scheduler and workers:
+    if scheduler is not None and workers is not None:
         raise TraceError("--scheduler and --workers exclude each other (the cluster at ADDRESS has its own workers)")
     if workers is not None and workers < 1:
         raise TraceError("--workers must be at least 1")
-    return Dask(scheduler, workers)
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise TraceError(f"--timeout must be a number of seconds above 0, not {timeout!r}")
+    if scheduler is not None:
+        check_address(scheduler)
+    return Dask(scheduler, workers, timeout=timeout or TIMEOUT_S)
+
+
+def check_address(address):
+    """Raises :class:`TraceError` unless ``address`` reads as a Dask scheduler's address."""
+    example = "an address such as tcp://host:8786"
+    if not address.strip():
+        raise TraceError(f"--scheduler needs {example}, not an empty string")
+    try:
+        from distributed.comm import registry
+        from distributed.comm.addressing import parse_address, parse_host_port
+        scheme, location = parse_address(address.strip(), strict=False)
+        registry.get_backend(scheme)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(location)
+    except ImportError:
+        raise TraceError(f"--engine dask needs Dask's distributed scheduler: {INSTALL}") from None
+    except ValueError as e:
+        raise TraceError(f"--scheduler needs {example}, not {address!r} ({e})") from None

@@ -123,17 +123,19 @@ def eval_lines(result):
 
 def _step_table(result, top):
     steps = result["steps"]
-    rows = steps["rows"]
+    rows = [r for r in steps["rows"] if r["recorded"]]  # (a step window: the others recorded nothing)
     warm = [r for r in rows if r["warmup"]]
     steady = [r for r in rows if not r["warmup"]]
     shown = warm + steady[:top]
     out = [f"{'step':>8}  " + "  ".join(f"{c:>10}" for c in STEP_COLUMNS) + f"  {'coverage':>8}"]
     for r in sorted(shown, key=lambda r: r["step"]):
         out.append(f"{r['step']:>8}  " + "  ".join(f"{fmt_ms(r[f'{c}_us']):>10}" for c in STEP_COLUMNS)
-                   + f"  {100 * r['coverage']:>7.1f}%" + (f"  warm-up: {r['warmup']}" if r["warmup"] else "")
-                   + ("" if r["recorded"] else "  not recorded"))
+                   + f"  {100 * r['coverage']:>7.1f}%" + (f"  warm-up: {r['warmup']}" if r["warmup"] else ""))
     if len(steady) > top:
         out.append(f"  ... {len(steady) - top} more steady-state steps (--top, or --format json for all)")
+    if len(rows) < len(steps["rows"]):
+        out.append(f"  {len(steps['rows']) - len(rows)} steps not recorded (outside the step windows: their slices "
+                   "hold no events; --format json lists them)")
     return out
 
 
@@ -141,10 +143,12 @@ def _rank_table(result):
     ranks = result["steps"]["ranks"]
     width = max(len("process"), *(len(r["process"]) for r in ranks))
     out = [f"{'process':<{width}}  {'steps':>6}  {'min':>10}  {'median':>10}  {'p90':>10}  {'max':>10}"
-           f"  {'ops/step':>10}"]
-    for r in ranks:
+           f"  {'op ms/step':>10}  {'ops/step':>8}"]
+    for r in ranks:  # (op time and count of op events per step: medians)
+        count = r.get("ops_median")
         out.append(f"{r['process']:<{width}}  {r['steps']:>6}  " + "  ".join(
-            f"{fmt_ms(r.get(k)):>10}" for k in ("min_us", "median_us", "p90_us", "max_us", "ops_median_us")))
+            f"{fmt_ms(r.get(k)):>10}" for k in ("min_us", "median_us", "p90_us", "max_us", "ops_median_us"))
+            + f"  {'-' if count is None else f'{count:g}':>8}")
     spread = result["steps"]["rank_spread"]
     if spread:
         out.append(f"slowest: {spread['slowest']}, {fmt_ms(spread['spread_us'])} ms "

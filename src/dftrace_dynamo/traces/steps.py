@@ -92,7 +92,7 @@ def _warmup(steps_of_proc, compiled):
 
 def analyse(slices, parts, records, kind_names, include_warmup=False):
     """The step analysis. ``slices``: (file, pid, tid, step, ts, dur) of step
-    slices; ``parts``: (file, pid, step, kind, is_backward_phase, total dur);
+    slices; ``parts``: (file, pid, step, kind, is_backward_phase, total dur, count of events);
     ``records``: compile records (dicts with file, pid, ts, step, kind, name);
     ``kind_names``: kind -> "graph", "data", "backward", "optimizer", "ops"."""
     wall = {}
@@ -100,8 +100,11 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
         key = (file, pid, step)
         wall[key] = max(wall.get(key, 0.0), dur or 0.0)
     sums, has_backward = {}, set()
-    for file, pid, step, kind, backward_phase, total in parts:
+    for file, pid, step, kind, backward_phase, total, count in parts:
         name = kind_names[kind]
+        if name == "ops":
+            got = sums.setdefault((file, pid, step), {})
+            got["op_count"] = got.get("op_count", 0) + count
         if name == "graph":
             name = "backward_graph" if backward_phase else "forward"
         elif name == "backward":
@@ -118,13 +121,14 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
         reasons = _warmup(proc_steps, compiled.get(proc, {}))
         warm_keys += [(*proc, s) for s in reasons]
         # a graph call can start in a window and end in the next step: a graph alone is no record
-        recorded = {s for s in proc_steps if set(sums.get((*proc, s), ())) - {"forward", "backward_graph"}}
+        recorded = {s for s in proc_steps if set(sums.get((*proc, s), ())) - {"forward", "backward_graph", "op_count"}}
         for s in proc_steps:
             got = sums.get((*proc, s), {})
             row = {"file": proc[0], "pid": proc[1], "step": s, "wall_us": wall[(*proc, s)],
                    "data_us": got.get("data", 0.0), "forward_us": got.get("forward", 0.0),
                    "backward_us": got.get("backward" if proc in has_backward else "backward_graph", 0.0),
                    "optimizer_us": got.get("optimizer", 0.0), "ops_us": got.get("ops", 0.0),
+                   "ops": got.get("op_count", 0),
                    "warmup": reasons.get(s), "recorded": s in recorded or not recorded}
             inside = sum([row[key] for key in INSIDE])
             row["other_us"] = max(row["wall_us"] - inside, 0.0)
@@ -136,11 +140,13 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
 
 
 def _series(rows, include_warmup):
-    """The step-time statistics of one process's ``rows`` that count, and its median op time."""
+    """The step-time statistics of one process's ``rows`` that count, and its median op time and
+    count of op events per step."""
     own = [r for r in rows if counted(r, include_warmup)]
     stats = series_stats([r["wall_us"] for r in own]) or {"steps": 0}
     if own:
         stats["ops_median_us"] = quantile([r["ops_us"] for r in own], 0.5)
+        stats["ops_median"] = quantile([r["ops"] for r in own], 0.5)
     return stats
 
 

@@ -362,18 +362,23 @@ def summarize(paths, views=VIEWS, top=20, module_depth=None, progress=None, incl
     views = list(dict.fromkeys(views))
     options = {"views": views, "module_depth": module_depth, "include_warmup": include_warmup,
                "step_samples": step_samples}
+    note = None
     if source != "events":
-        partials = aggregates.partials(paths, **options, processes=processes)
+        partials, note = aggregates.partials(paths, **options, processes=processes)
         if partials is not None:
             return merge(paths, partials, views, top, include_warmup, all_runs, step_samples,
                          {"source": "aggregates", "engine": "local", "quantiles": "sketch"})
         if source == "aggregates":
-            raise TraceError("not every file holds aggregates that answer this summary (see --source)")
+            raise TraceError("not every file holds aggregates that answer this summary (see --source)"
+                             + (f": {note}" if note else ""))
     if engine is None:
         partials = [scan(paths, range(len(paths)), whole=True, progress=progress, **options)]
     else:
         partials = engine.scan(paths, options, progress)
-    return merge(paths, partials, views, top, include_warmup, all_runs, step_samples)
+    result = merge(paths, partials, views, top, include_warmup, all_runs, step_samples)
+    if note:  # why the records were not used, first
+        result["warnings"].insert(0, note)
+    return result
 
 
 def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, step_samples=False, whole=False,
@@ -430,7 +435,7 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
     compiles.place(records, slices)  # each compile in the step whose slice holds it
     # per-step sums matter only where steps were marked (every op of any trace carries a step)
     parts = con.execute(f"""
-        SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000 FROM ev
+        SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000, count(*) FROM ev
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
         if slices else []
     out.update(records=records, slices=slices, parts=parts)
