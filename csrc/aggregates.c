@@ -862,7 +862,7 @@ void dft_agg_write(dft_buf *b, int last) {
     /* what the record stands for, checkable without decoding the events: the file's bytes before
      * the member this line ends (CRC-32) and the text of that member before this line */
     char covers[160];
-    n = snprintf(covers, sizeof covers, "\"covers\":{\"bytes\":%llu,\"crc32\":%u,\"text_bytes\":%llu,"
+    int n = snprintf(covers, sizeof covers, "\"covers\":{\"bytes\":%llu,\"crc32\":%u,\"text_bytes\":%llu,"
                  "\"text_crc32\":%u},", (unsigned long long)dft_w.sink.good, (unsigned)dft_w.sink.crc,
                  (unsigned long long)at, (unsigned)crc32(0, (const Bytef *)b->p, (uInt)at));
     if (put(b, covers, (size_t)n) < 0)
