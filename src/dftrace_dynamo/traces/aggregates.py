@@ -130,7 +130,18 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
         columns = [list(c) for c in record["rank_rows"]]
         columns[1] = [i] * len(columns[1])  # the file column
         out["rank_rows"] = rank_rows_of_columns(columns)
+        out["rank_rows"]["ops"] = ranks.module_rows(_module_ns(  # op time per step and module
+            (i, pid, step, _depth(key, module_depth), ns)
+            for view, pid, step, key, ns in record["samples"] or () if view == "module"))
     return out
+
+
+def _module_ns(rows):
+    """(file, pid, step, module, ns) rows added up per file, pid, step and module."""
+    out = {}
+    for *key, ns in rows:
+        out[tuple(key)] = out.get(tuple(key), 0) + ns
+    return [(*key, ns) for key, ns in out.items()]
 
 
 def partials(paths, views, module_depth=None, include_warmup=False, step_samples=False, processes=1):
@@ -294,10 +305,9 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
         "aggregate checkpoint; --source events counts every event that reached the file"
         for i in indices if not records[i]["closed"]]
     if base.get("rank_rows") is not None:  # op time per step and module: what made a rank slow
-        base["rank_rows"]["ops"] = ranks.module_rows(
-            (i, pids[i], step, *keys[gid], ns / 1000) for i in indices
-            for keys in [[(k[2], _text(k[3]) or "(top level)", _text(k[4]) or "(none)") for k in records[i]["keys"]]]
-            for gid, step, ns in records[i]["samples"] or ())
+        base["rank_rows"]["ops"] = ranks.module_rows(_module_ns(
+            ((i, pids[i], step, _depth(_text(records[i]["keys"][gid][3]) or "(top level)", module_depth), ns)
+             for i in indices for gid, step, ns in records[i]["samples"] or ())))
     return dict(base, whole=False, steps=info, parts=parts, groups=groups, clocks=clocks, warnings=warnings,
                 rank_rows=base.get("rank_rows"),
                 kernels={"info": {k: (t, ", ".join(sorted(f)), None) for k, (t, f) in kernel_info.items()},

@@ -88,9 +88,9 @@ def excess(values):
 
 def cause(i, phase_excess, module_excess):
     """What in rank ``i`` was slower than on its peers: the phase with the largest median excess
-    over the steady steps and, when that is forward or backward, its module with the largest;
-    None when nothing was slower. ``phase_excess``: {phase: array rank × step}; ``module_excess``:
-    {(module, phase): array rank × step}."""
+    over the steady steps and, when that is forward or backward, the module whose ops' time has
+    the largest; None when nothing was slower. ``phase_excess``: {phase: array rank × step};
+    ``module_excess``: {module: array rank × step}."""
     medians = {p: float(np.median(v[i])) for p, v in phase_excess.items() if v.shape[1]}
     if not medians:
         return None
@@ -98,8 +98,8 @@ def cause(i, phase_excess, module_excess):
     if medians[phase] <= 0:
         return None
     out = {"phase": phase, "excess_us": medians[phase]}
-    modules = {m: float(np.median(v[i])) for (m, p), v in module_excess.items() if p == phase and v.shape[1]}
-    if modules:
+    modules = {m: float(np.median(v[i])) for m, v in module_excess.items() if v.shape[1]}
+    if modules and phase in ("forward", "backward"):
         module = max(modules, key=modules.get)
         if modules[module] > 0:
             out.update(module=module, module_excess_us=modules[module])

@@ -154,9 +154,11 @@ def rows(con, kinds):
     spans = _columns(con, f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
         WHERE step IS NOT NULL AND ts IS NOT NULL
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
-    # op time per process, step, module and phase: what in a rank was slower than on its peers
-    ops = module_rows(con.execute(f"""SELECT file, pid, step, name, module, phase, sum(coalesce(dur, 0)) FROM ev
-        WHERE kind = {k['op']} AND step IS NOT NULL GROUP BY ALL""").fetchall()) if _has_modules(con) else None
+    # op time per process, step and module: what in a rank was slower than on its peers (in
+    # integer ns, as the aggregate records sum it)
+    ops = module_rows(con.execute(f"""SELECT file, pid, step, module, sum(CAST(round(dur * 1000) AS BIGINT)) FROM ev
+        WHERE kind = {k['op']} AND step IS NOT NULL AND dur IS NOT NULL GROUP BY ALL""").fetchall()) \
+        if _has_modules(con) else None
     # each event in the step whose slice holds it (per process: here, where its file is read)
     steps = _Steps(slices)
     comm["in_step"] = comm["step"] >= 0  # else made during an evaluation
@@ -168,15 +170,13 @@ def rows(con, kinds):
 
 
 def module_rows(rows):
-    """The op time per process, step, module and phase (forward and backward; communication
-    left out) as :func:`rows`' ``ops`` columns. ``rows``: (file, pid, step, op name, module,
-    phase, µs)."""
-    rows = [r for r in rows if r[5] in ("forward", "backward") and not str(r[3]).startswith(FUNCTIONAL)]
-    names = ("file", "pid", "step", "name", "module", "phase", "dur")
+    """The op time per process, step and module as :func:`rows`' ``ops`` columns. ``rows``:
+    (file, pid, step, module, ns)."""
+    rows = list(rows)
+    names = ("file", "pid", "step", "module", "ns")
     columns = dict(zip(names, zip(*rows))) if rows else {c: () for c in names}
     out = {c: np.array(columns[c], np.int64) for c in ("file", "pid", "step")}
-    out.update(module=np.array(columns["module"], object), phase=np.array(columns["phase"], object),
-               dur=np.array(columns["dur"], float))
+    out.update(module=np.array(columns["module"], object), dur=np.array(columns["ns"], np.int64) / 1000)
     return out
 
 
@@ -357,7 +357,7 @@ def _blocked(comm, comm_proc):
 
 
 def _module_times(ops, steps, steady):
-    """{(module, phase): op time, a row per process and a column per steady step}."""
+    """{module: op time, a row per process and a column per steady step}."""
     if ops is None or not len(steady):
         return {}
     proc = steps.index(ops)
@@ -365,9 +365,9 @@ def _module_times(ops, steps, steady):
     keep = (proc >= 0) & (at < len(steady))
     keep[keep] = steady[at[keep]] == ops["step"][keep]
     out = {}
-    for q, j, module, phase, dur in zip(proc[keep].tolist(), at[keep].tolist(), ops["module"][keep].tolist(),
-                                        ops["phase"][keep].tolist(), ops["dur"][keep].tolist()):
-        table = out.setdefault((module, phase), np.zeros((len(steps.procs), len(steady))))
+    for q, j, module, dur in zip(proc[keep].tolist(), at[keep].tolist(), ops["module"][keep].tolist(),
+                                 ops["dur"][keep].tolist()):
+        table = out.setdefault(module, np.zeros((len(steps.procs), len(steady))))
         table[q, j] += dur
     return out
 
