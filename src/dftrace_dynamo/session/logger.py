@@ -269,7 +269,8 @@ DIR_MODE = 0o755  # of the directories the tracer creates (the umask may take mo
 
 def make_dirs(directory: str) -> None:
     """``os.makedirs`` where every directory created gets :data:`DIR_MODE`: under ``umask 000``
-    makedirs would make them writable by everyone (its mode reaches only the last one)."""
+    makedirs would make them writable by everyone (its mode reaches only the last one). On failure
+    the directories it made are removed again."""
     missing = []
     while directory and not os.path.isdir(directory):
         missing.append(directory)
@@ -277,11 +278,19 @@ def make_dirs(directory: str) -> None:
         if parent == directory:
             break
         directory = parent
-    for path in reversed(missing):
-        try:
-            os.mkdir(path, DIR_MODE)
-        except FileExistsError:  # made meanwhile by another process of the job
-            pass
+    made = []
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, DIR_MODE)
+                made.append(path)
+            except FileExistsError:  # made meanwhile by another process of the job
+                pass
+    except OSError:  # a path that cannot be made (too long, not writable) leaves nothing behind
+        for path in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        raise
 
 
 def _resolve_prefix(value: str) -> str:
