@@ -19,7 +19,12 @@ dft_writer_t dft_w = {
 };
 
 #define WAKE_NS 250000000ull
-#define MEMBER_NS 750000000ull /* + one wake period: a member at least every second */
+/* + one wake period: a member every second once it holds MEMBER_MIN of text, and at least every
+ * 5 s: a member's fixed cost (its codes, the first line of each kind with nothing to refer to)
+ * would outweigh a slow thread's few events */
+#define MEMBER_NS 750000000ull
+#define MEMBER_MAX_NS 4750000000ull
+#define MEMBER_MIN (64u << 10)
 #define MEMBER_BYTES (1u << 20)
 #define DRAIN_BATCH 1024u
 
@@ -776,9 +781,9 @@ static void *writer_main(void *arg) {
             dft_agg_write(&dft_w.fmt, 0);
             end_member();
         }
+        uint64_t age = dft_mono() - dft_w.last_member_ns;
         if (req != dft_w.flush_done ||
-            (dft_mono() - dft_w.last_member_ns >= MEMBER_NS &&
-             dft_w.fmt.len))
+            (dft_w.fmt.len && age >= MEMBER_NS && (dft_w.fmt.len >= MEMBER_MIN || age >= MEMBER_MAX_NS)))
             end_member();
         if (req != dft_w.flush_done) {
             dft_flight_serve(req);

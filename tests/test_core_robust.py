@@ -171,6 +171,27 @@ def test_sigkill_keeps_events_up_to_about_a_second(tmp_path):
     assert n >= len(ops)
 
 
+def test_a_slow_thread_s_events_share_members(tmp_path):
+    """A thread recording ~50 events a second: its events wait for 64 KiB of text (a member a
+    second would hold a few dozen lines, mostly fixed cost), yet no longer than about 5 s (or
+    the first aggregate checkpoint, which ends its member)."""
+    site = _core.intern_site("op", "c")
+    path = open_trace(tmp_path, 1)
+    start, first = time.monotonic(), None
+    while time.monotonic() - start < 9:
+        for _ in range(5):
+            t = _core.now_ns()
+            _core.record(site, t, t + 100)
+        time.sleep(0.1)
+        with open(path, "rb") as f:
+            written = whole_members(f.read()).count(b'"name":"op"')
+        if written and first is None:
+            first = time.monotonic() - start
+    # one member a second: 1-1.25 s; here the first aggregate checkpoint (3 s) or 5 s ends it
+    assert first is not None and 2.5 < first < 6.5, first
+    assert _core.close()["num_events"] > 300
+
+
 def test_flush_and_close_race_from_threads(tmp_path):
     site = _core.intern_site("op", "c")
     stop = threading.Event()
