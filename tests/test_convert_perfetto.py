@@ -2,6 +2,7 @@
 against the JSON of the same events, and packet by packet against the perfetto package's own
 messages (perfetto_trace_pb2)."""
 
+import json
 import os
 import sys
 import zlib
@@ -330,6 +331,40 @@ def test_a_cut_input_gives_a_trace_of_what_it_holds(ranks, tmp_path):
     n = perfetto_tp.rows(out, "select count(*) n from slice")[0]["n"]
     assert n == sum(e.get("ph") == "X" for e in kept)
     assert reorder(decoded(out)) == expected(kept)
+
+
+def test_instants_counters_and_phases_it_does_not_carry(tmp_path):
+    """Instants of each scope, a counter of two values and a zero-length slice inside another
+    load as the JSON's; B/E events are left out and counted in a warning."""
+    evs = [{"name": "process_name", "ph": "M", "pid": 7, "args": {"name": "p7"}},
+           {"name": "thread_name", "ph": "M", "pid": 7, "tid": 8, "args": {"name": "worker"}},
+           {"name": "outer", "cat": "c", "ph": "X", "pid": 7, "tid": 8, "ts": 100, "dur": 50, "args": {"k": 1}},
+           {"name": "zero", "cat": "c", "ph": "X", "pid": 7, "tid": 8, "ts": 100, "dur": 0},
+           {"name": "inner", "cat": "c", "ph": "X", "pid": 7, "tid": 8, "ts": 120, "dur": 29.5},
+           {"name": "mark", "cat": "c", "ph": "i", "pid": 7, "tid": 8, "ts": 130, "s": "t", "args": {"why": "x"}},
+           {"name": "pmark", "ph": "I", "pid": 7, "tid": 8, "ts": 131, "s": "p"},
+           {"name": "gmark", "ph": "i", "pid": 7, "tid": 8, "ts": 132, "s": "g"},
+           {"name": "mem", "cat": "memory", "ph": "C", "pid": 7, "tid": 9, "ts": 110, "args": {"a": 5, "b": 2.5}},
+           {"name": "mem", "cat": "memory", "ph": "C", "pid": 7, "tid": 9, "ts": 140, "args": {"a": 6, "b": -1.5}},
+           {"name": "b", "ph": "B", "pid": 7, "tid": 8, "ts": 160}, {"name": "b", "ph": "E", "pid": 7, "tid": 8, "ts": 170}]
+    src, js, out = tmp_path / "t.pfw", tmp_path / "t.json", tmp_path / "t.pftrace"
+    src.write_text("[\n" + "".join(json.dumps(e) + "\n" for e in evs[:-2]) + "]\n")
+    convert(src, js)
+    full = tmp_path / "full.pfw"
+    full.write_text("[\n" + "".join(json.dumps(e) + "\n" for e in evs) + "]\n")
+    p = convert(full, out)
+    assert "left out events the protobuf output does not carry: 1 B, 1 E" in p.stderr
+    sql = ("select s.name, s.ts, s.dur, s.depth, s.category, t.type from slice s join track t on s.track_id = t.id",
+           "select t.name, c.ts, c.value from counter c join counter_track t on c.track_id = t.id",
+           "select a.key, a.display_value from slice s join args a using (arg_set_id) where a.key glob '*.why'")
+    got = [sorted(map(tuple, r["rows"])) for r in perfetto_tp.query(out, *sql)]
+    want = [sorted(map(tuple, r["rows"])) for r in perfetto_tp.query(js, *sql)]
+    assert perfetto_tp.error_stats(out) == []
+    assert [(r[0], r[1], r[2], r[3], r[4]) for r in got[0]] == [(r[0], r[1], r[2], r[3], r[4]) for r in want[0]]
+    assert [r[3] for r in got[0] if r[0] == "inner"] == [1] and len(got[0]) == 6
+    assert got[1] == want[1] == [("mem a", 110000, 5.0), ("mem a", 140000, 6.0), ("mem b", 110000, 2.5),
+                                 ("mem b", 140000, -1.5)]
+    assert got[2] == [("debug.why", "x")] and want[2] == [("args.why", "x")]
 
 
 # --- the command around it ---------------------------------------------------------------------

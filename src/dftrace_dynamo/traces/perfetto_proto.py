@@ -12,8 +12,9 @@ trace processor loads without keeping the text of every event.
   and to a sequence-scoped incremental clock (each timestamp is the
   nanoseconds since the previous packet of the sequence), and its event names,
   categories, argument names and short string values are interned once at the
-  start of the sequence (``SEQ_INCREMENTAL_STATE_CLEARED``, then
-  ``SEQ_NEEDS_INCREMENTAL_STATE`` on every event).
+  start of the sequence (``SEQ_INCREMENTAL_STATE_CLEARED``, then the interned
+  data with ``SEQ_NEEDS_INCREMENTAL_STATE``; event packets leave the flags off,
+  4 bytes a slice: the file is written whole, its state is never lost).
 * An ``X`` event becomes a ``TYPE_SLICE_BEGIN`` and a ``TYPE_SLICE_END``
   packet. Perfetto matches an end to the innermost open slice, so a thread's
   events are ordered as Perfetto's JSON importer orders them (by start, longer
@@ -50,7 +51,7 @@ EXTENSIONS = (".perfetto-trace", ".pftrace")
 CLOCK = 64  # the first sequence-scoped clock id
 BOOTTIME = 6  # Perfetto's default trace clock, the JSON importer's
 INTERN_MAX = 1024  # string values up to this many bytes are interned
-SLICE_BEGIN, SLICE_END, INSTANT, COUNTER = 1, 2, 3, 4
+SLICE_BEGIN, INSTANT, COUNTER = 1, 3, 4  # TrackEvent.type (2, SLICE_END, is written as bytes)
 CLEARED, NEEDS_STATE = 1, 2  # TracePacket.sequence_flags
 _INT64 = 1 << 63
 _SMALL = [bytes([n]) if n < 128 else bytes([n & 127 | 128, n >> 7]) for n in range(1 << 14)]
