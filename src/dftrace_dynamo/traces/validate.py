@@ -40,9 +40,9 @@ SPLIT_EVENTS = 8_000_000  # suggested part size: half the limit, room for args-h
 ZSTD_NOTE = ("zstd-compressed: Perfetto reads zstd from v58 on (earlier releases, and this tool's trace processor "
              "v52, cannot open it) and dftracer-utils not at all; for those, write gzip "
              "(DFTRACER_TRACE_COMPRESSION=1) or convert it: dftrace-dynamo convert FILE -o FILE.pfw.gz")
-# The same trace processor loads about 1.5x as many events from a protobuf trace (convert --format
+# The same trace processor loads about 1.4x as many events from a protobuf trace (convert --format
 # perfetto) as from the JSON: its tables take most of the memory in both (benchmarks/results_perfetto.rst)
-UI_MAX_PROTO_EVENTS = UI_MAX_EVENTS * 3 // 2
+UI_MAX_PROTO_EVENTS = UI_MAX_EVENTS * 7 // 5
 _U32 = (1 << 32) - 1
 
 
