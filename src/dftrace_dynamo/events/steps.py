@@ -49,7 +49,10 @@ step below.
 
 Evaluation: with optimizer-driven steps, a graph call with grad disabled while
 the step is complete (or evaluation runs already) begins an ``eval`` slice (cat
-``eval``) at the point where the step ended; it lasts until training work
+``eval``) at the point where the step ended (a ``model.eval()`` after the
+optimizer steps is held like a data slice: the step ends there; up to a
+``model.train()`` before training work is an evaluation even without a graph
+call, or with the trace's end after it); it lasts until training work
 starts again, holds its own graphs, modules, ops and ``data`` slices, and its
 events carry no step. A trailing evaluation segment is an ``eval`` slice, not a
 step. A graph call with grad enabled whose modules are all in eval mode
@@ -244,7 +247,7 @@ def _flush(count: Optional[int] = None) -> None:
     count = len(_state.deferred) if count is None else count
     deferred, _state.deferred = _state.deferred[:count], _state.deferred[count:]
     for name, cat, start, end, args, timed, windowed in deferred:
-        if (_state.ops or not windowed) and _core.log(name, cat, start, end, args, timed=timed):
+        if name is not None and (_state.ops or not windowed) and _core.log(name, cat, start, end, args, timed=timed):
             logger.note_arg_issues()
 
 
@@ -543,6 +546,8 @@ def _on_open() -> None:
             # opened lazily (inside a compile): the step began with the work in progress on this thread
             data = _local.__dict__.pop("data", None)
             anchors = [t for t in (a() for a in _open_anchors) if t is not None]
+            if getattr(_local, "stepping", 0):  # opened inside an optimizer step: it is the first step's
+                anchors += _local.__dict__.get("opt", {}).values()
             _begin(min([_core.now_ns(), *anchors, *(data or ())]))
             if data and _state.ops:
                 _slice("data", CAT_DATA, data[0], None, data[1])
@@ -570,6 +575,8 @@ def _on_close() -> None:
                 if _state.mode in (EVAL, UNDECIDED):  # undecided at the end: no backward came
                     _flush()
                     _eval_slice(now)
+                elif _state.mode == COMPLETE and _state.deferred and _state.deferred[0][0] is None:
+                    _evaluated(now)  # model.eval() came: an evaluation ends the trace
                 elif _state.mode == COMPLETE:
                     _write(_state.number, _state.start_ns, now if _state.going else _state.complete_ns)
                     _flush()
@@ -774,7 +781,7 @@ def _optimizer_begins(optimizer) -> int:
 def _optimizer_pre_hook(optimizer, args, kwargs):
     _local.stepping = getattr(_local, "stepping", 0) + 1  # an LBFGS closure's zero_grad() is inside
     now = _optimizer_begins(optimizer)
-    if _state.ops:
+    if _state.ops or _state.start_ns is None:  # no trace yet: one may open inside (a closure's compile)
         _local.__dict__.setdefault("opt", {})[id(optimizer)] = now
 
 
@@ -861,6 +868,40 @@ def _wrap_scaler_step(original):
         return result
 
     return step
+
+
+def _wrap_train(original):
+    """``Module.train(False)`` (``model.eval()``) after a complete step: the iteration's work has
+    ended, what follows (an evaluation, or the next iteration) begins here. Held as a point that
+    records nothing, like a data slice (:func:`_boundary`). ``Module.train()`` while that point is
+    the first thing held: what ran between was an evaluation, though no graph ran in it (a
+    trainer's evaluation of an uncompiled copy of the model)."""
+    @functools.wraps(original)
+    def train(self, mode=True):
+        if (_state.mode == COMPLETE and not _state.going and threading.get_ident() == _state.thread
+                and not compiling_here()):
+            try:
+                with _lock:
+                    if not mode and not _state.deferred:
+                        now = _core.now_ns()
+                        _defer((None, None, now, now, None, False, True))
+                    elif mode and _state.deferred and _state.deferred[0][0] is None:
+                        _evaluated(_core.now_ns())
+            except Exception as exc:
+                _fail(exc)
+        return original(self, mode)
+
+    return train
+
+
+def _evaluated(now: int) -> None:
+    """The complete step ended at ``model.eval()`` (the first slice held); from there to ``now`` was
+    an evaluation with the slices held meanwhile; the next step begins now."""
+    _finish(_boundary(now))
+    _set_mode(EVAL)
+    _core.set_step(None)
+    _flush()
+    _end_eval(now)
 
 
 def _wrap_zero_grad(original):
@@ -965,6 +1006,7 @@ for _hook in (
     hooks.Patch("DataLoader __iter__", GROUP, _dataloader, "__iter__",
                 lambda original: _wrap_data(original, "DataLoader.__iter__")),
     hooks.Patch("Optimizer.zero_grad", GROUP, lambda: torch.optim.Optimizer, "zero_grad", _wrap_zero_grad),
+    hooks.Patch("Module.train", GROUP, lambda: torch.nn.Module, "train", _wrap_train),
     hooks.Patch("GradScaler.step", GROUP, lambda: torch.amp.GradScaler, "step", _wrap_scaler_step),
 ):
     hooks.declare(_hook)

@@ -1,0 +1,77 @@
+"""Evaluation where it happened: a step followed by evaluation ends where the training iteration's
+work ended (at ``model.eval()``), not at the evaluation's first graph call. Ground truth: the
+loop's own time marks and a known sleep between ``model.eval()`` and the first evaluation batch."""
+
+import time
+
+import torch
+
+from backend_support import MLP, ops, recording
+from dftrace_dynamo import _core, create_backend
+
+SLEEP_S = 0.03  # between model.eval() and the first evaluation forward (building the batches)
+
+
+def test_a_step_followed_by_evaluation_ends_at_model_eval(tmp_path):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, backend=create_backend())
+    ends, evals = [], []  # the training body's end before each evaluation; (model.eval() done, last forward end)
+    with recording(tmp_path) as rec:
+        for epoch in range(3):
+            for _ in range(3):
+                opt.zero_grad()
+                compiled(torch.randn(4, 16)).sum().backward()
+                opt.step()
+            ends.append(_core.now_ns())
+            model.eval()
+            at = _core.now_ns()
+            time.sleep(SLEEP_S)
+            with torch.no_grad():
+                for _ in range(2):
+                    compiled(torch.randn(4, 16))
+            evals.append((at, _core.now_ns()))
+            model.train()
+        events = rec.events()
+    steps = sorted(ops(events, "step"), key=lambda e: e["ts"])
+    slices = sorted(ops(events, "eval"), key=lambda e: e["ts"])
+    assert len(steps) == 9 and len(slices) == 3
+    for i, (end, (at, done)) in enumerate(zip(ends, evals)):
+        before = steps[3 * i + 2]  # the last step of the epoch
+        finish = before["ts"] + before["dur"]
+        assert end / 1e3 - 1 <= finish <= at / 1e3 + 1, (i, finish - end / 1e3)  # not at the first forward
+        e = slices[i]
+        assert abs(e["ts"] - finish) <= 1 and e["ts"] + e["dur"] >= done / 1e3 - 1
+        assert e["ts"] + e["dur"] - at / 1e3 >= SLEEP_S * 1e6  # the sleep after model.eval() is the evaluation's
+
+
+def test_an_evaluation_that_runs_no_graph_is_an_eval_slice(tmp_path):
+    """A trainer's evaluation of an uncompiled copy of the model (Hugging Face ``Trainer`` with
+    ``torch_compile=True``): ``model.eval()``, eager forwards, ``model.train()``, no graph call."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, backend=create_backend())
+    evals = []
+    with recording(tmp_path) as rec:
+        for epoch in range(3):
+            for _ in range(3):
+                model.train()  # at the top of every iteration, as the Trainer's training_step does
+                opt.zero_grad()
+                compiled(torch.randn(4, 16)).sum().backward()
+                opt.step()
+            at = _core.now_ns()
+            model.eval()
+            with torch.no_grad():
+                model(torch.randn(4, 16))  # eager: no graph
+            time.sleep(SLEEP_S)
+            evals.append((at, _core.now_ns()))
+        events = rec.events()
+    steps = sorted(ops(events, "step"), key=lambda e: e["ts"])
+    slices = sorted(ops(events, "eval"), key=lambda e: e["ts"])
+    # the last evaluation ends the trace: it is an eval slice too (no model.train() after it)
+    assert len(steps) == 9 and len(slices) == 3, ([s["name"] for s in steps], len(slices))
+    for i, (e, (at, done)) in enumerate(zip(slices, evals)):
+        assert at / 1e3 - 1 <= e["ts"] and e["dur"] >= SLEEP_S * 1e6
+        if i < 2:
+            assert e["ts"] + e["dur"] <= steps[3 * i + 3]["ts"] + 1  # the next step begins after it
+        assert abs(steps[3 * i + 2]["ts"] + steps[3 * i + 2]["dur"] - e["ts"]) <= 1
