@@ -489,9 +489,7 @@ static PyObject *gc_untraced(GraphCall *self, PyObject *const *args, size_t narg
     return r;
 }
 
-static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames) {
-    GraphCall *self = (GraphCall *)self_;
+static PyObject *gc_run(GraphCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (!dft_ops_recording())
         return gc_untraced(self, args, nargsf, kwnames);
     int grad = self->grad;
@@ -524,6 +522,16 @@ static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t na
     dft_tls.ctx = saved;
     dft_tls.open_n = open_n;
     dft_push(self->site, t0, t1, ctx | dft_hot.ticks | (r ? 0 : DFT_FLAG_FAILED), cell_id(self->cell), NULL);
+    return r;
+}
+
+static PyObject *gc_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    if (DFT_LIKELY(!dft_tls.eager))
+        return gc_run((GraphCall *)self_, args, nargsf, kwnames);
+    dft_eager_pause();
+    PyObject *r = gc_run((GraphCall *)self_, args, nargsf, kwnames);
+    dft_eager_resume();
     return r;
 }
 

@@ -195,6 +195,7 @@ typedef struct {
     uint32_t mask, half;       /* ring->mask, ring->half (0 with no ring: pushes take the slow path) */
     uint32_t ctx; /* grad/phase bits of the innermost GraphCall */
     uint32_t open_n, open_cap; /* module slices open in graphs (span.c): depth, room */
+    uint32_t eager; /* eager.c: 0 torch's ops not observed on this thread, 1 observed, 1 + n inside n GraphCalls */
     uint64_t *open; /* their starts, innermost last (0: opened while nothing was recorded) */
 } __attribute__((aligned(64))) dft_tls_t;
 extern _Thread_local dft_tls_t dft_tls __attribute__((tls_model("initial-exec")));
@@ -243,6 +244,17 @@ static inline int dft_ops_recording(void) {
 extern int dft_probe_on;
 extern PyMethodDef dft_step_methods[];
 extern PyMethodDef dft_eager_methods[]; /* eager.c */
+/* torch's at::enableRecordFunction (eager.c): a GraphCall turns torch's op observers off on
+ * its thread while it runs, so a compiled graph's ops pay nothing for eager-op events. */
+extern void (*dft_rf_enable)(_Bool);
+static inline void dft_eager_pause(void) {
+    if (dft_tls.eager++ == 1)
+        dft_rf_enable(0);
+}
+static inline void dft_eager_resume(void) {
+    if (dft_tls.eager > 1 && --dft_tls.eager == 1)
+        dft_rf_enable(1);
+}
 
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra);

@@ -159,6 +159,8 @@ static void itt_end(const void *domain) {
 
 /* ---- Python side ------------------------------------------------------------------------ */
 
+void (*dft_rf_enable)(_Bool);
+
 static const char *const itt_names[3] = {"__itt_string_handle_create_ptr__3_0", "__itt_task_begin_ptr__3_0",
                                          "__itt_task_end_ptr__3_0"};
 
@@ -178,6 +180,12 @@ static PyObject *py_eager_install(PyObject *m, PyObject *arg) {
             dlclose(lib);
             Py_RETURN_FALSE;
         }
+    void *rf = dlsym(lib, "_ZN2at20enableRecordFunctionEb"); /* at::enableRecordFunction(bool) */
+    if (!rf) {
+        dlclose(lib);
+        Py_RETURN_FALSE;
+    }
+    *(void **)&dft_rf_enable = rf;
     *ptr[0] = (void *)itt_handle;
     *ptr[1] = (void *)itt_begin;
     *ptr[2] = (void *)itt_end;
@@ -274,6 +282,18 @@ static PyObject *py_set_eager_phase(PyObject *m, PyObject *o) {
     Py_RETURN_NONE;
 }
 
+/* set_eager_observing(flag): torch's op observers are on for this thread (its GraphCalls
+ * turn them off while they run) */
+static PyObject *py_set_eager_observing(PyObject *m, PyObject *o) {
+    int on = PyObject_IsTrue(o);
+    if (on < 0)
+        return NULL;
+    if (on && !dft_rf_enable)
+        return PyErr_Format(PyExc_RuntimeError, "set_eager_observing: eager_install first");
+    dft_tls.eager = (uint32_t)on;
+    Py_RETURN_NONE;
+}
+
 /* eager_stats() -> {"seen": top-level ops seen, "missed": recorded ops without a site} */
 static PyObject *py_eager_stats(PyObject *m, PyObject *unused) {
     return Py_BuildValue("{sKsK}", "seen", (unsigned long long)atomic_load(&seen), "missed",
@@ -286,6 +306,7 @@ PyMethodDef dft_eager_methods[] = {
     {"eager_missed", py_eager_missed, METH_NOARGS, NULL},
     {"eager_compiling", py_eager_compiling, METH_O, NULL},
     {"set_eager_phase", py_set_eager_phase, METH_O, NULL},
+    {"set_eager_observing", py_set_eager_observing, METH_O, NULL},
     {"eager_stats", py_eager_stats, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

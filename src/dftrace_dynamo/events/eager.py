@@ -34,6 +34,7 @@ class _State:
     domain = None  # the ITT domain we gave torch (kept alive)
     sites: dict = {}  # op name -> site
     thread = None  # the thread whose ATen ops are observed (ITT profiling is per thread)
+    paused = False  # stopped while torch.profiler runs on that thread
 
 
 _state = _State()
@@ -141,10 +142,11 @@ def _start() -> None:
             config.log.warning("eager ops are not recorded: this torch build (%s) has no ITT hooks to "
                                "observe ATen ops through", torch.__version__)
             return
-        if _state.thread is not None or torch.autograd.profiler._is_profiler_enabled:
+        if _state.thread is not None or torch._C._autograd._profiler_enabled():  # the user profiles
             return
         cfg, scopes = _profiler_config()
         _enable_profiler(cfg, set(), scopes)
+        _core.set_eager_observing(True)
         _state.thread = threading.get_ident()
 
 
@@ -153,6 +155,7 @@ def _stop() -> None:
 
     if _state.thread == threading.get_ident():
         _state.thread = None
+        _core.set_eager_observing(False)
         _disable_profiler()
 
 
@@ -195,14 +198,17 @@ def _optimizer_pre(_opt, _args, _kwargs) -> None:
 
 def _optimizer_post(_opt, _args, _kwargs) -> None:
     _core.set_eager_phase(_core.PHASE_FORWARD)
-    sync()
+    try:
+        sync()
+    except Exception as exc:  # never the user's optimizer step's error
+        config.log.warning("eager ops: %s: %s", type(exc).__name__, exc)
 
 
 def _wrap_profiler_enable(original):
     """torch.profiler on this thread: ours stops for it, and starts again after it."""
     def _enable_profiler(*args, **kwargs):
         if _state.thread == threading.get_ident():
-            _stop()
+            _on_close()
             _state.paused = True
         return original(*args, **kwargs)
     return _enable_profiler
@@ -211,9 +217,9 @@ def _wrap_profiler_enable(original):
 def _wrap_profiler_disable(original):
     def _disable_profiler(*args, **kwargs):
         result = original(*args, **kwargs)
-        if getattr(_state, "paused", False) and _core.is_open():
+        if _state.paused and _core.is_open():
             _state.paused = False
-            _start()
+            _on_open()
         return result
     return _disable_profiler
 
