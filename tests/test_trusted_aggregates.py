@@ -237,7 +237,8 @@ COMPUTED_EDITS = {
     "sample a float": lambda args: args["samples"][0].__setitem__(4, 1e20),
     "step slice x1000": _scale("slices", 5, 1000),
     "step slice ts null": _set("slices", 4, None),
-    "step part x1000": _scale("parts", 5, 1000),
+    "op step part x1000": lambda args: next(r for r in args["parts"] if r[3] == 1).__setitem__(
+        5, next(r for r in args["parts"] if r[3] == 1)[5] * 1000),  # (kind 1: the op time of a step)
     "compile x1000": lambda args: args["records"][0].__setitem__("dur", args["records"][0]["dur"] * 1000),
     "evaluation negative": lambda args: args.__setitem__("evaluation", [-1.0]),
     "rank events null": lambda args: args.__setitem__("rank_rows", [[None] * len(args["rank_rows"][0])] * 8),
