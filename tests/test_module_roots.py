@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from backend_support import ops
+from backend_support import ops as all_ops
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import _core, create_backend
 from scripts.clitools import summary_json
@@ -30,6 +30,11 @@ class Discriminator(nn.Module):
 
     def forward(self, x):
         return self.main(x).view(-1)
+
+
+def ops(events, cat="dynamo"):
+    """The events of ``cat`` of the compiled graphs (not the eager ops around them)."""
+    return [e for e in all_ops(events, cat) if e["args"].get("level") != "eager"]
 
 
 def timed(calls, who, fn, *args):

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 from torch._dynamo.backends.common import aot_autograd
 
-from backend_support import ops
+from backend_support import ops as all_ops
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import create_backend
 
@@ -23,6 +23,11 @@ class Picks(nn.Module):
         a, b = h.chunk(2, dim=1)  # a tuple of tensors: two picks
         pooled, where = nn.functional.max_pool2d(self.conv(h.view(-1, 1, 2, 4)), 2, return_indices=True)
         return top.values.sum() + (a * b).sum() + h[:, 0].sum() + pooled.sum() + where.float().sum()
+
+
+def ops(events):
+    """The op events of the compiled graphs (not the eager ops around them)."""
+    return [e for e in all_ops(events) if e["args"].get("level") != "eager"]
 
 
 def run(backend, calls=2):

