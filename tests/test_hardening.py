@@ -167,7 +167,7 @@ def test_str_subclass_keys_whose_eq_or_str_raise_never_reach_the_caller(tmp_path
     (path,) = traces(tmp_path)
     args = [e["args"] for e in read_events(path) if e["name"] == "e"]
     # written by their text; one named like the tracer's field keeps both, the user's renamed
-    assert [{k: v for k, v in a.items() if k != "hhash"} for a in args] == [
+    assert [{k: v for k, v in a.items() if k not in ("hhash", "step")} for a in args] == [
         {"user_hhash": 0, "i": 0}, {"a": 1, "i": 1}, {"b": 2, "i": 2}, {"user_hhash": 3, "i": 3}]
     assert all(len(a["hhash"]) == 16 for a in args)
     loads_everywhere(path)
@@ -324,7 +324,8 @@ def test_output_directory_deleted_mid_run_is_reported_when_writing_fails(tmp_pat
     m = MESSAGE.match(message)
     assert m and m.group(2) == "No such file or directory" and m.group(3) == "0" and int(m.group(4)) > 10_000
     res = json.loads(out.stdout)
-    assert res["path"] is None and res["num_events"] == 0 and res["dropped"] == int(m.group(4))
+    # the message counts what was lost when the write failed; finalize() every event recorded
+    assert res["path"] is None and res["num_events"] == 0 and res["dropped"] == 20_000 >= int(m.group(4))
 
 
 UNLINK_CHILD = textwrap.dedent("""

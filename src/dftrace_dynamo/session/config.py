@@ -112,7 +112,7 @@ def _number(env: Mapping[str, str], name: str, default, kind, low, accepted: str
     except ValueError:
         value = None
     if value is None or value != value or value in (float("inf"),) or value < low:
-        raise ConfigError(f"{name}={raw!r} is not valid (accepted: {accepted})")
+        raise ConfigError(f"{name}={shown(raw)} is not valid (accepted: {accepted})")
     return value
 
 

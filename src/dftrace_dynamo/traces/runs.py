@@ -11,9 +11,9 @@ that, the run of a file of the same process (pid) that began before them (a spli
 part after a pause between steps overlaps nothing); the others are grouped by time: the processes of
 one job run at the same time, while running a script again starts after the
 previous run ended, so files whose time spans (first to last event) overlap,
-directly or through other files, are one run, and so are the files of one
-process (its parts, wherever ``dftracer_split`` cut them: running a script
-again starts a new process).
+directly or through other files, are one run, and so are the parts of one
+process's file wherever ``dftracer_split`` cut them (the parts after the first
+have no ``start`` record and the first's pid).
 """
 
 import datetime
@@ -47,9 +47,9 @@ def find_runs(paths, rows):
             run["pids"].add(pid)
             run["start_us"], run["end_us"] = min(run["start_us"], first), max(run.get("end_us", last), last)
         else:
-            timed.append((first, last, file, pid))
+            timed.append((first, last, file, pid, start is not None))
     by_time = []
-    for first, last, file, pid in sorted(timed):  # a file without run_id during a run with one belongs to it
+    for first, last, file, pid, started in sorted(timed):  # a file without run_id during a run with one belongs to it
         run = (next((r for r in runs if first <= r["end_us"] and last >= r["start_us"]), None)
                or next((r for r in runs if pid is not None and pid in r["pids"] and first >= r["start_us"]), None))
         if run:
@@ -57,11 +57,12 @@ def find_runs(paths, rows):
             run["pids"].add(pid)
             run["end_us"] = max(run["end_us"], last)
         else:
-            by_time.append((first, last, file, pid))
+            by_time.append((first, last, file, pid, started))
     end, pid_run = None, {}
-    for first, last, file, pid in sorted(by_time):
-        # a later part of a process's file (dftracer_split) is that process's run, even after a gap
-        run = pid_run.get(pid) if pid is not None else None
+    for first, last, file, pid, started in sorted(by_time):
+        # a later part of a process's file (dftracer_split: no start record) is the run of that
+        # process's file with one, even after a gap; a file with its own start is a launch
+        run = pid_run.get(pid) if pid is not None and not started else None
         if run is None:
             if end is None or first > end:
                 runs.append({"label": None, "files": [], "start_us": first})
@@ -70,7 +71,7 @@ def find_runs(paths, rows):
         run["files"].append(file)
         if run is runs[-1]:
             end = max(end, last)
-        if pid is not None:
+        if pid is not None and started:
             pid_run[pid] = run
     seen = {f for r in runs for f in r["files"]}
     if runs and len(seen) < len(paths):  # files without any timed event go with the first run
