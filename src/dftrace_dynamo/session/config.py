@@ -107,8 +107,8 @@ def _number(env: Mapping[str, str], name: str, default, kind, low, accepted: str
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = kind(raw.strip())
+    try:  # a long text is no number we read (int() of thousands of digits is slow or refused)
+        value = kind(raw.strip()) if len(raw.strip()) <= 2 * _MAX_DIGITS else None
     except ValueError:
         value = None
     if value is None or value != value or value in (float("inf"),) or value < low:
