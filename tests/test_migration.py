@@ -126,7 +126,9 @@ def test_op_args(ours):
 
 def test_other_categories_and_end(ours):
     _, _, events = ours
-    assert {e["cat"] for e in events} == {"dftracer", "dynamo", "dynamo_graph", "dynamo_compile", "module", "memory"}
+    # gc: a slice for each garbage collection that ran in the step windows (compiling allocates: some may)
+    assert {e["cat"] for e in events} - {"gc"} == {"dftracer", "dynamo", "dynamo_graph", "dynamo_compile", "module",
+                                                   "memory"}
     (end,) = records(events, "end")
     written = [e for e in events if e["ph"] in ("X", "C") and e["name"] not in ("start", "end")]
     assert end["args"]["num_events"] == len(written) and end["args"]["dropped"] == 0
