@@ -6,7 +6,7 @@ outside the model, ``loss.backward()``, Adam with ``foreach=True``; CPU, one thr
 process, on the same model:
 
 * ``plain``: no trace file, no profiler;
-* ``dftrace``: a trace file open (``DFTRACER_ENABLE=1``), eager-op events recorded (the default);
+* ``dftrace``: a trace file open (``DFTRACER_ENABLE=1``), eager-op events recorded (``DFTRACER_EAGER_OPS=1``);
 * ``profiler``: ``torch.profiler.profile(activities=[CPU], record_shapes=False)`` running
   around the iterations (its collection only);
 * ``profiler+stop``: the same, with its ``stop()`` (the events it builds) counted, as the
@@ -195,7 +195,7 @@ def measure_callgrind(args):
         cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no",
                f"--callgrind-out-file={tmp}/callgrind.out.%p", sys.executable, os.path.abspath(__file__),
                "callgrind", "--inner", "--tmp", tmp, "--iters", str(args.iters)]
-        env = dict(os.environ, DFTRACER_ENABLE="1", ATEN_CPU_CAPABILITY="avx2",
+        env = dict(os.environ, DFTRACER_ENABLE="1", DFTRACER_EAGER_OPS="1", ATEN_CPU_CAPABILITY="avx2",
                    PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH", "")]))
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         meta = next((ln for ln in proc.stdout.splitlines() if ln.startswith("META ")), None)
@@ -232,6 +232,7 @@ def main(argv=None):
         inner(args)
     elif args.measure == "time":
         os.environ.setdefault("DFTRACER_ENABLE", "1")
+        os.environ.setdefault("DFTRACER_EAGER_OPS", "1")
         measure_time(args)
     else:
         measure_callgrind(args)

@@ -16,7 +16,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ea
 
 def run(tmp_path, shape, *mode, env=None):
     out = tmp_path / f"{shape}-{mode[0].strip('-') if mode else 'plain'}.json"
-    run_python([SCRIPT, shape, str(out), *mode], tmp_path, env, timeout=600)
+    run_python([SCRIPT, shape, str(out), *mode], tmp_path, {"DFTRACER_EAGER_OPS": "1", **(env or {})}, timeout=600)
     return json.loads(out.read_text())
 
 
@@ -93,12 +93,16 @@ def test_graph_break_eager_lstm_and_loss_are_recorded_once(tmp_path):
     assert len({per_step(events)[k] for k in range(1, ITERS - 1)}) == 1  # the last: also after the loop
 
 
-def test_switch_turns_eager_ops_off(tmp_path):
-    """DFTRACER_EAGER_OPS=0: the same run records no eager op, =1 (the default) does."""
-    for value in ("1", "0"):
+def test_switch_turns_eager_ops_on(tmp_path):
+    """DFTRACER_EAGER_OPS=1 records eager ops; =0 and the variable unset (the default) record none."""
+    for value in ("1", "0", None):
         for p in traces(tmp_path, "tr-*"):
             os.remove(p)
-        _, events = traced(tmp_path, "lstm", env={"DFTRACER_EAGER_OPS": value})
+        env = {} if value is None else {"DFTRACER_EAGER_OPS": value}  # run() alone would set it to 1
+        run_python([SCRIPT, "lstm", str(tmp_path / "out.json"), "--trace", str(tmp_path / "tr")], tmp_path, env,
+                   timeout=600)
+        (path,) = traces(tmp_path, "tr-*")
+        events = read_events(path)
         assert ops(events, "optimizer")
         assert bool(eager(events)) == (value == "1")
 

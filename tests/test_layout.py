@@ -135,7 +135,8 @@ def test_hooks_install_and_remove_leave_torch_as_it_was(tmp_path):
         assert atexit._ncallbacks() == count
         print("restored")
     """)
-    result = run_py(code, tmp_path, env={"DFTRACER_BIND_SIGNALS": "1"})
+    # eager ops on: their hooks (Dynamo's end callbacks among them) must come out too
+    result = run_py(code, tmp_path, env={"DFTRACER_BIND_SIGNALS": "1", "DFTRACER_EAGER_OPS": "1"})
     assert result.returncode == 0, result.stderr
     assert "restored" in result.stdout
 
