@@ -79,8 +79,8 @@ def _walk(obj: Any, accessors: str) -> Any:
 def register(module: torch.nn.Module, frame=None) -> str:
     """``module``'s path in the user's model. A module not seen before is a root (a model): it and
     its ``named_modules()`` are registered, and a root seen earlier inside it takes its path in it.
-    A root whose paths would meet those of another model of the trace file (a GAN's generator and
-    discriminator each hold a ``main``) is named (:func:`root_name`) and its paths begin with that
+    A root whose paths would name modules of other types in another model of the trace file (a
+    GAN's generator and discriminator each hold a ``main``) is named (:func:`root_name`) and its paths begin with that
     name: two models of a trace never share a path. The root's path is returned: ``""`` for an
     unnamed one. ``frame``: the compiling frame, from which the user's name for the model is looked up."""
     path = _paths.get(module)
@@ -92,10 +92,13 @@ def register(module: torch.nn.Module, frame=None) -> str:
     for root in earlier:
         del _roots[root]
     inside = {id(sub) for _, sub in subs}
-    used = {_paths.get(m) for root, (_, trace) in _roots.items() if trace in (_trace[0], None)
-            for m in root.modules() if id(m) not in inside}
-    name = root_name(module, frame, used - {None})
-    prefix = name if any(sub_path in used for sub_path, _ in subs if sub_path) else ""
+    used = {_paths.get(m): (type(root), type(m)) for root, (_, trace) in _roots.items()
+            if trace in (_trace[0], None) for m in root.modules() if id(m) not in inside}
+    used.pop(None, None)
+    name = root_name(module, frame, used)
+    # a copy of a model (the same classes at the same paths, a graph Dynamo shares) keeps its paths
+    prefix = name if any(used.get(sub_path, (type(module), type(sub))) != (type(module), type(sub))
+                         for sub_path, sub in subs if sub_path) else ""
     _roots[module] = (name, _trace[0] if logger.enabled() else None)
     for sub_path, sub in subs:
         new, old = ".".join(part for part in (prefix, sub_path) if part), _paths.get(sub)
