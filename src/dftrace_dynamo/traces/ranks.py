@@ -19,7 +19,7 @@ among the same op and group in that step), a send and its receive by (process
 group, sender, receiver, step, ordinal among theirs: ``send`` or ``isend`` with
 ``recv`` or ``irecv``; a receive from any source that names no sender stays
 unmatched); one in an evaluation counts in the
-step the other ranks were in when it completed (rank 0 evaluates, then every rank
+step of the collective it met on the other ranks (rank 0 evaluates, then every rank
 meets at a barrier; with measured clock offsets, else the step before it), and one
 that every member made during an evaluation counts in no wait. The **wait** of rank r in a
 collective is ``min(latest arrival - arrival of r, its duration)``: the time it
@@ -373,22 +373,24 @@ def _module_times(ops, steps, steady):
 
 
 def _steps_of_evaluations(steps, comm, comm_proc, comm_step, offsets) -> None:
-    """A collective made during an evaluation counts in the step that the other ranks were in
-    when it completed (all members leave it together): the step before the evaluation where
-    steps end at their optimizer steps, the one after it where marks end them. Kept as
-    :func:`rows` gave it (the step before) where no other rank was in a step then."""
+    """A collective made during an evaluation counts in the step of the one it met on the other
+    ranks (same group and name, overlapping it in time: all members leave it together): the step
+    before the evaluation where steps end at their optimizer steps, the one after it where marks
+    end them. The peers' own collectives decide, not the step they were in at its end, which
+    the members' exits, a few ms apart, can put on either side of a step boundary. Kept as
+    :func:`rows` gave it (the step before) where no other rank's collective in a step met it."""
     evaluated = np.flatnonzero(~comm["in_step"] & (comm_proc >= 0))
     if not len(evaluated):
         return
     offsets = np.asarray(offsets, float)
-    own = comm_proc[evaluated]
-    done = comm["ts"][evaluated] + comm["dur"][evaluated] - offsets[own]  # on rank 0's clock
-    held = np.full((len(evaluated), len(offsets)), -1, np.int64)  # the step each process was in
-    for p in range(len(offsets)):
-        j, inside = steps.last_started(np.where(own == p, -1, p), done + offsets[p])
-        held[inside, p] = steps.step_sorted[j[inside]]
-    for i, row in zip(evaluated.tolist(), held.tolist()):
-        found = [s for s in row if s >= 0]
+    stepped = np.flatnonzero(comm["in_step"] & (comm_proc >= 0))
+    start = comm["ts"][stepped] - offsets[comm_proc[stepped]]  # on rank 0's clock
+    end = start + comm["dur"][stepped]
+    for i in evaluated.tolist():
+        a = comm["ts"][i] - offsets[comm_proc[i]]
+        met = ((comm_proc[stepped] != comm_proc[i]) & (comm["group"][stepped] == comm["group"][i])
+               & (comm["name"][stepped] == comm["name"][i]) & (start <= a + comm["dur"][i]) & (end >= a))
+        found = comm_step[stepped[met]].tolist()
         if found:
             comm_step[i] = max(set(found), key=found.count)
 
