@@ -272,7 +272,9 @@ def test_trace_lines_compress():
 
 
 def unify_end(text):
-    """The end record's ts is the close time, different in each run: left out."""
+    """The end record's ts is the close time, different in each run, and what an aggregate
+    record's ``covers`` says of the file's bytes (compressed or not) differs by compression: left out."""
+    text = re.sub(rb'("covers":\{"bytes":)\d+,"crc32":\d+', rb"\1", text)
     return re.sub(rb'("name":"end","cat":"dftracer","pid":42,"tid":\d+,"ts":)\d+', rb"\1", text)
 
 
