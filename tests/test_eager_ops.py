@@ -12,11 +12,12 @@ from scripts.eager_ops import ITERS, SLEEP_S
 from tracefile import read_events, traces
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "eager_ops.py")
+EAGER = {"DFTRACER_EAGER_OPS": "1"}  # off by default
 
 
 def run(tmp_path, shape, *mode, env=None):
     out = tmp_path / f"{shape}-{mode[0].strip('-') if mode else 'plain'}.json"
-    run_python([SCRIPT, shape, str(out), *mode], tmp_path, {"DFTRACER_EAGER_OPS": "1", **(env or {})}, timeout=600)
+    run_python([SCRIPT, shape, str(out), *mode], tmp_path, {**EAGER, **(env or {})}, timeout=600)
     return json.loads(out.read_text())
 
 
@@ -98,7 +99,7 @@ def test_switch_turns_eager_ops_on(tmp_path):
     for value in ("1", "0", None):
         for p in traces(tmp_path, "tr-*"):
             os.remove(p)
-        env = {} if value is None else {"DFTRACER_EAGER_OPS": value}  # run() alone would set it to 1
+        env = {} if value is None else {"DFTRACER_EAGER_OPS": value}  # (run() would set it)
         run_python([SCRIPT, "lstm", str(tmp_path / "out.json"), "--trace", str(tmp_path / "tr")], tmp_path, env,
                    timeout=600)
         (path,) = traces(tmp_path, "tr-*")
@@ -124,7 +125,7 @@ def test_compiled_optimizer_step_is_a_graph_not_eager_ops(tmp_path):
             step()
         dftracer.finalize()
     """)
-    run_py(code, tmp_path)
+    run_py(code, tmp_path, EAGER)
     (path,) = traces(tmp_path, "tr-*")
     events = read_events(path)
     graph_calls = ops(events, "dynamo_graph")
@@ -157,7 +158,7 @@ def test_user_profiler_runs_and_eager_ops_resume_after_it(tmp_path):
         iteration(); iteration()
         dftracer.finalize()
     """)
-    out = run_py(code, tmp_path)
+    out = run_py(code, tmp_path, EAGER)
     assert "PROFILED 1" in out.stdout, out.stdout
     (path,) = traces(tmp_path, "tr-*")
     linear = [e for e in eager(read_events(path)) if e["name"] == "aten::linear"]
