@@ -35,7 +35,7 @@ def test_compile_all_given_is_not_suggested_again(tmp_path):
     (tmp_path / "plain.py").write_text("print('no torch.compile here')\n")
     p = cli("run", "--compile-all", "plain.py", cwd=tmp_path)
     assert p.returncode == 0 and p.stdout == "no torch.compile here\n"
-    assert "no trace written (the script ran no torch.compile'd code)" in p.stderr
+    assert "no trace written (the script called no torch.compile;" in p.stderr
     assert "try --compile-all" not in p.stderr
     without = cli("run", "plain.py", cwd=tmp_path)
     assert "try --compile-all" in without.stderr

@@ -162,7 +162,9 @@ def _mb(n):
 
 def _each(n):
     """Who waits for the straggler: the wait is per waiting rank, never their sum."""
-    return "each of the others waits" if not n or n < 1 else f"each of the {n} rank(s) it delays waits"
+    if not n or n < 1:
+        return "each of the others waits"
+    return "the rank it delays waits" if n == 1 else f"each of the {n} ranks it delays waits"
 
 
 def _slower(slower):
