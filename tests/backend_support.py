@@ -67,6 +67,17 @@ def recording(directory):
         torch._dynamo.reset()
 
 
+class Enc(nn.Module):
+    """A small model of one submodule, ``fc``: one relu of its own over a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
 def ops(events, cat="dynamo"):
     return [e for e in events if e.get("cat") == cat and e.get("ph") == "X"]
 

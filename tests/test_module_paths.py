@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from backend_support import ops
+from backend_support import Enc, ops
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import _core, create_backend
 
@@ -84,15 +84,6 @@ def test_paths_after_a_graph_break_and_eager_time_in_the_module(rec, level):
     for e in forward:
         if e["args"].get("module", "").startswith("slow") and e["args"]["step"] >= 1:
             assert any(within(e, s) for s in slow), e
-
-
-class Enc(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x))
 
 
 class Outer(nn.Module):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from backend_support import Enc
 from backend_support import ops as all_ops
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from dftrace_dynamo import _core, create_backend
@@ -108,18 +109,9 @@ def _events(path, cache={}):
     return cache[path]
 
 
-class Member(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x))
-
-
 def test_models_no_name_holds_are_named_by_their_class_made_unique(rec):
     backend = create_backend(level="aten")
-    classes = [Member, type("Other", (Member,), {}), type("Fc", (Member,), {})]  # fc: taken by a path
+    classes = [Enc, type("Other", (Enc,), {}), type("Fc", (Enc,), {})]  # fc: taken by a path
     ensemble = [torch.compile(cls(), backend=backend) for cls in classes]  # held by a list only
     marks = []
     for i in range(3):

@@ -3,24 +3,20 @@ optimizer slice, the first one too when the trace opens inside it (at the closur
 compile). Ground truth: the loop's own time marks around each ``optimizer.step()``."""
 
 import json
+import os
 
 from backend_support import inside, ops, run_py
 from tracefile import read_events, traces
 
-LOOP = """
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+
+LOOP = f"""
 import json, sys, time
-import torch, torch.nn as nn
-from dftrace_dynamo import _core, create_backend
+sys.path.insert(0, {SCRIPTS!r})
+from loops import lbfgs_closure
+from dftrace_dynamo import _core
 
-model = torch.compile(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)), backend=create_backend())
-opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
-x, y = torch.randn(8, 16), torch.randn(8, 16)
-
-def closure():
-    opt.zero_grad()
-    loss = (model(x) - y).pow(2).mean()
-    loss.backward()
-    return loss
+opt, closure = lbfgs_closure()
 
 marks = []
 for _ in range(4):

@@ -29,6 +29,25 @@ from tracefile import dftracer_validate, read_bytes, read_events
 STEPGEN = os.path.join(SCRIPTS, "stepgen.py")
 
 
+def logged(tmp_path, durations):
+    """The path of a trace whose process logged, one after another, an op event of each duration
+    (ns) of ``durations`` (op name -> list), in order."""
+    p = run_py(f"""
+        from dftrace_dynamo import _core
+        from dftrace_dynamo.session import logger
+        logger.initialize_log({str(tmp_path / "logged")!r})
+        t = _core.now_ns()
+        for name, ns in {durations!r}.items():
+            for d in ns:
+                _core.log(name, "dynamo", t, t + d, {{"node": "x"}})
+                t += d + 2000
+        print(_core.path())
+        logger.finalize()
+        """, tmp_path, env={"DFTRACER_ENABLE": "1"})
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
 def writer_record(path):
     record = aggregates.read(path)
     assert record and record["version"] == aggregates.WRITER_VERSION and record["complete"], path
@@ -89,23 +108,9 @@ def test_sketch_buckets_equal_sketch_key_at_bucket_edges(tmp_path):
     another in falling order, a third only those under 0.5 µs, falling (buckets that grow down
     through negative keys only)."""
     durations = [0, 1, 2] + [max(0, round(1000 * sketch.GAMMA ** k) + d) for k in range(-60, 900) for d in (-1, 0, 1)]
-    p = run_py(f"""
-        from dftrace_dynamo import _core
-        from dftrace_dynamo.session import logger
-        logger.initialize_log({str(tmp_path / "edges")!r})
-        t = _core.now_ns()
-        for name, order in (("function.edge.default", 1), ("function.edge_down.default", -1),
-                            ("function.edge_sub_us.default", 0)):
-            for ns in {durations!r}[::order or -1]:
-                if not order and ns >= 500:
-                    continue
-                _core.log(name, "dynamo", t, t + ns, {{"node": "edge"}})
-                t += ns + 2000
-        print(_core.path())
-        logger.finalize()
-        """, tmp_path, env={"DFTRACER_ENABLE": "1"})
-    assert p.returncode == 0, p.stderr
-    path = p.stdout.strip()
+    path = logged(tmp_path, {name: durations[::order or -1] if order else [d for d in durations[::-1] if d < 500]
+                             for name, order in (("function.edge.default", 1), ("function.edge_down.default", -1),
+                                                 ("function.edge_sub_us.default", 0))})
     expected = collections.Counter(sketch.key(e["dur"]) for e in read_events(path) if e.get("cat") == "dynamo")
     assert sum(expected.values()) == 2 * len(durations) + sum(d < 500 for d in durations) and len(expected) > 800
     record = writer_record(path)
@@ -121,20 +126,7 @@ def test_sum_of_squares_is_exact(tmp_path):
     file holds), far past 2^53 and 2^64, as a JSON number: no float accumulation, no exponent."""
     durations = {"function.small.default": [1, 999, 1001, 123_457] * 250,
                  "function.big.default": [3_600_000_000_123, 59_999_999_999, 7] * 40}
-    p = run_py(f"""
-        from dftrace_dynamo import _core
-        from dftrace_dynamo.session import logger
-        logger.initialize_log({str(tmp_path / "sq")!r})
-        t = _core.now_ns()
-        for name, ns in {durations!r}.items():
-            for d in ns:
-                _core.log(name, "dynamo", t, t + d, {{"node": "sq"}})
-                t += d + 2000
-        print(_core.path())
-        logger.finalize()
-        """, tmp_path, env={"DFTRACER_ENABLE": "1"})
-    assert p.returncode == 0, p.stderr
-    path = p.stdout.strip()
+    path = logged(tmp_path, durations)
     record = writer_record(path)
     text = read_bytes(path).decode()
     for name, ns in durations.items():

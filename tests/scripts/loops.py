@@ -261,7 +261,9 @@ def skip_nonfinite(n, marks):
         time.sleep(SLEEP_S)
 
 
-def lbfgs(n, marks):
+def lbfgs_closure():
+    """A compiled mlp's LBFGS optimizer and the closure its ``step(closure)`` calls (forward and
+    backward inside the optimizer's step)."""
     model = torch.compile(mlp(), backend=create_backend())
     opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
     x, y = torch.randn(8, 16), torch.randn(8, 16)
@@ -272,6 +274,11 @@ def lbfgs(n, marks):
         loss.backward()
         return loss
 
+    return opt, closure
+
+
+def lbfgs(n, marks):
+    opt, closure = lbfgs_closure()
     for _ in range(n):
         marks.append(time.monotonic_ns())
         opt.step(closure)
