@@ -76,10 +76,17 @@ def test_dftracer_stats_counts_what_summary_counts(trace, request, tmp_path):
 @pytest.mark.parametrize("trace", ["stepgen_ranks", "training"])
 def test_the_parts_dftracer_split_writes_are_read(trace, request, tmp_path):
     source = request.getfixturevalue(trace)
-    # a few kB per part: every trace here is cut into several parts
-    run_tool("dftracer_split", "--directory", source, "--output", tmp_path / "parts", "--app-name", "part",
-             "--chunk-size", "4KB", "--index-dir", tmp_path / "index", "--log-level", "warn")
-    parts = traces(tmp_path / "parts")
+    # a few kB per part: every trace here is cut into several parts. dftracer_split 0.0.14 plans
+    # one part too many for some sizes (its last part starts past the last line: "Start line must
+    # be <= end line"); the next size up avoids that
+    for size in ("4KB", "5KB", "6KB"):
+        p = subprocess.run([dftracer_tool("dftracer_split"), "--directory", source, "--output", tmp_path / size,
+                            "--app-name", "part", "--chunk-size", size, "--index-dir", tmp_path / "index",
+                            "--log-level", "warn"], capture_output=True, text=True, timeout=300)
+        if p.returncode == 0 or "Start line must be <= end line" not in p.stderr + p.stdout:
+            break
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    parts = traces(tmp_path / size)
     assert len(parts) > len(traces(source)), parts
     p = cli("validate", *parts)
     assert p.returncode == 0 and p.stdout.count(": OK (") == len(parts), p.stdout + p.stderr
