@@ -30,7 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import median_ci, time_block, transformer  # noqa: E402
+from bench_overhead import clock_call_ns, median_ci, time_block, transformer  # noqa: E402
 
 
 def trainer(kind):
@@ -62,15 +62,18 @@ def open_trace(directory, flight):
 
 
 def paired(step, directory, flight, rounds, block):
-    ratios = []
+    """The median of flight/normal over the rounds, its 95 % interval, and the median CPU time of
+    a normal step (ms)."""
+    ratios, normal = [], []
     for r in range(rounds):
         times = {}
         for mode in ((None, flight) if r % 2 == 0 else (flight, None)):
             open_trace(directory, mode)
             times[mode is not None] = time_block(step, block)
         ratios.append(times[True] / times[False])
+        normal.append(times[False] / block / 1e6)
     lo, hi = median_ci(ratios)
-    return statistics.median(ratios), (lo, hi)
+    return statistics.median(ratios), (lo, hi), statistics.median(normal)
 
 
 def memory_and_dump(step, directory, flight):
@@ -101,7 +104,9 @@ def main(argv=None):
 
     flight = config.Flight(steps=args.keep, slow=1e9, hang=0)
     torch.set_num_threads(1)
-    print(f"{'model':8} {'flight/normal (median, 95% CI)':>34} {'kept MiB':>9} {'per step KiB':>13} "
+    print(f"perf_counter_ns() call: {clock_call_ns():.0f} ns; torch {torch.__version__}, "
+          f"affinity {sorted(os.sched_getaffinity(0))}, rounds {args.rounds} x {args.block} steps", flush=True)
+    print(f"{'model':8} {'flight/normal (median, 95% CI) of a step':>44} {'kept MiB':>9} {'per step KiB':>13} "
           f"{'dump s':>7} {'dump MiB':>9}")
     for kind in args.models.split(","):
         with tempfile.TemporaryDirectory() as directory:
@@ -113,14 +118,14 @@ def main(argv=None):
                 step()
             timing = "(not measured)"
             if not args.no_timing:
-                ratio, (lo, hi) = paired(step, directory, flight, args.rounds, args.block)
-                timing = f"{ratio:.3f} [{lo:.3f}, {hi:.3f}]"
+                ratio, (lo, hi), ms = paired(step, directory, flight, args.rounds, args.block)
+                timing = f"{ratio:.3f} [{lo:.3f}, {hi:.3f}] of {ms:.0f} ms"
             kept, took, size = memory_and_dump(step, directory, flight)
             from dftrace_dynamo.session import logger
 
             logger.finalize()
             per_step = kept["bytes"] / max(kept["kept_steps"], 1)
-            print(f"{kind:8} {timing:>34} {kept['bytes'] / 2**20:9.2f} {per_step / 1024:13.1f} {took:7.3f} "
+            print(f"{kind:8} {timing:>44} {kept['bytes'] / 2**20:9.2f} {per_step / 1024:13.1f} {took:7.3f} "
                   f"{size / 2**20:9.2f}   ({kept['kept_steps']} steps kept)", flush=True)
 
 
