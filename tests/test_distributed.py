@@ -26,6 +26,15 @@ def job(tmp_path, monkeypatch, nproc=2, **env):
     return files
 
 
+def assert_straggler(info, rank, sleep_us):
+    """``rank`` sleeps ``sleep_us`` a step before its collectives: each other rank waits at least
+    about that long for it, and at most that plus ``rank``'s own compute (which other processes on
+    the same cores slow down)."""
+    assert info["straggler"]["rank"] == rank, info
+    compute = statistics.median(x["compute_us"] for x in info["rows"] if x["rank"] == rank)
+    assert 0.8 * sleep_us <= info["straggler"]["wait_caused_median_us"] <= 1.2 * sleep_us + compute, info
+
+
 def comm_events(path, waits=False):
     """The comm events of a trace file; with ``waits``, only the time blocked in the wait() of
     async operations (``wait <op>``), else all but those."""
@@ -57,11 +66,8 @@ def test_ddp_straggler(tmp_path, monkeypatch, nproc, delay_ms):
         assert {e["args"]["group_size"] for e in buckets} == {nproc}
     info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
     assert [r["rank"] for r in info["ranks"]] == [f"rank{r}" for r in range(nproc)], info
-    if delay_ms:  # rank 1 sleeps 30 ms a step: each other rank waits that long for it, and at
-        # most that plus rank 1's own compute (more ranks than cores: its compute is slowed)
-        assert info["straggler"]["rank"] == "rank1", info
-        compute = statistics.median(x["compute_us"] for x in info["rows"] if x["rank"] == "rank1")
-        assert 0.8 * 30e3 <= info["straggler"]["wait_caused_median_us"] <= 1.2 * 30e3 + compute, info
+    if delay_ms:
+        assert_straggler(info, "rank1", delay_ms * 1e3)
         waits = {r["rank"]: statistics.median(x["wait_us"] for x in info["rows"] if x["rank"] == r["rank"])
                  for r in info["ranks"]}
         assert all((w > 0.8 * 30e3) == (rank != "rank1") for rank, w in waits.items()), waits
@@ -152,9 +158,7 @@ def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypat
         per_rank.append({s: sorted(names) for s, names in counts.items()})
     assert per_rank[0] == per_rank[1] and sorted(per_rank[0]) == list(range(8)), per_rank
     assert {n for names in per_rank[0].values() for n in names} == {"all_gather_single", "reduce_scatter_single"}
-    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
-    assert info["straggler"]["rank"] == "rank1", info
-    assert 0.8 * 30e3 <= info["straggler"]["wait_caused_median_us"] <= 1.3 * 30e3, info
+    assert_straggler(summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"], "rank1", 30e3)
 
 
 def test_recompile_divergence(tmp_path, monkeypatch):
