@@ -3,6 +3,7 @@ sleep in a known place, and the others wait for it through chains of collectives
 point-to-point operations. The rank view names the rank where the delay began, what each
 rank it delays loses per step, and what in it was slower than on its peers."""
 
+import json
 import pathlib
 import statistics
 
@@ -97,3 +98,25 @@ def test_charges_follow_the_chain_of_waits():
     chain = [{0: (40, 0), 1: (0, 40)}, {1: (42, 0), 2: (0, 42)}]
     assert origin.charges(chain) == {(0, 1): 40, (0, 2): 40, (1, 2): 2}
     assert origin.per_neighbour(origin.charges(chain), range(3)) == {0: (40, 2), 1: (2, 1), 2: (0.0, 0)}
+
+
+def test_waits_for_another_ranks_compile_are_warm_up(tmp_path, monkeypatch):
+    """Rank 1 is 40 ms late every step; rank 0 recompiles the model at step 4 (a batch of another
+    shape), and rank 1 waits for that compile in the all_reduce, far longer than 40 ms. That
+    step is warm-up for every rank: the rank table's mean waits are those of the steady steps
+    (rank 0 waits 40 ms for rank 1, rank 1 nothing), not raised by the compile."""
+    sleep_ms, step = 40, 4
+    for key, value in dict(TOPOLOGY="all_reduce", LATE=1, WHERE="module", SLEEP_MS=sleep_ms, STEPS=8,
+                           RECOMPILE=f"0:{step}").items():
+        monkeypatch.setenv(key, str(value))
+    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job", nproc=2)
+    # the wait for the compile is real: rank 1 sat in that all_reduce far longer than the delay
+    blocked = json.loads((tmp_path / "times-1.json").read_text())
+    assert blocked[step] > 3 * sleep_ms / 1e3, blocked
+    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+    assert step not in {r["step"] for r in info["rows"]}, info["rows"]
+    mean = {r["rank"]: r["wait_us"] for r in info["ranks"]}
+    assert 0.8 * sleep_ms * 1e3 <= mean["rank0"] <= 1.2 * sleep_ms * 1e3, mean
+    assert mean["rank1"] < 0.2 * sleep_ms * 1e3, mean
+    s = info["straggler"]
+    assert s["rank"] == "rank1" and 0.8 * sleep_ms * 1e3 <= s["wait_caused_median_us"] <= 1.2 * sleep_ms * 1e3, s

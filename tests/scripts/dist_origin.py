@@ -3,7 +3,8 @@ every rank runs a compiled model ``pre -> slow -> post`` (``slow`` holds a custo
 sleeps SLEEP_MS on rank LATE, so the delay is an op of module ``slow`` in forward; WHERE=backward:
 in the backward of ``slow``), or (WHERE=data) a DataLoader whose batches take SLEEP_MS on rank
 LATE, or (WHERE=eager) a sleep of the training loop itself; with SECOND=rank:ms a second rank
-is late by that much in ``slow``'s forward. Then the ranks meet in TOPOLOGY:
+is late by that much in ``slow``'s forward; with RECOMPILE=rank:step that rank's batch at that step
+is 3 rows (a recompile of the model, which the others wait for). Then the ranks meet in TOPOLOGY:
 
 * ``gather``: ``gather(dst=0)`` then ``all_reduce`` (the root waits for the late rank in the gather,
   so it arrives last at the all_reduce);
@@ -15,7 +16,9 @@ is late by that much in ``slow``'s forward. Then the ranks meet in TOPOLOGY:
 * ``broadcast``: ``broadcast(src=LATE)`` (the root late), then ``all_reduce``;
 * ``all_to_all``: ``all_to_all_single`` then ``all_reduce``;
 * ``barrier``: ``barrier()`` then ``all_reduce``;
-* ``all_reduce``: one ``all_reduce``."""
+* ``all_reduce``: one ``all_reduce`` (each rank writes the seconds it spent in it per step to
+  ``times-<rank>.json``)."""
+import json
 import os
 import time
 
@@ -100,8 +103,12 @@ def p2p(send, tensor, peer):
     (dist.send if send else dist.recv)(tensor, peer)
 
 
+recompile_rank, recompile_step = map(int, os.environ.get("RECOMPILE", "-1:-1").split(":"))
+times = []
 for i in range(STEPS):
     x = next(batches)
+    if (rank, i) == (recompile_rank, recompile_step):
+        x = torch.cat([x, next(batches), next(batches)])
     opt.zero_grad()
     if WHERE == "eager" and rank == LATE:
         time.sleep(SLEEP)
@@ -136,7 +143,12 @@ for i in range(STEPS):
             dist.barrier()
             dist.all_reduce(t)
         else:
+            start = time.perf_counter()
             dist.all_reduce(t)
+            times.append(time.perf_counter() - start)
     opt.step()
+if times:
+    with open(f"times-{rank}.json", "w") as f:
+        json.dump(times, f)
 dist.barrier()
 dist.destroy_process_group()
