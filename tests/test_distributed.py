@@ -320,3 +320,30 @@ def test_ranks_whose_trace_opened_before_their_process_group_are_named_by_rank(t
     info = summary_json(tmp_path / "run", "--by", "rank", "--source", source)[0]["ranks"]
     assert [r["rank"] for r in info["ranks"]] == ["rank0", "rank1"], info["ranks"]
     assert info["straggler"]["rank"] == "rank1", info
+
+
+def test_collectives_before_a_lazy_open_since_the_last_optimizer_step_are_in_step_0(tmp_path):
+    """No initialize_log: the trace opens at the first compile. Of the collectives before it, those
+    since the last optimizer step (16 and 32 bytes, then an async one, which is not kept) are
+    the first step's, and it begins no later than the first of them; the one before that step
+    (4 bytes) is in no trace."""
+    path = one_rank_trace(tmp_path, """
+        w = torch.nn.Parameter(torch.ones(4))
+        opt = torch.optim.SGD([w], lr=0.1)
+        dist.all_reduce(torch.ones(1))
+        (w * 2).sum().backward()
+        opt.step()
+        dist.all_reduce(torch.ones(4))
+        dist.broadcast(torch.ones(8), 0)
+        dist.all_reduce(torch.ones(2), async_op=True).wait()
+        f = torch.compile(lambda x: (x * w).sum(), backend="dftrace")
+        opt.zero_grad()
+        f(torch.ones(4)).backward()
+        opt.step()
+    """)
+    events = read_events(path)
+    got = [(e["name"], e["args"]["bytes"], e["args"]["step"]) for e in comm_events(path)]
+    assert got == [("all_reduce", 16, 0), ("broadcast", 32, 0)], got
+    step0 = next(e for e in events if e.get("cat") == "step" and e["name"] == "step 0")
+    first = min(e["ts"] for e in comm_events(path))
+    assert step0["ts"] <= first, (step0, first)
