@@ -144,18 +144,29 @@ def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(tmp_path, monkeyp
     assert all((w >= 0.8 * 30e3) == (rank != f"rank{late}") for rank, w in waits.items()), waits
 
 
-def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lazy", [False, True])
+def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypatch, lazy):
     """FSDP2 all-gathers and reduce-scatters through ``all_gather_single`` and
     ``reduce_scatter_single``: every step of every rank holds the same ones, and the rank that
-    sleeps 30 ms a step is the straggler."""
-    files = job(tmp_path, monkeypatch, MODE="fsdp", STEPS=8, DELAY_MS=30)
+    sleeps 30 ms a step is the straggler. Two sharded Linears, resharded after the forward: 4
+    all-gathers and 2 reduce-scatters an iteration, the first all-gather (in the root module's
+    pre-forward hook) before the first compiled call, which opens a lazily opened trace: it is
+    in the first step all the same."""
+    files = job(tmp_path, monkeypatch, MODE="fsdp", STEPS=8, DELAY_MS=30, **({"LAZY": 1} if lazy else {}))
     per_rank = []
     for path in files:
         counts = {}
-        for e in comm_events(path):
+        events = comm_events(path)
+        for e in events:
             if e["name"] != "barrier":
                 counts.setdefault(e["args"]["step"], []).append(e["name"])
         per_rank.append({s: sorted(names) for s, names in counts.items()})
+        names = [e["name"] for e in events]
+        assert (names.count("all_gather_single"), names.count("reduce_scatter_single")) == (4 * 8, 2 * 8), names
+        first = min(events, key=lambda e: e["ts"])
+        step0 = next(e for e in read_events(path) if e.get("cat") == "step" and e["name"] == "step 0")
+        assert first["name"] == "all_gather_single" and first["args"]["step"] == 0 and step0["ts"] <= first["ts"], \
+            (first, step0)
     assert per_rank[0] == per_rank[1] and sorted(per_rank[0]) == list(range(8)), per_rank
     assert {n for names in per_rank[0].values() for n in names} == {"all_gather_single", "reduce_scatter_single"}
     assert_straggler(summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"], "rank1", 30e3)
@@ -311,3 +322,30 @@ def test_ranks_whose_trace_opened_before_their_process_group_are_named_by_rank(t
     info = summary_json(tmp_path / "run", "--by", "rank", "--source", source)[0]["ranks"]
     assert [r["rank"] for r in info["ranks"]] == ["rank0", "rank1"], info["ranks"]
     assert info["straggler"]["rank"] == "rank1", info
+
+
+def test_collectives_before_a_lazy_open_since_the_last_optimizer_step_are_in_step_0(tmp_path):
+    """No initialize_log: the trace opens at the first compile. Of the collectives before it, those
+    since the last optimizer step (16 and 32 bytes, then an async one, which is not kept) are
+    the first step's, and it begins no later than the first of them; the one before that step
+    (4 bytes) is in no trace."""
+    path = one_rank_trace(tmp_path, """
+        w = torch.nn.Parameter(torch.ones(4))
+        opt = torch.optim.SGD([w], lr=0.1)
+        dist.all_reduce(torch.ones(1))
+        (w * 2).sum().backward()
+        opt.step()
+        dist.all_reduce(torch.ones(4))
+        dist.broadcast(torch.ones(8), 0)
+        dist.all_reduce(torch.ones(2), async_op=True).wait()
+        f = torch.compile(lambda x: (x * w).sum(), backend="dftrace")
+        opt.zero_grad()
+        f(torch.ones(4)).backward()
+        opt.step()
+    """)
+    events = read_events(path)
+    got = [(e["name"], e["args"]["bytes"], e["args"]["step"]) for e in comm_events(path)]
+    assert got == [("all_reduce", 16, 0), ("broadcast", 32, 0)], got
+    step0 = next(e for e in events if e.get("cat") == "step" and e["name"] == "step 0")
+    first = min(e["ts"] for e in comm_events(path))
+    assert step0["ts"] <= first, (step0, first)

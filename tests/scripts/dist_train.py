@@ -2,7 +2,8 @@
 collectives in a compiled graph, a recompile on one rank, a large tensor in one step, an
 evaluation of EVAL_MS on rank 0 that the others wait for at a barrier, or (EVAL_ALL) in their
 own evaluation (with MARK, steps marked with step()), a pipeline of one stage per rank, or FSDP2
-(MODE), with rank DELAY_RANK sleeping DELAY_MS a step."""
+(MODE), with rank DELAY_RANK sleeping DELAY_MS a step. With LAZY, the trace opens at the first
+compile, not at the start."""
 import os
 import time
 
@@ -15,7 +16,8 @@ from pipeline import iteration as pipeline_iteration
 
 MODE, STEPS = os.environ.get("MODE", "ddp"), int(os.environ.get("STEPS", "8"))
 DELAY = float(os.environ.get("DELAY_MS", "0")) / 1e3
-dftrace_dynamo.initialize_log()
+if not os.environ.get("LAZY"):  # else the trace opens at the first compile (DFTRACER_ENABLE=1)
+    dftrace_dynamo.initialize_log()
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
@@ -86,10 +88,16 @@ elif MODE == "pipeline":  # rank r is stage r of a chain: activations forward, g
         pipeline_iteration(stage, torch.randn(8, 16), rank, world, p2p,
                            lambda: time.sleep(DELAY) if rank == int(os.environ.get("DELAY_RANK", "0")) else None)
         opt.step()
-elif MODE == "fsdp":  # FSDP2: each Linear and the model sharded, compiled (Dynamo skips FSDP's hooks)
+elif MODE == "fsdp":  # FSDP2: each Linear and the model sharded, compiled (Dynamo skips FSDP's hooks,
+    # and hands the backend no graph of the model: the activation between the Linears is compiled
+    # on its own, the first graph call, after the first all-gather)
     from torch.distributed.fsdp import fully_shard
 
-    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    class Act(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.compile(Act(), backend="dftrace"), torch.nn.Linear(32, 4))
     for layer in (net[0], net[2], net):
         fully_shard(layer)
     model = torch.compile(net, backend="dftrace")

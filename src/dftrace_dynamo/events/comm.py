@@ -41,7 +41,12 @@ with the times NCCL measured (no ``bytes``/``dtype``). That path is written but
 untested here: no GPU was available.
 
 Everything is installed (hook group ``comm``) when a trace file opens in a
-process that has imported ``torch.distributed``. Outside the step windows a
+process that has imported ``torch.distributed``; where a trace will open
+lazily (at the first compile), the operations' wrappers are installed at import,
+and a synchronous operation before the trace opens is kept, on its thread, for the
+first step of a trace that opens there before the next optimizer step (FSDP2's first
+all-gather, in the root module's pre-forward hook, comes before the first
+compiled call opens the trace). Outside the step windows a
 wrapper costs one check before it calls the original.
 """
 
@@ -332,8 +337,10 @@ def _wrap_op(op: str, spec: tuple):
         def traced(*args, **kwargs):
             # Dynamo tracing the call must see the original (it maps it to a functional collective);
             # asked first, so that a graph break in the original breaks at the caller's line
-            if torch.compiler.is_dynamo_compiling() or not _recording() or getattr(_local, "depth", 0):
+            if torch.compiler.is_dynamo_compiling() or getattr(_local, "depth", 0):
                 return original(*args, **kwargs)
+            if not _recording():
+                return _before_open(original, args, kwargs)
             try:
                 group = _arg(args, kwargs, "group", group_pos)
                 ev_args = _args(op, group, _arg(args, kwargs, payload_name, payload_pos) if payload_name else None,
@@ -358,6 +365,34 @@ def _wrap_op(op: str, spec: tuple):
                 if op == "recv" and ARG_PEER not in ev_args and isinstance(result, int) and result >= 0:
                     ev_args[ARG_PEER] = result  # from any source: recv returns the sender's rank
                 _record(op, start, ev_args)
+            return result
+
+        def _before_open(original, args, kwargs):
+            """No trace yet: a synchronous operation is kept for the first step of a trace that
+            opens lazily (FSDP2's first all-gather, before the first compiled call opens it)."""
+            from . import steps  # imports this module: looked up at run time
+
+            is_async = async_pos == -1 or (async_pos is not None and _arg(args, kwargs, "async_op", async_pos))
+            if is_async or not steps.keeps_before_open():
+                return original(*args, **kwargs)
+            try:
+                group = _arg(args, kwargs, "group", group_pos)
+                ev_args = _args(op, group, _arg(args, kwargs, payload_name, payload_pos) if payload_name else None,
+                                _peer(op, group, args, kwargs) if op in PEER else None)
+            except Exception:  # not initialised, a bad argument: the original says so
+                ev_args = None
+            if ev_args is None:
+                return original(*args, **kwargs)
+            start = _core.now_ns()
+            _local.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                _local.depth = 0
+            ev_args.pop(ARG_STEP, None)  # the step it turns out to be in
+            if op == "recv" and ARG_PEER not in ev_args and isinstance(result, int) and result >= 0:
+                ev_args[ARG_PEER] = result
+            steps.before_open(op, CAT_COMM, start, _core.now_ns(), ev_args)
             return result
 
         return traced
@@ -563,3 +598,11 @@ def _on_open() -> None:
 logger.add_hooks(_on_open, _on_close)
 if _core.is_open():  # a trace opened before this module was imported
     _on_open()
+elif config.get().enable:  # a trace will open lazily: see the operations before it (not DDP's)
+    try:
+        if sys.modules.get("torch.distributed") is not None and sys.modules["torch.distributed"].is_available():
+            for _op in OPS:
+                hooks.install_one(f"torch.distributed.{_op}")
+                hooks.install_one(f"distributed_c10d.{_op}")
+    except Exception as _exc:
+        _fail(_exc)

@@ -93,6 +93,7 @@ runs on.
 
 from __future__ import annotations
 
+import collections
 import functools
 import operator
 import sys
@@ -511,6 +512,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
     with _lock:
         if _state.start_ns is None or _state.broken or _state.explicit:
             _local.__dict__.pop("data", None)  # a batch before this step is not the first traced step's
+            _local.__dict__.pop("before_open", None)  # nor the work before it (see before_open)
             return
         key = _join(optimizer)
         _state.unstepped = 0
@@ -545,17 +547,40 @@ def _on_open() -> None:
             _state.learning = True
             # opened lazily (inside a compile): the step began with the work in progress on this thread
             data = _local.__dict__.pop("data", None)
+            kept = _local.__dict__.pop("before_open", ())
             anchors = [t for t in (a() for a in _open_anchors) if t is not None]
             if getattr(_local, "stepping", 0):  # opened inside an optimizer step: it is the first step's
                 anchors += _local.__dict__.get("opt", {}).values()
-            _begin(min([_core.now_ns(), *anchors, *(data or ())]))
+            _begin(min([_core.now_ns(), *anchors, *(data or ()), *(e[2] for e in kept)]))
             if data and _state.ops:
                 _slice("data", CAT_DATA, data[0], None, data[1])
+            if _state.ops:
+                for name, cat, start, end, args, timed in kept:
+                    _core.log(name, cat, start, end, args, timed=timed)
     except Exception as exc:  # never let tracing break the program
         _fail(exc)
 
 
 _open_anchors: list = []  # see begin_no_later_than
+BEFORE_OPEN_MAX = 1024  # events kept per thread by before_open (the oldest dropped)
+
+
+def keeps_before_open() -> bool:
+    """Whether no trace is open yet, one may open lazily (at the first compile), and nothing
+    compiles on this thread: work done now is kept with :func:`before_open`."""
+    return (_state.start_ns is None and not _state.broken and not _core.is_open() and config.get().enable
+            and not compiling_here())
+
+
+def before_open(name: str, cat: str, start: int, end: int, args: Optional[dict] = None, timed: bool = False) -> None:
+    """An event on the calling thread before the trace opened (a collective, such as FSDP2's first
+    all-gather in the root module's pre-forward hook, before the first compiled call opens the
+    trace): if the trace opens lazily on this thread before an optimizer step, the first step
+    begins no later than its start and it is recorded in that step; an optimizer step drops it."""
+    kept = _local.__dict__.get("before_open")
+    if kept is None:
+        kept = _local.before_open = collections.deque(maxlen=BEFORE_OPEN_MAX)
+    kept.append((name, cat, start, end, args, timed))
 
 
 def begin_no_later_than(anchor) -> None:
