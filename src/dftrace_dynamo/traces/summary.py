@@ -53,7 +53,14 @@ COMM = 11  # collectives (ranks)
 # step-structure categories -> kind (the step vocabulary, see docs/design.rst)
 STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
 SAMPLE_VIEWS = ("op", "module", "phase")  # views with per-step samples (step_samples=True)
-KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops"}
+# the step parts nested in an optimizer event of their thread (an optimizer closure's forward and
+# backward, zero_grad inside it, a compiled optimizer step's graph calls), in parts rows of their own
+# kinds, per step of the outermost optimizer event (its nested optimizer events: per their own step)
+IN_OPTIMIZER = {GRAPH: 12, BACKWARD: 13, OPTIMIZER: 14}
+INFERENCE_IN_OPTIMIZER = 15  # nested graph calls with phase inference (a compiled optimizer step)
+KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops",
+              IN_OPTIMIZER[GRAPH]: "graph in optimizer", IN_OPTIMIZER[BACKWARD]: "backward in optimizer",
+              IN_OPTIMIZER[OPTIMIZER]: "optimizer in optimizer", INFERENCE_IN_OPTIMIZER: "inference in optimizer"}
 RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
               "optimizer": OPTIMIZER}
 RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # of ev, in version 1 aggregates
@@ -203,6 +210,29 @@ SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsur
           FROM (SELECT * REPLACE ({_PH} AS ph, {numbers}), {texts} FROM ({source_sql}))) e
 ) WHERE kind IS NOT NULL OR suspect OR {cat_ph}
 """
+
+
+# An event's interval in integer ns (ts: integer µs in our traces; a double's ts * 1000 would not be exact)
+_SPAN = f"CAST(floor(ts) AS BIGINT) * 1000 + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS a, {NS} AS ns"
+_INSIDE = ("e.file = o.file AND e.pid = o.pid AND e.tid IS NOT DISTINCT FROM o.tid AND o.a <= e.a "
+           "AND e.a + e.ns <= o.a + o.ns AND e.id <> o.id AND (o.a < e.a OR e.ns < o.ns OR o.id < e.id)")
+# The parts rows of the step parts nested in an optimizer event of their thread (IN_OPTIMIZER): the
+# graph calls and backward events inside an outermost optimizer event, per its step; the optimizer
+# events inside another one, per their own step (the writer nests the displayed intervals as the
+# measured ones, docs/design.rst). Only optimizer events and what they hold are joined.
+_NESTED_SQL = f"""
+    WITH ph AS (SELECT file, pid, tid, step, kind, phase, {_SPAN}, row_number() OVER () AS id FROM ev
+                WHERE kind IN ({GRAPH}, {BACKWARD}, {OPTIMIZER}) AND step IS NOT NULL AND dur IS NOT NULL),
+         opt AS (SELECT * FROM ph WHERE kind = {OPTIMIZER}),
+         inner_opt AS (SELECT DISTINCT e.* FROM opt e JOIN opt o ON {_INSIDE}),
+         outer_opt AS (SELECT * FROM opt WHERE id NOT IN (SELECT id FROM inner_opt))
+    SELECT e.file, e.pid, o.step,
+           CASE WHEN e.kind = {GRAPH} AND e.phase = 'inference' THEN {INFERENCE_IN_OPTIMIZER}
+                WHEN e.kind = {GRAPH} THEN {IN_OPTIMIZER[GRAPH]} ELSE {IN_OPTIMIZER[BACKWARD]} END,
+           e.phase = 'backward', sum(e.ns) / 1000, count(*)
+    FROM ph e JOIN outer_opt o ON {_INSIDE} WHERE e.kind <> {OPTIMIZER} GROUP BY ALL
+    UNION ALL
+    SELECT file, pid, step, {IN_OPTIMIZER[OPTIMIZER]}, false, sum(ns) / 1000, count(*) FROM inner_opt GROUP BY ALL"""
 
 
 def _mask(columns, keys):
@@ -437,7 +467,7 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
     parts = con.execute(f"""
         SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000, count(*) FROM ev
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
-        if slices else []
+        + con.execute(_NESTED_SQL).fetchall() if slices else []
     out.update(records=records, slices=slices, parts=parts)
     if slices and rank_rows:  # the events the rank analysis reads
         out["rank_rows"] = ranks.rows(con, RANK_KINDS)
