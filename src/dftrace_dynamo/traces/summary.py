@@ -214,25 +214,27 @@ SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsur
 
 # An event's interval in integer ns (ts: integer µs in our traces; a double's ts * 1000 would not be exact)
 _SPAN = f"CAST(floor(ts) AS BIGINT) * 1000 + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS a, {NS} AS ns"
-_INSIDE = ("e.file = o.file AND e.pid = o.pid AND e.tid IS NOT DISTINCT FROM o.tid AND o.a <= e.a "
-           "AND e.a + e.ns <= o.a + o.ns AND e.id <> o.id AND (o.a < e.a OR e.ns < o.ns OR o.id < e.id)")
+# each thread's step-structure events in start order, an enclosing event before what it holds
+_THREAD = f"PARTITION BY file, pid, tid ORDER BY a, ns DESC, kind = {OPTIMIZER} DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
 # The parts rows of the step parts nested in an optimizer event of their thread (IN_OPTIMIZER): the
 # graph calls and backward events inside an outermost optimizer event, per its step; the optimizer
-# events inside another one, per their own step (the writer nests the displayed intervals as the
-# measured ones, docs/design.rst). Only optimizer events and what they hold are joined.
+# events inside another one, per their own step. The writer nests the displayed intervals as the
+# measured ones (docs/design.rst), so an event is inside an optimizer event when one that began
+# before it on its thread ends no earlier; the outermost one holding it is the last outermost one
+# begun before it. Two window passes over the graph, backward and optimizer events: no join.
 _NESTED_SQL = f"""
-    WITH ph AS (SELECT file, pid, tid, step, kind, phase, {_SPAN}, row_number() OVER () AS id FROM ev
+    WITH ph AS (SELECT file, pid, tid, step, kind, phase, {_SPAN} FROM ev
                 WHERE kind IN ({GRAPH}, {BACKWARD}, {OPTIMIZER}) AND step IS NOT NULL AND dur IS NOT NULL),
-         opt AS (SELECT * FROM ph WHERE kind = {OPTIMIZER}),
-         inner_opt AS (SELECT DISTINCT e.* FROM opt e JOIN opt o ON {_INSIDE}),
-         outer_opt AS (SELECT * FROM opt WHERE id NOT IN (SELECT id FROM inner_opt))
-    SELECT e.file, e.pid, o.step,
-           CASE WHEN e.kind = {GRAPH} AND e.phase = 'inference' THEN {INFERENCE_IN_OPTIMIZER}
-                WHEN e.kind = {GRAPH} THEN {IN_OPTIMIZER[GRAPH]} ELSE {IN_OPTIMIZER[BACKWARD]} END,
-           e.phase = 'backward', sum(e.ns) / 1000, count(*)
-    FROM ph e JOIN outer_opt o ON {_INSIDE} WHERE e.kind <> {OPTIMIZER} GROUP BY ALL
-    UNION ALL
-    SELECT file, pid, step, {IN_OPTIMIZER[OPTIMIZER]}, false, sum(ns) / 1000, count(*) FROM inner_opt GROUP BY ALL"""
+         held AS (SELECT *, coalesce(max(CASE WHEN kind = {OPTIMIZER} THEN a + ns END) OVER (ROWS_) >= a + ns, false)
+                           AS nested FROM ph),
+         outer_step AS (SELECT *, last_value(CASE WHEN kind = {OPTIMIZER} AND NOT nested THEN step END IGNORE NULLS)
+                                  OVER (ROWS_) AS ostep FROM held)
+    SELECT file, pid, CASE WHEN kind = {OPTIMIZER} THEN step ELSE ostep END,
+           CASE WHEN kind = {OPTIMIZER} THEN {IN_OPTIMIZER[OPTIMIZER]}
+                WHEN kind = {GRAPH} AND phase = 'inference' THEN {INFERENCE_IN_OPTIMIZER}
+                WHEN kind = {GRAPH} THEN {IN_OPTIMIZER[GRAPH]} ELSE {IN_OPTIMIZER[BACKWARD]} END,
+           kind <> {OPTIMIZER} AND phase = 'backward', sum(ns) / 1000, count(*)
+    FROM outer_step WHERE nested GROUP BY ALL""".replace("ROWS_", _THREAD)
 
 
 def _mask(columns, keys):
