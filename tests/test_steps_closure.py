@@ -85,13 +85,14 @@ if sys.argv[1] == "closure":
         opt.step(closure)
         marks.append((start, _core.now_ns(), calls[0]))
         time.sleep(0.01)
-else:
+else:  # plain, or with a compiled optimizer step
     model = torch.compile(mlp(), backend=create_backend())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    step = torch.compile(opt.step, backend=create_backend()) if sys.argv[1] == "compiled" else opt.step
     for _ in range(8):
         opt.zero_grad()
         model(torch.randn(8, 16)).pow(2).mean().backward()
-        opt.step()
+        step()
         time.sleep(0.01)
 log.finalize()
 json.dump(marks, open("marks.json", "w"))
@@ -165,9 +166,15 @@ def test_a_closure_loops_phases_add_up_to_the_wall_time_each_millisecond_once(cl
             assert row["optimizer_us"] <= marked - calls * SLEEP_S * 1e6, row
 
 
-def test_a_plain_loops_phases_are_the_sums_of_its_slices(tmp_path):
-    path, _ = _phases(tmp_path, "plain")
+@pytest.mark.parametrize("kind", ["plain", "compiled"])
+def test_a_loops_phases_are_the_sums_of_its_slices(tmp_path, kind):
+    """Without a closure every part is the sum of its slices, as before; a compiled optimizer
+    step's graph call (phase inference, inside the optimizer's slice) is optimizer time only."""
+    path, _ = _phases(tmp_path, kind)
     events = read_events(path)
+    opt_graphs = [g for g in ops(events, "dynamo_graph") if any(inside(g, o) for o in ops(events, "optimizer"))]
+    assert bool(opt_graphs) == (kind == "compiled")
+    assert all(g["args"]["phase"] == "inference" for g in opt_graphs)
 
     def total(cat, keep=lambda e: True):
         out = {}
@@ -176,7 +183,7 @@ def test_a_plain_loops_phases_are_the_sums_of_its_slices(tmp_path):
                 out[e["args"]["step"]] = out.get(e["args"]["step"], 0) + e["dur"]
         return out
 
-    forward = total("dynamo_graph", lambda e: e["args"].get("phase") != "backward")
+    forward = total("dynamo_graph", lambda e: e["args"].get("phase") != "backward" and e not in opt_graphs)
     backward, optimizer = total("backward"), total("optimizer")
     assert optimizer and backward and forward
     for source in ("auto", "events"):
