@@ -215,7 +215,8 @@ SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsur
 # An event's interval in integer ns (ts: integer µs in our traces; a double's ts * 1000 would not be exact)
 _SPAN = f"CAST(floor(ts) AS BIGINT) * 1000 + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS a, {NS} AS ns"
 # each thread's step-structure events in start order, an enclosing event before what it holds
-_THREAD = f"PARTITION BY file, pid, tid ORDER BY a, ns DESC, kind = {OPTIMIZER} DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
+_THREAD = (f"PARTITION BY file, pid, tid ORDER BY a, ns DESC, kind = {OPTIMIZER} DESC "
+           "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
 # The parts rows of the step parts nested in an optimizer event of their thread (IN_OPTIMIZER): the
 # graph calls and backward events inside an outermost optimizer event, per its step; the optimizer
 # events inside another one, per their own step. The writer nests the displayed intervals as the
