@@ -34,8 +34,8 @@ from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
 from . import clock, engines, kernels, ranks, sketch, steps, trust
 from .reader import MAX_LINE, MEMBER_START, TraceError, compression_of, decode_members, starts_a_line
 from .report import OP_VIEWS
-from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, PROCESS_NAME, SAMPLE_VIEWS, load, rank_columns,
-                      rank_rows_of_columns, warm_condition)
+from .summary import (BUCKETED, GRAPH, KIND_NAMES, NS, OP, OPTIMIZER, PROCESS_NAME, SAMPLE_VIEWS, load,
+                      rank_columns, rank_rows_of_columns, warm_condition)
 from .writer import compress
 
 NAME = AGGREGATES_RECORD
@@ -81,6 +81,7 @@ def compute(path):
         **{k: base[k] for k in ("runs", "unparsed", "evaluation", "records", "slices", "parts")},
         "rank_rows": rank_rows,
         "clock": clock.record(path),  # the rank view then reads no file for it
+        "nested_parts": True,  # parts holds the rows of the parts nested in optimizer events
     }
 
 
@@ -95,6 +96,8 @@ def partial(paths, index, record, views, module_depth=None, include_warmup=False
     when the record cannot give exactly what a full scan gives."""
     if record.get("version") != VERSION or (step_samples and record["samples"] is None):
         return None
+    if not record.get("nested_parts") and any(r[3] == OPTIMIZER for r in record["parts"]):
+        return None  # made before the parts nested in optimizer events were kept apart: read the events
     i = index
     records = [dict(r, file=i) for r in record["records"]]
     slices = [(i, *r[1:]) for r in record["slices"]]

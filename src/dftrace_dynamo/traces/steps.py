@@ -11,7 +11,12 @@ calls), backward (``backward`` events; the backward graph calls when a trace
 has no ``backward`` events), optimizer (``<Optimizer>.step`` and
 ``zero_grad``), other (wall time minus those four: loss, logging, Python
 between the phases, untraced code) and coverage (share of the wall time in
-the four).
+the four). Phases nest and each millisecond counts once, in the innermost
+phase: the optimizer's time is its own, less the forward and backward of an
+optimizer closure and the optimizer events nested in its slices (``parts``
+rows of the kinds ``summary.IN_OPTIMIZER``); a graph call of phase
+inference nested in an optimizer slice (a compiled optimizer step) is
+optimizer time, not forward.
 
 Recorded steps: outside the step windows (``DFTRACER_STEPS``) a step keeps its
 slice but records nothing inside it. A step is *recorded* when a ``data``,
@@ -105,8 +110,8 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
         if name == "ops":
             got = sums.setdefault((file, pid, step), {})
             got["op_count"] = got.get("op_count", 0) + count
-        if name == "graph":
-            name = "backward_graph" if backward_phase else "forward"
+        if name in ("graph", "graph in optimizer"):
+            name = name.replace("graph", "backward_graph" if backward_phase else "forward")
         elif name == "backward":
             has_backward.add((file, pid))
         got = sums.setdefault((file, pid, step), {})
@@ -124,10 +129,16 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
         recorded = {s for s in proc_steps if set(sums.get((*proc, s), ())) - {"forward", "backward_graph", "op_count"}}
         for s in proc_steps:
             got = sums.get((*proc, s), {})
+            backward = "backward" if proc in has_backward else "backward_graph"
+            # each part's own time: what ran nested in an optimizer event is the closure's forward
+            # and backward, or the optimizer's own (a compiled step's graph calls, zero_grad)
+            nested = (got.get("forward in optimizer", 0.0) + got.get(f"{backward} in optimizer", 0.0)
+                      + got.get("optimizer in optimizer", 0.0))
             row = {"file": proc[0], "pid": proc[1], "step": s, "wall_us": wall[(*proc, s)],
-                   "data_us": got.get("data", 0.0), "forward_us": got.get("forward", 0.0),
-                   "backward_us": got.get("backward" if proc in has_backward else "backward_graph", 0.0),
-                   "optimizer_us": got.get("optimizer", 0.0), "ops_us": got.get("ops", 0.0),
+                   "data_us": got.get("data", 0.0),
+                   "forward_us": max(got.get("forward", 0.0) - got.get("inference in optimizer", 0.0), 0.0),
+                   "backward_us": got.get(backward, 0.0),
+                   "optimizer_us": max(got.get("optimizer", 0.0) - nested, 0.0), "ops_us": got.get("ops", 0.0),
                    "ops": got.get("op_count", 0),
                    "warmup": reasons.get(s), "recorded": s in recorded or not recorded}
             inside = sum([row[key] for key in INSIDE])

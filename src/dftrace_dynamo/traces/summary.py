@@ -53,7 +53,14 @@ COMM = 11  # collectives (ranks)
 # step-structure categories -> kind (the step vocabulary, see docs/design.rst)
 STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
 SAMPLE_VIEWS = ("op", "module", "phase")  # views with per-step samples (step_samples=True)
-KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops"}
+# the step parts nested in an optimizer event of their thread (an optimizer closure's forward and
+# backward, zero_grad inside it, a compiled optimizer step's graph calls), in parts rows of their own
+# kinds, per step of the outermost optimizer event (its nested optimizer events: per their own step)
+IN_OPTIMIZER = {GRAPH: 12, BACKWARD: 13, OPTIMIZER: 14}
+INFERENCE_IN_OPTIMIZER = 15  # nested graph calls with phase inference (a compiled optimizer step)
+KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops",
+              IN_OPTIMIZER[GRAPH]: "graph in optimizer", IN_OPTIMIZER[BACKWARD]: "backward in optimizer",
+              IN_OPTIMIZER[OPTIMIZER]: "optimizer in optimizer", INFERENCE_IN_OPTIMIZER: "inference in optimizer"}
 RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
               "optimizer": OPTIMIZER}
 RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # of ev, in version 1 aggregates
@@ -203,6 +210,32 @@ SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsur
           FROM (SELECT * REPLACE ({_PH} AS ph, {numbers}), {texts} FROM ({source_sql}))) e
 ) WHERE kind IS NOT NULL OR suspect OR {cat_ph}
 """
+
+
+# An event's interval in integer ns (ts: integer µs in our traces; a double's ts * 1000 would not be exact)
+_SPAN = f"CAST(floor(ts) AS BIGINT) * 1000 + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS a, {NS} AS ns"
+# each thread's step-structure events in start order, an enclosing event before what it holds
+_THREAD = (f"PARTITION BY file, pid, tid ORDER BY a, ns DESC, kind = {OPTIMIZER} DESC "
+           "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
+# The parts rows of the step parts nested in an optimizer event of their thread (IN_OPTIMIZER): the
+# graph calls and backward events inside an outermost optimizer event, per its step; the optimizer
+# events inside another one, per their own step. The writer nests the displayed intervals as the
+# measured ones (docs/design.rst), so an event is inside an optimizer event when one that began
+# before it on its thread ends no earlier; the outermost one holding it is the last outermost one
+# begun before it. Two window passes over the graph, backward and optimizer events: no join.
+_NESTED_SQL = f"""
+    WITH ph AS (SELECT file, pid, tid, step, kind, phase, {_SPAN} FROM ev
+                WHERE kind IN ({GRAPH}, {BACKWARD}, {OPTIMIZER}) AND step IS NOT NULL AND dur IS NOT NULL),
+         held AS (SELECT *, coalesce(max(CASE WHEN kind = {OPTIMIZER} THEN a + ns END) OVER (ROWS_) >= a + ns, false)
+                           AS nested FROM ph),
+         outer_step AS (SELECT *, last_value(CASE WHEN kind = {OPTIMIZER} AND NOT nested THEN step END IGNORE NULLS)
+                                  OVER (ROWS_) AS ostep FROM held)
+    SELECT file, pid, CASE WHEN kind = {OPTIMIZER} THEN step ELSE ostep END,
+           CASE WHEN kind = {OPTIMIZER} THEN {IN_OPTIMIZER[OPTIMIZER]}
+                WHEN kind = {GRAPH} AND phase = 'inference' THEN {INFERENCE_IN_OPTIMIZER}
+                WHEN kind = {GRAPH} THEN {IN_OPTIMIZER[GRAPH]} ELSE {IN_OPTIMIZER[BACKWARD]} END,
+           kind <> {OPTIMIZER} AND phase = 'backward', sum(ns) / 1000, count(*)
+    FROM outer_step WHERE nested GROUP BY ALL""".replace("ROWS_", _THREAD)
 
 
 def _mask(columns, keys):
@@ -437,7 +470,7 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
     parts = con.execute(f"""
         SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000, count(*) FROM ev
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
-        if slices else []
+        + con.execute(_NESTED_SQL).fetchall() if slices else []
     out.update(records=records, slices=slices, parts=parts)
     if slices and rank_rows:  # the events the rank analysis reads
         out["rank_rows"] = ranks.rows(con, RANK_KINDS)
