@@ -329,6 +329,24 @@ def _on_close() -> None:
 def _wrap_op(op: str, spec: tuple):
     payload_name, payload_pos, group_pos, async_pos = spec
 
+    def describe(args, kwargs):
+        """(group, the event's args), args None where nothing is recorded (not initialised, a bad
+        argument: the original says so)."""
+        try:
+            group = _arg(args, kwargs, "group", group_pos)
+            return group, _args(op, group, _arg(args, kwargs, payload_name, payload_pos) if payload_name else None,
+                                _peer(op, group, args, kwargs) if op in PEER else None)
+        except Exception:
+            return None, None
+
+    def asynchronous(args, kwargs):
+        return async_pos == -1 or (async_pos is not None and _arg(args, kwargs, "async_op", async_pos))
+
+    def with_sender(ev_args, result):
+        if op == "recv" and ARG_PEER not in ev_args and isinstance(result, int) and result >= 0:
+            ev_args[ARG_PEER] = result  # from any source: recv returns the sender's rank
+        return ev_args
+
     # one wrapper for both names of the function: torch tells ``isend`` from ``irecv`` by identity
     # (``P2POp``, ``batch_isend_irecv``)
     @functools.cache
@@ -341,12 +359,7 @@ def _wrap_op(op: str, spec: tuple):
                 return original(*args, **kwargs)
             if not _recording():
                 return _before_open(original, args, kwargs)
-            try:
-                group = _arg(args, kwargs, "group", group_pos)
-                ev_args = _args(op, group, _arg(args, kwargs, payload_name, payload_pos) if payload_name else None,
-                                _peer(op, group, args, kwargs) if op in PEER else None)
-            except Exception:  # not initialised, a bad argument: the original says so
-                ev_args = None
+            group, ev_args = describe(args, kwargs)
             if ev_args is None:
                 return original(*args, **kwargs)
             start = _core.now_ns()
@@ -358,13 +371,10 @@ def _wrap_op(op: str, spec: tuple):
             finally:
                 _local.depth = 0
                 _in_flight.pop(token, None)
-            is_async = async_pos == -1 or (async_pos is not None and _arg(args, kwargs, "async_op", async_pos))
-            if is_async and result is not None:
+            if asynchronous(args, kwargs) and result is not None:
                 _when_done(result, op, start, ev_args)
             else:
-                if op == "recv" and ARG_PEER not in ev_args and isinstance(result, int) and result >= 0:
-                    ev_args[ARG_PEER] = result  # from any source: recv returns the sender's rank
-                _record(op, start, ev_args)
+                _record(op, start, with_sender(ev_args, result))
             return result
 
         def _before_open(original, args, kwargs):
@@ -372,15 +382,9 @@ def _wrap_op(op: str, spec: tuple):
             opens lazily (FSDP2's first all-gather, before the first compiled call opens it)."""
             from . import steps  # imports this module: looked up at run time
 
-            is_async = async_pos == -1 or (async_pos is not None and _arg(args, kwargs, "async_op", async_pos))
-            if is_async or not steps.keeps_before_open():
+            if asynchronous(args, kwargs) or not steps.keeps_before_open():
                 return original(*args, **kwargs)
-            try:
-                group = _arg(args, kwargs, "group", group_pos)
-                ev_args = _args(op, group, _arg(args, kwargs, payload_name, payload_pos) if payload_name else None,
-                                _peer(op, group, args, kwargs) if op in PEER else None)
-            except Exception:  # not initialised, a bad argument: the original says so
-                ev_args = None
+            ev_args = describe(args, kwargs)[1]
             if ev_args is None:
                 return original(*args, **kwargs)
             start = _core.now_ns()
@@ -390,9 +394,7 @@ def _wrap_op(op: str, spec: tuple):
             finally:
                 _local.depth = 0
             ev_args.pop(ARG_STEP, None)  # the step it turns out to be in
-            if op == "recv" and ARG_PEER not in ev_args and isinstance(result, int) and result >= 0:
-                ev_args[ARG_PEER] = result
-            steps.before_open(op, CAT_COMM, start, _core.now_ns(), ev_args)
+            steps.before_open(op, CAT_COMM, start, _core.now_ns(), with_sender(ev_args, result))
             return result
 
         return traced
