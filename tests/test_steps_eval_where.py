@@ -6,6 +6,7 @@ and a known sleep in each."""
 
 import time
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -72,18 +73,22 @@ def test_nanogpt_evaluates_before_the_first_optimizer_step_apart_from_the_steps(
         assert all(c.get("args", {}).get("step") is None for c in calls if inside(c, e))
 
 
-def _dcgan(n, sample_every):
+def _dcgan(n, sample_every, twins):
     """DCGAN's loop (a DataLoader, D's step, then G's, both compiled) sampling G with grad enabled
     from fixed noise after both optimizers stepped, as PyTorch's example does before saving the
-    samples; returns the marks (start, end) of each iteration and of each sample."""
+    samples; returns the marks (start, end) of each iteration and of each sample. ``twins``: D and
+    G of one structure (Dynamo may share a graph between them)."""
     backend = create_backend()
-    net_d = nn.Sequential(nn.Linear(16, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
-    net_g = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
-    d, g = torch.compile(net_d, backend=backend), torch.compile(net_g, backend=backend)
+    width = 16 if twins else 8
+    net_d = nn.Sequential(nn.Linear(16, 16), nn.LeakyReLU(0.2), nn.Linear(16, 16 if twins else 1))
+    net_g = nn.Sequential(nn.Linear(width, 16), nn.LeakyReLU(0.2), nn.Linear(16, 16))
+    d = torch.compile(net_d, backend=backend)
+    d = (lambda x, d=d: d(x).mean(1, keepdim=True)) if twins else d
+    g = torch.compile(net_g, backend=backend)
     opt_d = torch.optim.Adam(net_d.parameters(), lr=2e-4)
     opt_g = torch.optim.Adam(net_g.parameters(), lr=2e-4)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8 * n, 16)), batch_size=8)
-    fixed_noise = torch.randn(4, 8)
+    fixed_noise = torch.randn(4, width)
     bce = nn.BCEWithLogitsLoss()
     iterations, samples = [], []
     start = _core.now_ns()
@@ -91,7 +96,7 @@ def _dcgan(n, sample_every):
         net_d.zero_grad()
         err_real = bce(d(real), torch.ones(8, 1))
         err_real.backward()
-        fake = g(torch.randn(8, 8))
+        fake = g(torch.randn(8, width))
         err_fake = bce(d(fake.detach()), torch.zeros(8, 1))
         err_fake.backward()
         opt_d.step()
@@ -110,13 +115,14 @@ def _dcgan(n, sample_every):
     return iterations, samples
 
 
-def test_dcgan_samples_with_grad_after_both_steps_in_their_iteration(tmp_path):
+@pytest.mark.parametrize("twins", [False, True])
+def test_dcgan_samples_with_grad_after_both_steps_in_their_iteration(tmp_path, twins):
     """The generator's forward with grad after both optimizer steps is its iteration's, not the
     start of the next step: one step per iteration, each ending where its iteration did and holding
     its sample."""
     n = 7
     with recording(tmp_path) as rec:
-        iterations, samples = _dcgan(n, 3)
+        iterations, samples = _dcgan(n, 3, twins)
         events = rec.events()
     steps = slices(events, "step")
     assert [s["name"] for s in steps] == [f"step {i}" for i in range(n)]
