@@ -40,14 +40,15 @@ def test_nanogpt_evaluates_before_the_first_optimizer_step_apart_from_the_steps(
             if it % every == 0:
                 start = _core.now_ns()
                 model.eval()
+                time.sleep(SLEEP_S)  # fetching the batches: the evaluation's, before its first graph call
                 with torch.no_grad():
                     for _ in range(2):
                         compiled(torch.randn(8, 16))
-                time.sleep(SLEEP_S)
                 model.train()
                 evaluations.append((start, _core.now_ns()))
+            x = torch.randn(8, 16)
             start = _core.now_ns()
-            compiled(torch.randn(8, 16)).pow(2).mean().backward()
+            compiled(x).pow(2).mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             time.sleep(SLEEP_S)
@@ -172,3 +173,44 @@ def test_a_step_followed_by_a_dataloader_evaluation_ends_where_its_iteration_did
         before = steps[2 * i + 1]
         assert done / 1e3 - 1 <= end(before) <= done / 1e3 + TOL_US, (i, end(before) - done / 1e3)
         assert abs(e["ts"] - end(before)) <= 1 and e["dur"] >= SLEEP_S * 1e6
+
+
+def test_an_inference_loop_marked_with_step_keeps_its_steps(tmp_path):
+    """Forwards without grad from the trace's start are an evaluation until something says
+    otherwise: a mark that ends such an evaluation before any training work ends step 0 of an
+    inference loop (its marked steps stay steps, no eval slice)."""
+    from dftrace_dynamo import step
+
+    model = torch.compile(MLP().eval(), backend=create_backend())
+    marks = []
+    with recording(tmp_path) as rec:
+        with torch.no_grad():
+            for _ in range(3):
+                model(torch.randn(4, 16))
+                time.sleep(SLEEP_S)
+                step()
+                marks.append(_core.now_ns())
+        events = rec.events()
+    steps = slices(events, "step")
+    assert [s["name"] for s in steps] == ["step 0", "step 1", "step 2"] and not ops(events, "eval")
+    for s, mark in zip(steps, marks):
+        assert mark / 1e3 - TOL_US <= end(s) <= mark / 1e3
+    calls = ops(events, "dynamo_graph")
+    assert len(calls) == 3 and all(inside(c, s) for c, s in zip(sorted(calls, key=lambda c: c["ts"]), steps))
+
+
+def test_an_evaluation_before_the_first_step_context_block_is_an_eval_slice(tmp_path):
+    """A warm-up pass without grad before the first ``step_context`` block is no step (time before
+    a block belongs to none): an ``eval`` slice, and the blocks are steps 0, 1."""
+    from dftrace_dynamo import step_context
+
+    model = torch.compile(MLP().eval(), backend=create_backend())
+    with recording(tmp_path) as rec:
+        with torch.no_grad():
+            model(torch.randn(4, 16))
+            for _ in range(2):
+                with step_context():
+                    model(torch.randn(4, 16))
+        events = rec.events()
+    assert [s["name"] for s in slices(events, "step")] == ["step 0", "step 1"]
+    assert len(ops(events, "eval")) == 1

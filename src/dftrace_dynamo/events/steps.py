@@ -47,7 +47,9 @@ A step is one training iteration. Without marks, optimizers decide where it ends
 Marks override this: from the first :func:`step` / :func:`step_context` in a
 trace file on, the user's marks alone end steps (a mark just after an optimizer
 step ends that same step: no empty step; a mark during an evaluation ends the
-evaluation, and the step after it begins there). After a mark that ended a step
+evaluation, and the step after it begins there; one that ends an evaluation
+from the trace's start, before any training work, ends step 0 instead: an
+inference loop's marked steps stay steps). After a mark that ended a step
 which trained (a backward or an optimizer step), a forward without grad before
 the next training work is an evaluation from the mark on, as after a complete
 step below. The trace's start is such a mark: before the first training work, a
@@ -275,8 +277,9 @@ def _end_eval(end: int) -> None:
     _begin(end)  # the step after the evaluation (its number was taken when the last one ended)
 
 
-def _end(now: int) -> None:
-    """Ends the current step at ``now`` (writing its slice) and begins the next (explicit marks)."""
+def _end(now: int, block: bool = False) -> None:
+    """Ends the current step at ``now`` (writing its slice) and begins the next (explicit marks;
+    ``block``: a ``step_context`` block begins, what ran before it is no step)."""
     with _lock:
         if _state.start_ns is None or _state.broken:
             _state.number += 1
@@ -285,9 +288,9 @@ def _end(now: int) -> None:
         trained = _state.trained and _state.mode != EVAL
         if _state.mode != TRAIN:
             _flush()  # held after the optimizer steps or during the evaluation, before the mark: theirs
-        if _state.mode in (EVAL, UNDECIDED):
+        if _state.mode in (EVAL, UNDECIDED) and (_state.ended or block):
             _end_eval(now)  # the mark ends the evaluation; the step after it begins
-        else:
+        else:  # an evaluation from the trace's start that a mark ends was an inference loop's step 0
             _finish(now)
         if trained:  # a forward without grad before the next training work is an evaluation
             _set_mode(MARKED)
@@ -661,7 +664,7 @@ class step_context:
                         _set_mode(TRAIN)
                         _flush()
                     elif _state.mode != TRAIN:  # a complete step or an evaluation ends here
-                        _end(now)
+                        _end(now, block=True)
                     _state.start_ns = now
                 _state.explicit, _state.between = True, False
         except Exception as exc:
