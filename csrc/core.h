@@ -256,6 +256,8 @@ static inline void dft_eager_resume(void) {
         dft_rf_enable(1);
 }
 
+/* Makes the calling thread's ring now if it has none (0; -1: out of memory). */
+int dft_ring_attach(void);
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra);
 

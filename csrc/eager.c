@@ -290,6 +290,10 @@ static PyObject *py_set_eager_observing(PyObject *m, PyObject *o) {
         return NULL;
     if (on && !dft_rf_enable)
         return PyErr_Format(PyExc_RuntimeError, "set_eager_observing: eager_install first");
+    /* eager ops are pushed only to a ring that exists (no allocation on the op path): the
+     * thread's first ops must not wait for another event to make it */
+    if (on && dft_ring_attach() < 0)
+        return PyErr_NoMemory();
     dft_tls.eager = (uint32_t)on;
     Py_RETURN_NONE;
 }

@@ -185,6 +185,16 @@ static void ring_discard(dft_ring *r) {
 
 /* Ring missing, or past half full: refresh our view of the writer's tail,
  * wake the writer, and wait while the ring is full (never drop). */
+int dft_ring_attach(void) {
+    if (dft_tls.ring)
+        return 0;
+    dft_ring *r = ring_new();
+    if (!r)
+        return -1;
+    tls_bind(r);
+    return 0;
+}
+
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra) {
     dft_ring *r = dft_tls.ring;

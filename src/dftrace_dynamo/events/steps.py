@@ -19,9 +19,14 @@ A step is one training iteration. Without marks, optimizers decide where it ends
   whose optimizer step completed it (another thread compiling or calling
   graphs meanwhile ends no step of this one's). A ``zero_grad()`` that a
   function which made the optimizer steps calls after them (at the end of the
-  loop's body) is the step's own, not the start of the next. Logging,
-  checkpointing and other Python between the last optimizer step and that point
-  stay in the step, so a step lasts as long as the iteration;
+  loop's body) is the step's own, not the start of the next. So is a graph call
+  or compile with grad enabled, nothing held before it, of a model that the
+  training's optimizers step but that shares no parameter with the forward that
+  began the step's training work: the next iteration begins as this one did
+  (DCGAN samples its generator with grad after both optimizers stepped).
+  Logging, checkpointing, such samples and other Python
+  between the last optimizer step and that point stay in the step, so a step
+  lasts as long as the iteration;
 * in the trace's first step, a complete step goes on when the training work that follows it at
   once (nothing held between) runs a model, or the step ran one with grad enabled, whose
   trainable parameters no known optimizer steps: its optimizer is still to come in the same
@@ -42,10 +47,17 @@ A step is one training iteration. Without marks, optimizers decide where it ends
 Marks override this: from the first :func:`step` / :func:`step_context` in a
 trace file on, the user's marks alone end steps (a mark just after an optimizer
 step ends that same step: no empty step; a mark during an evaluation ends the
-evaluation, and the step after it begins there). After a mark that ended a step
+evaluation, and the step after it begins there; one that ends an evaluation
+from the trace's start, before any training work, ends step 0 instead: an
+inference loop's marked steps stay steps). After a mark that ended a step
 which trained (a backward or an optimizer step), a forward without grad before
 the next training work is an evaluation from the mark on, as after a complete
-step below.
+step below. The trace's start is such a mark: before the first training work, a
+forward without grad (nanoGPT evaluates at the top of its loop, before any
+optimizer step) is an evaluation from the trace's start on, and one of eval-mode
+modules with grad is undecided (below); until a step completes, the training's
+optimizers are not known, and a model whose parameters require grad counts as
+one they step.
 
 Evaluation: with optimizer-driven steps, a graph call with grad disabled while
 the step is complete (or evaluation runs already) begins an ``eval`` slice (cat
@@ -73,7 +85,8 @@ the step windows: outside them, evaluation stays in the surrounding step, which
 is not recorded either.
 
 Each trace file numbers its steps from 0; step 0 begins when tracing starts
-(the trace file opens), so step N is the N-th iteration. Each step is written as
+(the trace file opens; after the evaluation that comes before any training
+work, if one does), so step N is the N-th iteration. Each step is written as
 the slice ``step N`` (cat ``step``) on the thread that ends it, and every event
 recorded meanwhile carries ``args.step = N`` (the C core writes the current step
 into each record). The last step ends at close, or, when it is complete, at its
@@ -111,7 +124,8 @@ from . import clock, comm, flight, gc, memory  # their hooks go in with the trac
 
 # where the iteration is; UNDECIDED: after a complete step, a forward of eval-mode modules with
 # grad enabled (evaluation unless a backward or an optimizer step follows); MARKED: a mark ended a
-# step that trained, and no training work has come since (what follows may be an evaluation)
+# step that trained, or the trace began, and no training work has come since (what follows may be
+# an evaluation)
 TRAIN, COMPLETE, EVAL, UNDECIDED, MARKED = range(5)
 
 
@@ -137,6 +151,8 @@ class _State:
     most: dict = {}  # _group key -> its most steps in one step since the last optimizer joined
     joined = False  # an optimizer joined in the current step (its counts teach nothing)
     complete_ns = 0  # when the current step became complete (its last optimizer step or the zero_grad after)
+    completed = False  # a step has completed in this trace file: the training's optimizers are known
+    opener: tuple = ()  # the modules (weak references) of the forward that began the step's training work
     # the trace's first step's forwards: id(modules) -> [modules, graph calls, with grad]; whether one
     # with grad trains no parameter that a known optimizer steps (computed when the step is complete)
     runs: dict = {}
@@ -199,6 +215,7 @@ def _begin(now: int) -> None:
     _set_mode(TRAIN)
     _state.stepped, _state.joined, _state.trained = {}, False, False
     _state.runs, _state.untrained, _state.going, _state.unstepped = {}, False, False, 0
+    _state.opener = ()
     _enter(_state.number)
     _state.recorded_at = _recorded()
 
@@ -261,8 +278,9 @@ def _end_eval(end: int) -> None:
     _begin(end)  # the step after the evaluation (its number was taken when the last one ended)
 
 
-def _end(now: int) -> None:
-    """Ends the current step at ``now`` (writing its slice) and begins the next (explicit marks)."""
+def _end(now: int, block: bool = False) -> None:
+    """Ends the current step at ``now`` (writing its slice) and begins the next (explicit marks;
+    ``block``: a ``step_context`` block begins, what ran before it is no step)."""
     with _lock:
         if _state.start_ns is None or _state.broken:
             _state.number += 1
@@ -271,9 +289,9 @@ def _end(now: int) -> None:
         trained = _state.trained and _state.mode != EVAL
         if _state.mode != TRAIN:
             _flush()  # held after the optimizer steps or during the evaluation, before the mark: theirs
-        if _state.mode in (EVAL, UNDECIDED):
+        if _state.mode in (EVAL, UNDECIDED) and (_state.ended or block):
             _end_eval(now)  # the mark ends the evaluation; the step after it begins
-        else:
+        else:  # an evaluation from the trace's start that a mark ends was an inference loop's step 0
             _finish(now)
         if trained:  # a forward without grad before the next training work is an evaluation
             _set_mode(MARKED)
@@ -291,6 +309,8 @@ def _training(now: int, modules=()) -> None:
             return
         if _state.going:
             return
+        if _state.mode == COMPLETE and not _state.deferred and _other_model(modules):
+            return  # the iteration's own: a sample of a generator after the optimizer steps
         if _state.mode == COMPLETE and not (_state.ended or _state.deferred) and (
                 _state.untrained or _untrained([modules])):
             # a model no known optimizer steps trains: its optimizer's first call is still to come
@@ -302,6 +322,7 @@ def _training(now: int, modules=()) -> None:
             _set_mode(TRAIN)  # the step began where the segment did
             _core.set_step(_state.number)
             _flush()
+            _state.opener = modules
             return
         if _state.mode == UNDECIDED:
             _decided(False)
@@ -312,10 +333,24 @@ def _training(now: int, modules=()) -> None:
         elif _state.mode == EVAL:
             _end_eval(at)
         elif _state.mode == MARKED:
-            _set_mode(TRAIN)  # the step began at the mark
+            _set_mode(TRAIN)  # the step began at the mark (or where the trace did)
         else:
             return
         _flush()
+        _state.opener = modules
+
+
+def _other_model(modules) -> bool:
+    """Whether a forward of ``modules`` runs a model that the training's optimizers step but none
+    of the parameters of the forward that began the step's training work (both known): after the
+    optimizer steps, that is not the next iteration beginning (it begins as this one did) but this
+    one's own work (a GAN's generator sampled after both steps). A model that no known optimizer
+    steps is new training work."""
+    if not modules or not _state.opener:
+        return False
+    began = {id(p) for p in _params(_state.opener)}
+    params = {id(p) for p in _params(modules)}
+    return bool(began) and began.isdisjoint(params) and not params.isdisjoint(_stepped_params())
 
 
 def _evaluated_after_all(modules) -> bool:
@@ -345,6 +380,8 @@ def _ran_trained() -> bool:
     steps it)."""
     stepped = _stepped_params()
     ran = [_params(runs) for runs, _ in _state.segment.values()]
+    if not _state.completed:  # no step has completed: the training's optimizers are still to come
+        return bool(ran) and all(any(p.requires_grad for p in params) for params in ran)
     return bool(ran) and all(any(id(p) in stepped for p in params) for params in ran)
 
 
@@ -524,6 +561,7 @@ def _optimizer_stepped(optimizer, now: int) -> None:
             _state.step_sites = _user_sites(sys._getframe(1))
             _state.untrained = not _state.ended and _untrained(runs for runs, _, grad in _state.runs.values() if grad)
             _set_mode(COMPLETE)
+            _state.completed = True
             _state.complete_ns = now
             _state.thread = threading.get_ident()
             _arm_next()
@@ -545,6 +583,7 @@ def _on_open() -> None:
             _state.groups, _state.params = {}, {}
             _state.eval_mode_trains = None
             _state.learning = True
+            _state.completed = False
             # opened lazily (inside a compile): the step began with the work in progress on this thread
             data = _local.__dict__.pop("data", None)
             kept = _local.__dict__.pop("before_open", ())
@@ -557,6 +596,9 @@ def _on_open() -> None:
             if _state.ops:
                 for name, cat, start, end, args, timed in kept:
                     _core.log(name, cat, start, end, args, timed=timed)
+            # the trace's start is the first step's mark: an evaluation before any training work is one
+            _set_mode(MARKED)
+            _state.thread = threading.get_ident()
     except Exception as exc:  # never let tracing break the program
         _fail(exc)
 
@@ -647,7 +689,7 @@ class step_context:
                         _set_mode(TRAIN)
                         _flush()
                     elif _state.mode != TRAIN:  # a complete step or an evaluation ends here
-                        _end(now)
+                        _end(now, block=True)
                     _state.start_ns = now
                 _state.explicit, _state.between = True, False
         except Exception as exc:
@@ -711,21 +753,22 @@ def _forward(grad: bool, modules=(), call: bool = True, now: Optional[int] = Non
     graph call, else a compile): with grad enabled training work, without it evaluation (once
     the step is complete); with grad enabled and every module in eval mode, undecided until
     learnt. ``running()``: see :func:`probe_for` (never called per evaluation call)."""
-    if _state.mode == TRAIN:
-        if _state.learning:
-            try:
-                _learn(grad, running() if running else modules, call)
-            except Exception as exc:
-                _fail(exc)
-    elif not _state.going:  # the first step goes on until an optimizer call says where it ends
+    runs = None  # the modules this call runs (running() walks frames: called once, where needed)
+    if _state.mode != TRAIN and not _state.going:  # the first step goes on until an optimizer call says where it ends
         try:
             now = _core.now_ns() if now is None else now
             if grad and (not _eval_mode(modules) or _state.eval_mode_trains):
-                _training(now, running() if running else modules)
+                runs = running() if running else modules
+                _training(now, runs)
             elif not grad or _state.eval_mode_trains is False:
                 _evaluation(now, modules, call)
             else:
                 _undecided(now, modules, call)
+        except Exception as exc:
+            _fail(exc)
+    if _state.mode == TRAIN and _state.learning:  # also the forward that began the step's training
+        try:
+            _learn(grad, runs if runs is not None else running() if running else modules, call)
         except Exception as exc:
             _fail(exc)
 
