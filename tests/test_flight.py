@@ -146,12 +146,11 @@ def test_memory_stays_within_its_bound_over_10000_steps(tmp_path, steps, cap):
     kept = [k for _, k, _ in doc["peaks"]]
     if steps == 3:
         assert all(1 <= k <= 4 for k in kept), kept
-        # the newest step seen and the 3 before it: 9999, or 10000 (in progress, no slice) when
-        # something (a GC slice) was recorded in it before dump()
-        events = read_events(doc["dump"])
-        newest = max(e["args"]["step"] for e in x_events(events) if "step" in e.get("args", {}))
-        assert newest in (9999, 10000)
-        assert step_numbers(events) == list(range(newest - 3, 10000))
+        # the step in progress (10000, no slice yet) and the 3 before it; the in-progress one is
+        # among the 4 kept once the writer has drained anything of it (on busy cores, a GC slice
+        # or the last step's end may reach it only after step() began 10000), else 4 whole steps
+        numbers = step_numbers(read_events(doc["dump"]))
+        assert numbers in (list(range(9996, 10000)), list(range(9997, 10000))), numbers
     else:  # the byte cap holds far fewer steps than N, and keeps the newest
         assert all(10 <= k < 2000 for k in kept), kept
         assert step_numbers(read_events(doc["dump"]))[-1] == 9999

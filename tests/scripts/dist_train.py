@@ -2,8 +2,10 @@
 collectives in a compiled graph, a recompile on one rank, a large tensor in one step, an
 evaluation of EVAL_MS on rank 0 that the others wait for at a barrier, or (EVAL_ALL) in their
 own evaluation (with MARK, steps marked with step()), a pipeline of one stage per rank, or FSDP2
-(MODE), with rank DELAY_RANK sleeping DELAY_MS a step. With LAZY, the trace opens at the first
-compile, not at the start."""
+(MODE), with rank DELAY_RANK sleeping DELAY_MS a step (in ddp and fsdp, the time each sleep
+really took goes to the JSON file SLEPT: on busy cores a sleep ends late). With LAZY, the trace
+opens at the first compile, not at the start."""
+import json
 import os
 import time
 
@@ -21,12 +23,22 @@ if not os.environ.get("LAZY"):  # else the trace opens at the first compile (DFT
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
+slept = []
+
+
+def delay():
+    """Rank DELAY_RANK (default 1) sleeps DELAY; the time it took is kept in ``slept``."""
+    if rank == int(os.environ.get("DELAY_RANK", "1")) and DELAY:
+        start = time.perf_counter()
+        time.sleep(DELAY)
+        slept.append(time.perf_counter() - start)
+
+
 if MODE == "ddp":
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))  # one bucket: 68 floats
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(STEPS):
-        if rank == int(os.environ.get("DELAY_RANK", "1")) and DELAY:
-            time.sleep(DELAY)
+        delay()
         loss = model(torch.randn(8, 16)).sum()
         opt.zero_grad()
         loss.backward()
@@ -103,8 +115,7 @@ elif MODE == "fsdp":  # FSDP2: each Linear and the model sharded, compiled (Dyna
     model = torch.compile(net, backend="dftrace")
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     for _ in range(STEPS):
-        if rank == int(os.environ.get("DELAY_RANK", "1")):
-            time.sleep(DELAY)
+        delay()
         model(torch.randn(8, 16)).sum().backward()
         opt.step()
         opt.zero_grad()
@@ -114,5 +125,8 @@ elif MODE == "memory":
             big = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched, freed in the step
             del big
         step()
+if slept and os.environ.get("SLEPT"):
+    with open(os.environ["SLEPT"], "w") as f:
+        json.dump(slept, f)
 dist.barrier()
 dist.destroy_process_group()
