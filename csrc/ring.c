@@ -183,8 +183,6 @@ static void ring_discard(dft_ring *r) {
     atomic_store_explicit(&r->tail, h, memory_order_release);
 }
 
-/* Ring missing, or past half full: refresh our view of the writer's tail,
- * wake the writer, and wait while the ring is full (never drop). */
 int dft_ring_attach(void) {
     if (dft_tls.ring)
         return 0;
@@ -195,6 +193,8 @@ int dft_ring_attach(void) {
     return 0;
 }
 
+/* Ring missing, or past half full: refresh our view of the writer's tail,
+ * wake the writer, and wait while the ring is full (never drop). */
 int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags,
                   char *extra) {
     dft_ring *r = dft_tls.ring;
