@@ -1,6 +1,7 @@
 """Shared pieces of the backend tests: small models, a trace recorder, event filters."""
 
 import contextlib
+import gc
 import glob
 import os
 import textwrap
@@ -148,7 +149,10 @@ def fresh_dynamo():
 
 @pytest.fixture
 def rec(tmp_path):
-    """A trace open under tmp_path for the test, closed after it."""
+    """A trace open under tmp_path for the test, closed after it. The models of earlier tests that
+    only a reference cycle keeps are collected first: a model registered while no trace was open
+    belongs to the next trace file (its lazy open), and would name this test's paths."""
+    gc.collect()
     recorder = Recorder(tmp_path)
     yield recorder
     recorder._logger.finalize()
