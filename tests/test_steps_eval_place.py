@@ -8,6 +8,7 @@ events are not held with the step's held slices yet. The first test makes its ba
 
 import time
 
+import pytest
 import torch
 
 from backend_support import MLP, ops, recording
@@ -16,10 +17,14 @@ from dftrace_dynamo import _core, create_backend
 SLEEP_S = 0.03  # between model.eval() and the first evaluation forward (building the batches)
 
 
-def test_a_step_followed_by_evaluation_ends_at_model_eval(tmp_path):
+@pytest.mark.parametrize("loader", [False, True])
+def test_a_step_followed_by_evaluation_ends_at_model_eval(tmp_path, loader):
+    """``loader``: the evaluation's batches come from a validation DataLoader whose batch count is
+    read after ``model.eval()``; else they are made before it."""
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     compiled = torch.compile(model, backend=create_backend())
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 16)), batch_size=4)
     ends, evals = [], []  # the training body's end before each evaluation; (model.eval() done, last forward end)
     with recording(tmp_path) as rec:
         for epoch in range(3):
@@ -27,13 +32,15 @@ def test_a_step_followed_by_evaluation_ends_at_model_eval(tmp_path):
                 opt.zero_grad()
                 compiled(torch.randn(4, 16)).sum().backward()
                 opt.step()
-            batches = [torch.randn(4, 16) for _ in range(2)]  # no eager op after model.eval() (see below)
+            # no eager op after model.eval() (see above)
+            batches = None if loader else [torch.randn(4, 16) for _ in range(2)]
             ends.append(_core.now_ns())
             model.eval()
             at = _core.now_ns()
+            assert len(val) == 2
             time.sleep(SLEEP_S)
             with torch.no_grad():
-                for x in batches:
+                for x in batches or (x for (x,) in val):
                     compiled(x)
             evals.append((at, _core.now_ns()))
             model.train()

@@ -142,39 +142,6 @@ def test_dcgan_samples_with_grad_after_both_steps_in_their_iteration(tmp_path, t
         assert inside(call, s) and call["args"].get("step") == i, call
 
 
-def test_a_step_followed_by_a_dataloader_evaluation_ends_where_its_iteration_did(tmp_path):
-    """The evaluation after an epoch: ``model.eval()``, the batch count of the validation
-    DataLoader, a known sleep (building the batches), then its batches; the step before it ends at
-    ``model.eval()``, not at the evaluation's first graph call."""
-    model = MLP()
-    compiled = torch.compile(model, backend=create_backend())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 16)), batch_size=8)
-    ends, evaluations = [], []
-    with recording(tmp_path) as rec:
-        for epoch in range(3):
-            for _ in range(2):
-                opt.zero_grad()
-                compiled(torch.randn(4, 16)).sum().backward()
-                opt.step()
-            ends.append(_core.now_ns())
-            model.eval()
-            assert len(val) == 2
-            time.sleep(SLEEP_S)
-            with torch.no_grad():
-                for (x,) in val:
-                    compiled(x)
-            model.train()
-            evaluations.append(_core.now_ns())
-        events = rec.events()
-    steps, evals = slices(events, "step"), slices(events, "eval")
-    assert len(steps) == 6 and len(evals) == 3
-    for i, (done, e) in enumerate(zip(ends, evals)):
-        before = steps[2 * i + 1]
-        assert done / 1e3 - 1 <= end(before) <= done / 1e3 + TOL_US, (i, end(before) - done / 1e3)
-        assert abs(e["ts"] - end(before)) <= 1 and e["dur"] >= SLEEP_S * 1e6
-
-
 def test_an_inference_loop_marked_with_step_keeps_its_steps(tmp_path):
     """Forwards without grad from the trace's start are an evaluation until something says
     otherwise: a mark that ends such an evaluation before any training work ends step 0 of an
