@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 import perfetto_tp
-from dftrace_dynamo.traces import aggregates, clock
+from dftrace_dynamo.traces import aggregates, clock, partials
 from dftrace_dynamo.traces.diff import diff
 from dftrace_dynamo.traces.reader import TraceError, compression_of
 from dftrace_dynamo.traces.writer import compress
@@ -113,9 +113,9 @@ def test_a_record_that_cannot_answer_is_not_used(ranks_agg, tmp_path):
     """Warm-up steps folded into the steady totals (a writer that judged them otherwise): the
     record cannot leave them out exactly, so the events are read."""
     record = aggregates.read(ranks_agg[0])
-    assert record["warmup"] and aggregates.partial(ranks_agg, 0, record, ["op"]) is not None
+    assert record["warmup"] and partials.from_record(ranks_agg, 0, record, ["op"]) is not None
     record["warmup"] = record["warmup"][1:]
-    assert aggregates.partial(ranks_agg, 0, record, ["op"]) is None
+    assert partials.from_record(ranks_agg, 0, record, ["op"]) is None
     copy = shutil.copy(ranks_agg[0], tmp_path)
     aggregates.write(copy, record)  # a later record: the last one counts
     assert aggregates.read(copy)["warmup"] == record["warmup"]

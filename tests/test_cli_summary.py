@@ -261,16 +261,16 @@ def test_progress_bar_on_a_terminal(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".pfw.gz", ".pfw.zst"])
 def test_large_files_are_read_in_pieces_with_the_same_result(tmp_path, monkeypatch, suffix):
+    from dftrace_dynamo.traces import events, writer
     from dftrace_dynamo.traces import summary as summary_mod
-    from dftrace_dynamo.traces import writer
 
     monkeypatch.setattr(writer, "MEMBER_BYTES", 16 << 10)  # many small members
     trace = tracegen.write(tmp_path / f"t{suffix}", 20_000)
     whole = summary_mod.summarize([str(trace)])
     cut_points = []
-    real_pieces = summary_mod._pieces
-    monkeypatch.setattr(summary_mod, "PIECE_BYTES", 40 << 10)
-    monkeypatch.setattr(summary_mod, "_pieces", lambda *a: cut_points.append(real_pieces(*a)) or cut_points[-1])
+    real_pieces = events._pieces
+    monkeypatch.setattr(events, "PIECE_BYTES", 40 << 10)
+    monkeypatch.setattr(events, "_pieces", lambda *a: cut_points.append(real_pieces(*a)) or cut_points[-1])
     pieces = summary_mod.summarize([str(trace)])
     assert len(cut_points[0]) > 5
     assert rounded(pieces["views"]) == rounded(whole["views"]) and pieces["op_events"] == 20_000

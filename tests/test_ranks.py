@@ -7,7 +7,7 @@ import statistics
 import numpy as np
 import pytest
 
-from dftrace_dynamo.traces import ranks, summary
+from dftrace_dynamo.traces import partials, ranks, summary
 
 RANKS, STEPS, SLOW_RANK, SKEW_US = 12, 16, 5, 100.0
 
@@ -86,7 +86,7 @@ def test_ranks_merged_from_parts_equal_one_scan(tmp_path):
     the document one scan of every file gives."""
     paths, _ = _write_job(tmp_path, seed=1)
     whole = summary.summarize(paths, source="events")
-    parts = [summary.scan(paths, [i]) for i in reversed(range(len(paths)))]
+    parts = [partials.scan(paths, [i]) for i in reversed(range(len(paths)))]
     merged = summary.merge(paths, parts, list(summary.VIEWS), 20)
     assert merged["ranks"] == whole["ranks"] and merged["ranks"]["straggler"]
 

@@ -5,7 +5,7 @@ import duckdb
 import pytest
 
 from dftrace_dynamo.cli import main
-from dftrace_dynamo.traces import summary
+from dftrace_dynamo.traces import events
 from test_hostile_traces import OP, write
 
 
@@ -27,7 +27,7 @@ def test_no_progress_bar_in_the_output(tmp_path):
     # DuckDB prints its bar into the output (--format json too) once a query has run for 2 s
     trace = write(tmp_path / "t.pfw", OP)
     for progress in (None, lambda pct: None):
-        con, out, _ = summary.load([str(trace)], [0], progress=progress)
+        con, out, _ = events.load([str(trace)], [0], progress=progress)
         assert con.execute("SELECT current_setting('enable_progress_bar_print')").fetchone() == (False,)
         con.close()
 

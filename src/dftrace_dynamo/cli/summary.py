@@ -9,7 +9,7 @@ FORMATS = ("table", "csv", "json")
 
 def register(subparsers):
     from dftrace_dynamo.traces import engines
-    from dftrace_dynamo.traces.report import VIEWS
+    from dftrace_dynamo.traces.kinds import VIEWS
 
     p = subparsers.add_parser(
         "summary", help="step times, compiles, top ops, modules, phases, graphs, processes and ranks by time",
@@ -43,7 +43,7 @@ def register(subparsers):
 def run(args):
     from dftrace_dynamo.traces import engines, report
     from dftrace_dynamo.traces.reader import TraceError, find_traces
-    from dftrace_dynamo.traces.report import VIEWS
+    from dftrace_dynamo.traces.kinds import VIEWS
     from dftrace_dynamo.traces.summary import summarize
 
     if args.top < 1:

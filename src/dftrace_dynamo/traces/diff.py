@@ -38,7 +38,8 @@ import numpy as np
 
 from .reader import TraceError
 from .steps import CATEGORIES, counted
-from .summary import SAMPLE_VIEWS, summarize
+from .kinds import SAMPLE_VIEWS
+from .summary import summarize
 
 VIEWS = SAMPLE_VIEWS
 CONFIDENCE = 0.95  # for all rows of a comparison together

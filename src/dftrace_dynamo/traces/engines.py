@@ -1,9 +1,9 @@
-"""Where ``summary`` and ``diff`` scan the trace files: here (the default) or on Dask workers.
+"""Where ``summary`` and ``diff`` read the trace files: here (the default) or on Dask workers.
 
-The Dask engine partitions the files across the workers of a Dask cluster, one
-task per file: each task runs :func:`.summary.scan` (the same DuckDB reader as
-the local scan) on its file and returns the mergeable partial; the client
-merges them (:func:`.summary.merge`). No shuffle is needed: the events of one
+An engine maps one function, :func:`.partials.of_files`, over the files and nothing else: here
+(:class:`Local`) over all of them in one call, or over contiguous shares of them in local
+processes; on Dask (:class:`Dask`) one task per file, each returning its file's mergeable
+partial; the caller merges them (:mod:`.merged`). No shuffle is needed: the events of one
 process are all in one file, so everything per process (warm-up steps, step
 slices) is decided in the task, and what spans processes (the op views' groups,
 the rank analysis) is merged from small partials. Counts and totals equal the
@@ -27,6 +27,35 @@ SKETCH_NOTE = "p50/p99 from quantile sketches (within 1% of the exact value)"
 SOURCES = ("auto", "events", "aggregates")  # what summary and diff read (summary.summarize)
 TIMEOUT_S = 60.0  # default of --timeout: connecting, each answer of the scheduler, a cluster without workers
 POLL_S = 2.0  # how often a scan asks the scheduler whether it still has workers
+PARALLEL_FILES = 16  # from this many files up, Local(processes=None) uses one process per core
+
+
+class Local:
+    """Reads the files here: :func:`.partials.of_files` of all of them in one call (one scan of
+    their events, with exact quantiles), or over ``processes`` contiguous shares of them, this
+    process reading the first share while spawned ones read theirs (None: one per core from
+    :data:`PARALLEL_FILES` files up, else 1). Spawned: the caller's main module must be
+    importable (a script calls this under ``if __name__ == "__main__":``)."""
+
+    def __init__(self, processes=1):
+        self.processes = processes
+
+    def map(self, paths, source, options, progress=None):
+        """:func:`.partials.of_files` of each share of ``paths``, in file order."""
+        from .partials import of_files  # here: the CLI's --help must not load DuckDB
+
+        processes = self.processes
+        if processes is None:
+            processes = cores() if len(paths) >= PARALLEL_FILES else 1
+        processes = max(min(processes, len(paths)), 1)
+        cuts = [len(paths) * w // processes for w in range(processes + 1)]
+        shares = [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]  # in file order
+        if len(shares) == 1:
+            return [of_files(paths, shares[0], source, options, whole=True, progress=progress)]
+        rest = len(shares) - 1
+        with Processes(rest) as pool:
+            others = pool.map(of_files, [paths] * rest, shares[1:], [source] * rest, [options] * rest)
+            return [of_files(paths, shares[0], source, options), *others]
 
 
 class Dask:
@@ -53,13 +82,13 @@ class Dask:
             self._own.insert(0, client)
         self.client = client
 
-    def scan(self, paths, options, progress=None):
-        """The partials of ``paths``, one task per file, in input order."""
+    def map(self, paths, source, options, progress=None):
+        """:func:`.partials.of_files` of each of ``paths``, one task per file, in input order."""
         from dask.distributed import wait
 
-        from .summary import scan
+        from .partials import of_files
 
-        futures = [self.client.submit(scan, paths, [i], pure=False, **options) for i in range(len(paths))]
+        futures = [self.client.submit(of_files, paths, [i], source, options, pure=False) for i in range(len(paths))]
         pending, idle_since = set(futures), None
         while pending:
             try:
@@ -77,7 +106,7 @@ class Dask:
         return [self._result(f, paths, futures) for f in futures]
 
     def _result(self, future, paths, futures):
-        """A finished task's partial; its error here (a worker lost while running it: one line)."""
+        """A finished task's partials; its error here (a worker lost while running it: one line)."""
         from dask.distributed import KilledWorker
 
         try:

@@ -6,11 +6,9 @@ import json
 
 import orjson
 
+from .kinds import OP_VIEWS, ROW_VIEWS
 from .reader import TraceError
 
-OP_VIEWS = ("op", "module", "phase", "graph", "process")  # op statistics grouped by a key
-ROW_VIEWS = (*OP_VIEWS, "kernel")  # views whose rows are statistics of op (or kernel) events
-VIEWS = ("step", *OP_VIEWS, "kernel", "graphs", "rank")
 TITLES = {
     "step": "Steps (ms; warm-up steps marked)",
     "op": "Top ops by total time",

@@ -14,7 +14,7 @@ between the phases, untraced code) and coverage (share of the wall time in
 the four). Phases nest and each millisecond counts once, in the innermost
 phase: the optimizer's time is its own, less the forward and backward of an
 optimizer closure and the optimizer events nested in its slices (``parts``
-rows of the kinds ``summary.IN_OPTIMIZER``); a graph call of phase
+rows of the kinds ``kinds.IN_OPTIMIZER``); a graph call of phase
 inference nested in an optimizer slice (a compiled optimizer step) is
 optimizer time, not forward.
 

@@ -317,7 +317,7 @@ class Plausible:
                 self.fail("per-step samples that do not add up to the op time of their steps")
 
     def rank_columns(self, columns):
-        """The rank view's events as columns (summary.RANK_COLUMNS)."""
+        """The rank view's events as columns (kinds.RANK_COLUMNS)."""
         types = (is_int, is_int, lambda v: isinstance(v, str), is_int, is_int, is_num,
                  lambda v: v is None or is_num(v), lambda v: v is None or isinstance(v, str))
         if not isinstance(columns, list) or len(columns) != len(types) \

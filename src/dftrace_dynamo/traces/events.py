@@ -1,0 +1,406 @@
+"""The events of trace files, as a DuckDB table: the *source* stage of ``summary`` when the files'
+aggregate records cannot answer (see docs/design.rst, "Trace analysis").
+
+DuckDB parses the NDJSON lines itself (multi-member gzip and multi-frame zstd
+included) in one parallel scan into an in-memory table ``ev`` of the events the
+views need (no Python code runs per event). A large compressed file is cut at
+member/frame boundaries into pieces that DuckDB reads in parallel. The
+``[``/``]`` lines and a cut last line are skipped (``ignore_errors``). A file
+DuckDB cannot decompress (cut inside a gzip member or zstd frame) is decoded by
+:mod:`.reader` into a temporary plain file first, keeping what is readable. A
+line longer than :data:`.reader.MAX_LINE`, or an event field of the wrong JSON
+type (any event: see :data:`_SUSPECT`), is refused with ``validate``'s message
+(:class:`.reader.TraceError`).
+DFTracer 2.1+ traces, whose ``ph`` is a number (:data:`.reader.PH_LETTERS`),
+are read as if it were the letter.
+
+What counts as an *op event*: a complete event (``"ph":"X"``) of category
+``dynamo`` whose args carry a ``node`` (one executed FX node), or of category
+``kernel`` (one Inductor kernel call); traces written by pydftracer's Dynamo
+backend, which have no ``node``, count their ``cat:"dynamo"`` events without a
+``graph`` arg. Graph-call events (``cat:"dynamo_graph"``), compile events
+(``cat:"dynamo_compile"``), step structure (``step``, ``data``, ``backward``,
+``optimizer``), module slices, ``start``/``end`` and metadata are not ops; graph calls and compile
+events are reported in the totals (compile time counts only compile events not
+nested in another one of the same thread).
+"""
+
+import json
+import mmap
+import os
+import tempfile
+import threading
+
+import duckdb
+
+from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_OP
+from ..schema import (ARG_ASYNC, ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH, ARG_PEAK_RSS, ARG_PEER, ARG_RANK,
+                      ARG_RSS, CAT_COMM, CAT_STEP)
+from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
+from . import compiles, kernels, ranks, reader, runs, sketch, steps
+from .kinds import (BACKWARD, COMM, COMPILE, DATA, EVAL, GRAPH, IN_OPTIMIZER, INFERENCE_IN_OPTIMIZER, KIND_NAMES, OP,
+                    OPTIMIZER, PROCESS_NAME, RANK_COLUMNS, RANK_KINDS, START, STEP, STEP_KINDS, UNPARSED)
+from .reader import (MAX_LINE, MEMBER_START, PH_LETTERS, Damage, TraceError, check_trace,
+                     compression_of, iter_chunks, starts_a_line, tail_damage)
+
+# a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
+NS = "CAST(round(dur * 1000) AS BIGINT)"
+# table ev with column b: the sketch bucket of each op event's duration (NULL on other rows)
+BUCKETED = f"(SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)"
+PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
+
+# args fields read as text (a value of another JSON type must not make DuckDB drop the line);
+# each one costs parsing time on every event: only those a view uses
+_INFO = ("kind", "reason", "location", "frame", "run_id")  # of compile events and the start record
+# of comm events and step slices (ranks)
+_RANK_INFO = (ARG_BYTES, ARG_GROUP, ARG_RANK, ARG_PEER, ARG_ASYNC, ARG_PEAK_RSS, ARG_CUDA_PEAK)
+_ARGS = ("graph", "node", "module", "phase", ARG_RECOMPUTE, "name", "step", "kernel_type", *_INFO, *_RANK_INFO)
+# args read only to tell an object from another JSON value (see _SUSPECT): keys that events without
+# any of _ARGS have (every DFTracer event has hhash; memory counters, rss)
+_PRESENT = (ARG_HHASH, ARG_RSS)
+# numbers are read as their JSON text (DuckDB would turn a string, a boolean or a fraction into a
+# number without a word), then made numbers (column <field>_json: the text)
+_COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'JSON','tid':'JSON','ts':'JSON',"
+            "'dur':'JSON','args':'STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in (*_PRESENT, *_ARGS))
+            + ", aten_ops VARCHAR[])'}")
+_NUMBERS = {"pid": "BIGINT", "tid": "BIGINT", "ts": "DOUBLE", "dur": "DOUBLE"}
+# Column suspect: true on every event with a field of the wrong JSON type (reader.FIELD_TYPES), and
+# on a few right ones. Numbers, exactly: text that is no number (a string is quoted, true, [1]...),
+# or for an integer, holds a fraction ('.' or 'e') or is too large for BIGINT. Strings and args are
+# read as what DuckDB makes of any JSON value: the text of a number starts with '-' or a digit, of an
+# array with '[', of an object with '{', of a boolean is true or false; args that are not an object
+# read as an object without any of the keys read. So a name that starts with a digit is a suspect
+# too, and args without those keys. cat and ph are tested only on events that their values did not
+# classify (_load_sql). The files with a suspect are checked line by line (reader.wrong_type_error).
+_OTHER = "({c} >= '[' AND {c} < '\\') OR ({c} >= '{{' AND {c} < '|') OR {c} IN ('true', 'false')"
+_SUSPECT = {
+    "a number": "{c} IS NULL",
+    "an integer": "({c} IS NULL OR contains({c}_json, '.') OR contains({c}_json, 'e'))",
+    "a string": "({c} < 'A' OR " + _OTHER + ")",
+    "ph": "(({c} < 'A' AND (contains({c}, '.') OR contains({c}, 'e'))) OR " + _OTHER + ")",  # or an integer
+    "an object": "(coalesce(" + ", ".join(f'{{c}}."{a}"' for a in (*_PRESENT, *_ARGS)) + ") IS NULL "
+                 "AND {c}.aten_ops IS NULL)",
+}
+
+
+def _suspect_sql(fields):
+    """SQL true when one of ``fields`` may have the wrong JSON type (see _SUSPECT)."""
+    return " OR ".join(f"({f}{'_json' if f in _NUMBERS else ''} IS NOT NULL AND "
+                       + _SUSPECT[f if f == "ph" else reader.FIELD_TYPES[f]].format(c=f) + ")" for f in fields)
+
+
+# DFTracer 2.1+ ph numbers (read as text) as the letters they replace
+_PH = "CASE ph " + " ".join(f"WHEN '{n}' THEN '{c}'" for n, c in PH_LETTERS.items()) + " ELSE ph END"
+
+
+def _pieces(path, kind, directory):
+    """Files for DuckDB to read ``path`` from, in ``directory``, with their
+    offsets in it: a link to it, or, for a large gzip/zstd file, copies of
+    parts of about PIECE_BYTES cut at member/frame starts, which DuckDB
+    decompresses in parallel. A start is used only if decoding from it gives
+    the beginning of a line."""
+    size = os.path.getsize(path)
+    suffix = {"gzip": ".gz", "zstd": ".zst"}.get(kind, "")
+    if kind is None or size < 2 * PIECE_BYTES:
+        os.symlink(os.path.abspath(path), os.path.join(directory, "0" + suffix))
+        return [(os.path.join(directory, "0" + suffix), 0)]
+    magic = MEMBER_START[kind]
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cuts, pos = [0], PIECE_BYTES
+        while pos < size - PIECE_BYTES // 2:
+            pos = data.find(magic, pos)
+            if pos < 0:
+                break
+            if starts_a_line(data[pos:pos + (1 << 18)], kind):
+                cuts.append(pos)
+                pos += PIECE_BYTES
+            else:
+                pos += 1
+        cuts.append(size)
+        pieces = []
+        for i, (start, end) in enumerate(zip(cuts, cuts[1:])):
+            pieces.append((os.path.join(directory, f"{i}{suffix}"), start))
+            with open(pieces[-1][0], "wb") as out:
+                out.write(data[start:end])
+    return pieces
+
+
+def _source_sql(sources):
+    """UNION ALL of one read_json per (layout, compression) group of files."""
+    groups = {}
+    for src, _, layout, comp, _ in sources:
+        groups.setdefault((layout, comp), []).append(src)
+    parts, params = [], []
+    for (layout, comp), files in groups.items():
+        fmt = "array" if layout == "array" else "newline_delimited"
+        # hive_partitioning: the input index comes from the directory name file=N, for free
+        parts.append(f"SELECT * FROM read_json(?, format='{fmt}', compression='{comp}', "
+                     f"ignore_errors=true, hive_partitioning=true, maximum_object_size={MAX_LINE}, "
+                     f"columns={_COLUMNS})")
+        params.append(files)
+    return " UNION ALL ".join(parts), params
+
+
+def _load_sql(module_depth, source_sql):
+    """SQL that fills table ``ev`` with the events any view needs, one row each."""
+    module = "nullif(e.args.module, '')"
+    if module_depth:
+        module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
+    step_kinds = " ".join(f"WHEN e.ph = 'X' AND e.cat = '{cat}' THEN {kind}" for cat, kind in STEP_KINDS.items())
+    info = "struct_pack(" + ", ".join(f"{a} := e.args.{a}" for a in ("graph", *_INFO)) + ")"
+    rank_info = "struct_pack(" + ", ".join(f'"{a}" := e.args."{a}"' for a in _RANK_INFO) + ")"
+    numbers = ", ".join(f"TRY_CAST({f}::VARCHAR AS {t}) AS {f}" for f, t in _NUMBERS.items())
+    texts = ", ".join(f"{f} AS {f}_json" for f in _NUMBERS)
+    # cat and ph are strings (or ph a number) on the events whose kind compares them with one
+    unsure, cat_ph = f"kind IN ({PROCESS_NAME}, {UNPARSED})", _suspect_sql(("cat", "ph"))
+    return f"""
+CREATE TEMP TABLE ev AS
+SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsure} THEN suspect OR {cat_ph}
+                                         ELSE suspect END AS suspect) FROM (
+    SELECT CASE WHEN e.ph = 'X' AND e.cat = '{CAT_OP}' AND (e.args.node IS NOT NULL OR e.args.graph IS NULL) THEN {OP}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_KERNEL}' THEN {OP}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_GRAPH}' THEN {GRAPH}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_COMPILE}' THEN {COMPILE}
+                {step_kinds}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_EVAL}' THEN {EVAL}
+                WHEN e.ph = 'M' AND e.name = 'process_name' THEN {PROCESS_NAME}
+                WHEN e.ph = 'X' AND e.name = 'start' AND e.cat = '{CAT_DFTRACER}' THEN {START}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_COMM}' THEN {COMM}
+                WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind,
+           e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
+           TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
+           coalesce({module}, '(top level)') AS module,
+           CASE WHEN e.args.{ARG_RECOMPUTE} = 'true' THEN '{PHASE_RECOMPUTE}'  -- activation checkpointing's
+                ELSE coalesce(e.args.phase, '(none)') END AS phase,          -- ops run again in backward
+           coalesce(e.args.graph, '?') AS graph,
+           CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = '{CAT_DFTRACER}') THEN to_json({info})::VARCHAR
+                WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR
+                WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR END AS extra,
+           e.suspect, e.cat, e.ph
+    FROM (SELECT *, {_suspect_sql(("name", *_NUMBERS, "args"))} AS suspect
+          FROM (SELECT * REPLACE ({_PH} AS ph, {numbers}), {texts} FROM ({source_sql}))) e
+) WHERE kind IS NOT NULL OR suspect OR {cat_ph}
+"""
+
+
+# An event's interval in integer ns (ts: integer µs in our traces; a double's ts * 1000 would not be exact)
+_SPAN = f"CAST(floor(ts) AS BIGINT) * 1000 + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS a, {NS} AS ns"
+# each thread's step-structure events in start order, an enclosing event before what it holds
+_THREAD = (f"PARTITION BY file, pid, tid ORDER BY a, ns DESC, kind = {OPTIMIZER} DESC "
+           "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
+# The parts rows of the step parts nested in an optimizer event of their thread (IN_OPTIMIZER): the
+# graph calls and backward events inside an outermost optimizer event, per its step; the optimizer
+# events inside another one, per their own step. The writer nests the displayed intervals as the
+# measured ones (docs/design.rst), so an event is inside an optimizer event when one that began
+# before it on its thread ends no earlier; the outermost one holding it is the last outermost one
+# begun before it. Two window passes over the graph, backward and optimizer events: no join.
+_NESTED_SQL = f"""
+    WITH ph AS (SELECT file, pid, tid, step, kind, phase, {_SPAN} FROM ev
+                WHERE kind IN ({GRAPH}, {BACKWARD}, {OPTIMIZER}) AND step IS NOT NULL AND dur IS NOT NULL),
+         held AS (SELECT *, coalesce(max(CASE WHEN kind = {OPTIMIZER} THEN a + ns END) OVER (ROWS_) >= a + ns, false)
+                           AS nested FROM ph),
+         outer_step AS (SELECT *, last_value(CASE WHEN kind = {OPTIMIZER} AND NOT nested THEN step END IGNORE NULLS)
+                                  OVER (ROWS_) AS ostep FROM held)
+    SELECT file, pid, CASE WHEN kind = {OPTIMIZER} THEN step ELSE ostep END,
+           CASE WHEN kind = {OPTIMIZER} THEN {IN_OPTIMIZER[OPTIMIZER]}
+                WHEN kind = {GRAPH} AND phase = 'inference' THEN {INFERENCE_IN_OPTIMIZER}
+                WHEN kind = {GRAPH} THEN {IN_OPTIMIZER[GRAPH]} ELSE {IN_OPTIMIZER[BACKWARD]} END,
+           kind <> {OPTIMIZER} AND phase = 'backward', sum(ns) / 1000, count(*)
+    FROM outer_step WHERE nested GROUP BY ALL""".replace("ROWS_", _THREAD)
+
+
+def _run(con, sql, params, progress):
+    """Runs the query in a thread so the progress bar can follow it."""
+    result, error = [], []
+
+    def work():
+        try:
+            result.append(con.execute(sql, params).fetchall())
+        except duckdb.Error as e:
+            error.append(e)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    done = 0.0
+    while worker.is_alive():
+        worker.join(0.2)
+        pct = con.query_progress()
+        if progress and pct > done:
+            progress(pct - done)
+            done = pct
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _decode(path, plain, damage, offset=0, size=None):
+    """Decodes what is readable of a compressed file (or part) into the plain
+    file ``plain`` for DuckDB; returns ``plain``."""
+    with open(plain, "wb") as out:
+        for chunk in iter_chunks(path, damage, offset, size):
+            out.write(chunk)
+    return plain
+
+
+def _repair(con, sources):
+    """After a failed scan (corrupt data inside a file): finds the inputs
+    DuckDB cannot read and replaces their pieces by a plain decoded copy.
+    Returns (sources, damage notes)."""
+    by_file, notes = {}, []
+    for s in sources:
+        by_file.setdefault(s[1], []).append(s)
+    fixed = []
+    for index, group in by_file.items():
+        sql, params = _source_sql(group)
+        try:
+            con.execute(f"SELECT count(ph) FROM ({sql})", params).fetchall()
+            fixed += group
+            continue
+        except duckdb.Error:
+            pass
+        original, layout = group[0][4], group[0][2]
+        damage = Damage(original)
+        plain = os.path.join(os.path.dirname(group[0][0]), "whole.pfw")
+        fixed.append((_decode(original, plain, damage), index, layout, "none", original))
+        notes += damage.notes
+    return fixed, notes
+
+
+def _load(con, paths, indices, module_depth, progress, tmpdir, same_layout=None):
+    """Scans the files ``paths[i]`` for i in ``indices`` into table ``ev`` (column ``file``: i);
+    returns the warnings (what could not be read). ``same_layout``: that of every file (else each
+    file's own, see :func:`.reader.check_trace`)."""
+    sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
+    for index in indices:
+        path = paths[index]
+        layout, kind = same_layout or check_trace(path), compression_of(path)
+        directory = os.path.join(tmpdir, f"file={index}")
+        os.mkdir(directory)
+        pieces = _pieces(path, kind, directory)
+        sources += [(p, index, layout, kind or "none", path) for p, _ in pieces]
+        if kind is None:
+            continue
+        damage = Damage(path)
+        tail_damage(path, kind, damage)
+        if damage.notes and kind == "gzip":  # DuckDB fails on a cut gzip member: decode the last piece here
+            damage, (last, offset) = Damage(path), pieces[-1]
+            plain = _decode(last, os.path.join(directory, "last.pfw"), damage, offset, os.path.getsize(path))
+            sources[-1] = (plain, index, layout, "none", path)
+        warnings += damage.notes  # DuckDB reads a cut zstd frame without a word
+    for attempt in range(2):
+        source_sql, params = _source_sql(sources)
+        try:
+            _run(con, _load_sql(module_depth, source_sql), params, progress)
+            _check_types(con, paths)
+            return warnings
+        except (duckdb.IOException, duckdb.InvalidInputException) as e:
+            if "maximum_object_size" in str(e) and (err := reader.oversized_error([paths[i] for i in indices])):
+                raise err from None
+            if attempt:
+                raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
+            con.execute("DROP TABLE IF EXISTS ev")
+            sources, notes = _repair(con, sources)
+            warnings += notes
+
+
+def _check_types(con, paths):
+    """Raises ``validate``'s :class:`.reader.TraceError` for the first file ``paths[i]`` with an event
+    field of the wrong JSON type, checking line by line the files the scan found suspects in; then
+    drops the suspects' rows that no view reads."""
+    files = [f for (f,) in con.execute("SELECT DISTINCT file FROM ev WHERE suspect ORDER BY file").fetchall()]
+    for index in files:
+        if err := reader.wrong_type_error(paths[index]):
+            raise err
+    if files:
+        con.execute("DELETE FROM ev WHERE kind IS NULL")
+
+
+def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True, analyse=True,
+         layout=None, threads=None):
+    """Loads the files ``paths[i]``, i in ``indices``, into table ``ev`` of a new DuckDB connection.
+    Returns (the connection, the views' common partial: warnings, runs, unparsed lines,
+    evaluation slices, compile records, step slices and parts, the rank rows when there are
+    step slices and ``rank_rows``; the step analysis of these files, None without ``analyse``).
+    ``layout``: that of every file (``"array"``: one JSON array), else found per file; ``threads``:
+    DuckDB's (default: one per core)."""
+    con = duckdb.connect()
+    # rows in any order: the table is filled by both threads without keeping the file order
+    # (queries that need an order say so), which makes loading it markedly faster
+    con.execute("SET preserve_insertion_order = false")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    # query_progress() needs DuckDB's progress tracking, not its printing (which, on a Dask
+    # worker or without a terminal, would only add noise to standard error)
+    con.execute(f"SET enable_progress_bar = {bool(progress)}")
+    con.execute("SET enable_progress_bar_print = false")
+    with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
+        warnings = _load(con, paths, indices, module_depth, progress, tmpdir, layout)
+    out = {"warnings": warnings,
+           "runs": con.execute(runs.SQL.format(start=START)).fetchall(),
+           "unparsed": con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0],
+           "evaluation": [d for (d,) in con.execute(f"SELECT dur FROM ev WHERE kind = {EVAL}").fetchall()]}
+    records = [_record(r) for r in con.execute(
+        f"SELECT file, pid, tid, ts, dur, name, step, extra FROM ev WHERE kind = {COMPILE} "
+        "ORDER BY file, pid, tid, ts, dur DESC, name").fetchall()]
+    slices = con.execute(f"SELECT file, pid, tid, step, ts, dur FROM ev WHERE kind = {STEP} AND step IS NOT NULL "
+                         "ORDER BY file, pid, ts, tid, step").fetchall()
+    compiles.place(records, slices)  # each compile in the step whose slice holds it
+    # per-step sums matter only where steps were marked (every op of any trace carries a step)
+    parts = con.execute(f"""
+        SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000, count(*) FROM ev
+        WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
+        + con.execute(_NESTED_SQL).fetchall() if slices else []
+    out.update(records=records, slices=slices, parts=parts)
+    if slices and rank_rows:  # the events the rank analysis reads
+        out["rank_rows"] = ranks.rows(con, RANK_KINDS)
+    return con, out, steps.analyse(slices, parts, records, KIND_NAMES, include_warmup) if analyse else None
+
+
+def rank_columns(con):
+    """The events of table ``ev`` the rank analysis reads, as columns (:data:`RANK_COLUMNS`)."""
+    rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
+        ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
+        OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
+
+
+def rank_rows_of_columns(columns):
+    """:func:`.ranks.rows` of the events in :func:`rank_columns` (a small table ``ev`` of their own)."""
+    con = duckdb.connect()
+    try:
+        con.execute(f"CREATE TABLE ev AS SELECT {', '.join(f'unnest(${i + 1}) AS {c}' for i, c in enumerate(RANK_COLUMNS))}",
+                    columns)
+        return ranks.rows(con, RANK_KINDS)
+    finally:
+        con.close()
+
+
+def warm_condition(keys):
+    """SQL condition true on the events of the warm-up steps ``keys`` ((file, pid, step)
+    tuples; NULL on an event without a step): per process, its warm-up steps as an IN list."""
+    by_proc = {}
+    for file, pid, step in keys:
+        by_proc.setdefault((int(file), int(pid)), set()).add(int(step))
+    return " OR ".join(f"(file = {f} AND pid = {p} AND step IN ({', '.join(map(str, sorted(s)))}))"
+                       for (f, p), s in sorted(by_proc.items())) or "false"
+
+
+def warm_filter(con, keys, inline_max=256):
+    """SQL condition (``AND ...``) leaving out the events of the warm-up steps ``keys``
+    ((file, pid, step) tuples): :func:`warm_condition` (a filter on each row, much cheaper
+    than an anti-join over 10 M rows); a table and an anti-join when more than
+    ``inline_max`` processes have warm-up steps."""
+    if not keys:
+        return ""
+    if len({(f, p) for f, p, _ in keys}) <= inline_max:
+        return f"AND NOT coalesce({warm_condition(keys)}, false)"  # a row without a step is kept
+    con.execute("CREATE TEMP TABLE warm (file BIGINT, pid BIGINT, step BIGINT)")
+    con.executemany("INSERT INTO warm VALUES (?, ?, ?)", keys)
+    return "AND NOT EXISTS (SELECT 1 FROM warm w WHERE w.file = e.file AND w.pid = e.pid AND w.step = e.step)"
+
+
+def _record(row):
+    """A compile event as a dict: where it ran, its args (kind, reason, location...) and step."""
+    file, pid, tid, ts, dur, name, step, info = row
+    args = {k: v for k, v in json.loads(info or "{}").items() if v is not None}
+    return dict(args, file=file, pid=pid, tid=tid, ts=ts, dur=dur or 0.0, name=name, step=step)
