@@ -402,7 +402,7 @@ static const char *const ARGS[] = {"\"module\"", "\"phase\"", "\"graph\"", "\"no
                                    "\"kernel_type\"", "\"aten_ops\"", "\"recompute\""};
 enum { T_NAME, T_CAT, T_PH, T_ARGS };
 enum { A_MODULE, A_PHASE, A_GRAPH, A_NODE, A_STEP, A_KTYPE, A_ATEN, A_RECOMPUTE, A_N };
-/* the phase summary reports for activation checkpointing's second run of an op (traces/summary.py) */
+/* the phase summary reports for activation checkpointing's second run of an op (traces/events.py) */
 static const val_t RECOMPUTE_PHASE = {"\"recompute\"", 11};
 
 /* The group of an op or graph event: its descriptor (the JSON text of its key) interned. */
@@ -512,7 +512,7 @@ static int classify(const char *line, size_t len, cls_t *k) {
     k->bwd = IS(a[A_PHASE], "\"backward\"");
     k->slice = IS(c, "\"step\"");
     k->compile = IS(c, "\"dynamo_compile\"");
-    /* the events summary's other views read (traces/summary.py load, ranks.FUNCTIONAL) */
+    /* the events summary's other views read (traces/events.py load, ranks.FUNCTIONAL) */
     k->copy = (!op && (IS(c, "\"dynamo_graph\"") || k->compile || k->slice || IS(c, "\"data\"") ||
                        IS(c, "\"backward\"") || IS(c, "\"optimizer\"") || IS(c, "\"eval\"") ||
                        IS(c, "\"comm\"") ||
