@@ -83,6 +83,12 @@ def test_every_module_of_traces_has_its_stage():
     assert set(graph()) == set(STAGE_OF), "place each module of traces/ in a stage (docs/design.rst)"
 
 
+def test_the_design_describes_every_stage():
+    design = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "design.rst").read_text()
+    section = design[design.index("Trace analysis (``dftrace_dynamo.traces``)"):]
+    assert [m for m in sorted(PIPELINE) if f"``{m}" not in section] == []
+
+
 def test_no_module_imports_a_stage_above_it():
     upward = sorted(f"{m} ({STAGES[STAGE_OF[m]][0]}) imports {d} ({STAGES[STAGE_OF[d]][0]})"
                     for m, deps in graph().items() for d, _ in deps
