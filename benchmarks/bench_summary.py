@@ -1,5 +1,6 @@
-"""Wall time of ``dftrace-dynamo summary`` and ``diff`` on large traces, end to
-end (the command as a user runs it: interpreter start, DuckDB scan, all views).
+"""Wall time, CPU time and peak memory of ``dftrace-dynamo summary`` and ``diff`` on large
+traces, end to end (the command as a user runs it: interpreter start, the scan, all views),
+and the full scan's own rate (events per CPU second).
 
     python benchmarks/bench_summary.py [--ops 10000000] [--repeat 3] [--dir DIR] [--only NAME]
 
@@ -8,18 +9,21 @@ the documented layout, ~245 bytes per op event, graph and compile events around
 them): one gzip file, the same events as 8 rank files, one zstd file. With
 steps (tests/scripts/stepgen.py, written by the C writer: step slices holding
 data, forward graph with module slices and ops, backward, optimizer; --ops
-events in all): summary with the step view, and diff of two such traces (the
-second with an injected cost). Prints an RST table (best and median wall
-time, CPU time, load average).
+events in all): summary with the step view, diff of two such traces (the
+second with an injected cost), and ``summary --source events`` of the same
+number of events as 20 rank files of one run. Prints an RST table (best and
+median wall time, CPU time of the command, its peak resident memory, load
+average), then, per variant, the scan alone in this process (the files into the
+event table) as CPU seconds and lines (events) read per CPU second, and
+the cost of one ``time.perf_counter_ns()`` call (the machine's load shows in it).
 """
-
 import argparse
 import functools
 import os
-import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
@@ -42,6 +46,22 @@ def step_trace(ops, directory, name, *extra):
                                  capture_output=True, text=True, check=True).stdout.strip()
         os.rename(written, path)
     return path
+
+
+def rank_traces(ops, directory, files):
+    """``files`` stepgen rank files of one run, about ``ops`` events in all (cached)."""
+    steps = max(ops // files // (8 * STEP_LAYERS + 7), 2)
+    paths = [os.path.join(directory, f"ranks-{ops}-of{files}-rank{r}.pfw.gz") for r in range(files)]
+    gen = os.path.join(os.path.dirname(tracegen.__file__), "stepgen.py")
+    for rank, path in enumerate(paths):
+        if not os.path.exists(path):
+            print(f"writing {path}", file=sys.stderr)
+            env = dict(os.environ, DFTRACER_ENABLE="1", DFTRACER_RUN_ID=f"bench{ops}")
+            written = subprocess.run([sys.executable, gen, os.path.join(directory, f"partial-r{rank}"), "--steps",
+                                      str(steps), "--layers", str(STEP_LAYERS), "--rank", str(rank), "--rng",
+                                      str(rank)], env=env, capture_output=True, text=True, check=True).stdout.strip()
+            os.rename(written, path)
+    return paths
 
 
 def flat_traces(ops, directory, suffix, files):
@@ -68,21 +88,57 @@ def variants(ops, directory, only=None):
         "1 file, zstd": (["summary"], lambda: flat_traces(ops, directory, ".pfw.zst", 1)),
         "steps, 1 file, gzip (step view)": (["summary"], lambda: [base()]),
         "diff of 2 step traces, gzip": (["diff"], lambda: [base(), new()]),
+        "20 rank files, gzip (--source events)": (["summary", "--source", "events"],
+                                                  lambda: rank_traces(ops, directory, 20)),
     }
     return {name: (command, make()) for name, (command, make) in makers.items() if not only or only in name}
 
 
 def run(command, paths):
-    """(wall seconds, CPU seconds of the child) of one summary or diff."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    p = subprocess.run([*CLI, *command, "--format", "json", *paths], capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode != 0:
-        raise SystemExit(p.stderr)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    """(wall seconds, CPU seconds, peak resident memory in MiB) of one summary or diff."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        p = subprocess.Popen([*CLI, *command, "--format", "json", *paths], stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)  # this child's own resource use
+        wall = time.perf_counter() - start
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            raise SystemExit(err.read().decode())
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def scan_rate(paths):
+    """(CPU seconds, table rows) of the scan alone in this process: the files into the event
+    table (``events._load``), without the queries that follow it."""
+    import duckdb
+
+    from dftrace_dynamo.traces import events
+
+    con = duckdb.connect()
+    con.execute("SET preserve_insertion_order = false")  # as events.load
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.process_time()  # every thread of this process: the reader's and DuckDB's
+            events._load(con, paths, range(len(paths)), None, None, tmp)
+            cpu = time.process_time() - start
+        return cpu, con.execute("SELECT count(*) FROM ev").fetchone()[0]
+    finally:
+        con.close()
+
+
+def lines_of(paths):
+    """The lines (events, ``[``, ``]``) of the files: what the scan reads."""
+    from dftrace_dynamo.traces import reader
+
+    return sum(1 for p in paths for _ in reader.Lines(p))
+
+
+def timer_cost_ns(n=200_000):
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        time.perf_counter_ns()
+    return (time.perf_counter_ns() - t0) / n
 
 
 def main():
@@ -92,19 +148,28 @@ def main():
     ap.add_argument("--dir", default=os.path.join("/tmp", "dftrace-bench-summary"))
     ap.add_argument("--only", metavar="TEXT", help="only the variants whose name holds TEXT")
     a = ap.parse_args()
-    rows = []
+    rows, scans = [], []
     for name, (command, paths) in variants(a.ops, a.dir, a.only).items():
         size = sum(os.path.getsize(p) for p in paths) / 2**20
         load = os.getloadavg()[0]
         runs = [run(command, paths) for _ in range(a.repeat)]
-        walls = [w for w, _ in runs]
+        walls = [w for w, _, _ in runs]
         rows.append((name, f"{size:,.0f} MiB", f"{min(walls):.2f}", f"{statistics.median(walls):.2f}",
-                     f"{min(c for _, c in runs):.2f}", f"{load:.1f}"))
+                     f"{min(c for _, c, _ in runs):.2f}", f"{max(m for _, _, m in runs):,.0f}", f"{load:.1f}"))
         print(rows[-1], file=sys.stderr)
-    head = ("trace", "size", "best wall s", "median wall s", "CPU s", "load avg")
+        (cpu, kept), lines = min(scan_rate(paths) for _ in range(a.repeat)), lines_of(paths)
+        scans.append((name, f"{lines:,}", f"{kept:,}", f"{cpu:.2f}", f"{lines / cpu / 1e6:.2f}",
+                      f"{timer_cost_ns():.0f}"))
+        print(scans[-1], file=sys.stderr)
+    print(f"{a.ops:,} events per trace, {os.cpu_count()} CPUs, {a.repeat} runs each\n")
+    table(("trace", "size", "best wall s", "median wall s", "CPU s", "peak MiB", "load avg"), rows)
+    print("\nThe scan alone (the files into the event table, in this process, best of the runs):\n")
+    table(("trace", "lines read", "table rows", "scan CPU s", "M lines/CPU s", "perf_counter_ns() ns"), scans)
+
+
+def table(head, rows):
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     line = " ".join("=" * w for w in widths)
-    print(f"{a.ops:,} events per trace, {os.cpu_count()} CPUs, {a.repeat} runs each\n")
     print(line)
     for r in [head, None, *rows]:
         print(line if r is None else " ".join(str(c).ljust(w) for c, w in zip(r, widths)))

@@ -453,6 +453,7 @@ typedef struct {
 extern PyTypeObject dft_TagCellType;
 extern PyTypeObject dft_InterceptorType;
 extern PyTypeObject dft_GraphCallType;
+extern PyTypeObject dft_ScannerType; /* reader.c: trace lines to columns (the full scan) */
 int dft_check_site(unsigned long long site);
 
 /* ---- module spans (span.c) --------------------------------------------- */

@@ -597,7 +597,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     static const dft_site empty_site = {{"", 0}, {"", 0}};
     static const dft_str empty_tags = {"", 0};
     if (PyType_Ready(&dft_TagCellType) < 0 || PyType_Ready(&dft_InterceptorType) < 0 ||
-        PyType_Ready(&dft_GraphCallType) < 0)
+        PyType_Ready(&dft_GraphCallType) < 0 || PyType_Ready(&dft_ScannerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m)
@@ -636,7 +636,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         goto fail;
     if (PyModule_AddObjectRef(m, "TagCell", (PyObject *)&dft_TagCellType) < 0 ||
         PyModule_AddObjectRef(m, "Interceptor", (PyObject *)&dft_InterceptorType) < 0 ||
-        PyModule_AddObjectRef(m, "GraphCall", (PyObject *)&dft_GraphCallType) < 0)
+        PyModule_AddObjectRef(m, "GraphCall", (PyObject *)&dft_GraphCallType) < 0 ||
+        PyModule_AddObjectRef(m, "Scanner", (PyObject *)&dft_ScannerType) < 0)
         goto fail;
     return m;
 fail:

@@ -39,13 +39,17 @@ def record(path):
             if len(buf) > MAX_LINE:
                 return None
             continue  # the rest of the line is in the next chunk
-        line = buf[buf.rfind(b"\n", 0, i) + 1:end].strip().rstrip(b",")
-        try:
-            args = orjson.loads(line).get("args")
-        except (orjson.JSONDecodeError, AttributeError):
-            return None
-        return args if isinstance(args, dict) else None
+        return args_of(buf[buf.rfind(b"\n", 0, i) + 1:end])
     return None
+
+
+def args_of(line):
+    """The args of the clock record on ``line`` (the first holding its mark), or None."""
+    try:
+        args = orjson.loads(line.strip().rstrip(b",")).get("args")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return args if isinstance(args, dict) else None
 
 
 def ranks(paths, known=None, read=False, only=None):

@@ -1,13 +1,12 @@
 """The events of trace files, as a DuckDB table: the *source* stage of ``summary`` when the files'
 aggregate records cannot answer (see docs/design.rst, "Trace analysis").
 
-DuckDB parses the NDJSON lines itself (multi-member gzip and multi-frame zstd
-included) in one parallel scan into an in-memory table ``ev`` of the events the
-views need (no Python code runs per event). A large compressed file is cut at
-member/frame boundaries into pieces that DuckDB reads in parallel. The
-``[``/``]`` lines and a cut last line are skipped (``ignore_errors``). A file
-DuckDB cannot decompress (cut inside a gzip member or zstd frame) is decoded by
-:mod:`.reader` into a temporary plain file first, keeping what is readable. A
+The files' events are read into an in-memory table ``ev`` of the events the views need, one
+row each. Files in the line layout are read by :mod:`.fullscan` (the C reader: no Python code
+runs per event, one thread per file); the lines it does not take (``[``/``]``, a cut last line,
+forms of other writers) and JSON array files are parsed by DuckDB's JSON reader
+(``ignore_errors``), and every row is classified by the same SQL (:func:`_classify_sql`). What
+a damaged compressed file still holds is used, with a warning per damage. A
 line longer than :data:`.reader.MAX_LINE`, or an event field of the wrong JSON
 type (any event: see :data:`_SUSPECT`), is refused with ``validate``'s message
 (:class:`.reader.TraceError`).
@@ -25,8 +24,8 @@ events are reported in the totals (compile time counts only compile events not
 nested in another one of the same thread).
 """
 
+import functools
 import json
-import mmap
 import os
 import tempfile
 import threading
@@ -37,17 +36,15 @@ from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL,
 from ..schema import (ARG_ASYNC, ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH, ARG_PEAK_RSS, ARG_PEER, ARG_RANK,
                       ARG_RSS, CAT_COMM, CAT_STEP)
 from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
-from . import compiles, kernels, ranks, reader, runs, sketch, steps
+from . import clock, compiles, fullscan, kernels, ranks, reader, runs, sketch, steps
 from .kinds import (BACKWARD, COMM, COMPILE, DATA, EVAL, GRAPH, IN_OPTIMIZER, INFERENCE_IN_OPTIMIZER, KIND_NAMES, OP,
                     OPTIMIZER, PROCESS_NAME, RANK_COLUMNS, RANK_KINDS, START, STEP, STEP_KINDS, UNPARSED)
-from .reader import (MAX_LINE, MEMBER_START, PH_LETTERS, Damage, TraceError, check_trace,
-                     compression_of, iter_chunks, starts_a_line, tail_damage)
+from .reader import MAX_LINE, PH_LETTERS, Damage, TraceError, check_trace, compression_of, iter_chunks, tail_damage
 
 # a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
 NS = "CAST(round(dur * 1000) AS BIGINT)"
 # table ev with column b: the sketch bucket of each op event's duration (NULL on other rows)
 BUCKETED = f"(SELECT *, CASE WHEN kind = {OP} THEN {sketch.key_sql('dur')} END AS b FROM ev)"
-PIECE_BYTES = 24 << 20  # compressed bytes per piece DuckDB reads in parallel
 
 # args fields read as text (a value of another JSON type must not make DuckDB drop the line);
 # each one costs parsing time on every event: only those a view uses
@@ -60,9 +57,9 @@ _ARGS = ("graph", "node", "module", "phase", ARG_RECOMPUTE, "name", "step", "ker
 _PRESENT = (ARG_HHASH, ARG_RSS)
 # numbers are read as their JSON text (DuckDB would turn a string, a boolean or a fraction into a
 # number without a word), then made numbers (column <field>_json: the text)
+_ARGS_TYPE = "STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in (*_PRESENT, *_ARGS)) + ", aten_ops VARCHAR[])"
 _COLUMNS = ("{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'JSON','tid':'JSON','ts':'JSON',"
-            "'dur':'JSON','args':'STRUCT(" + ", ".join(f'"{a}" VARCHAR' for a in (*_PRESENT, *_ARGS))
-            + ", aten_ops VARCHAR[])'}")
+            f"'dur':'JSON','args':'{_ARGS_TYPE}'}}")
 _NUMBERS = {"pid": "BIGINT", "tid": "BIGINT", "ts": "DOUBLE", "dur": "DOUBLE"}
 # Column suspect: true on every event with a field of the wrong JSON type (reader.FIELD_TYPES), and
 # on a few right ones. Numbers, exactly: text that is no number (a string is quoted, true, [1]...),
@@ -71,7 +68,7 @@ _NUMBERS = {"pid": "BIGINT", "tid": "BIGINT", "ts": "DOUBLE", "dur": "DOUBLE"}
 # array with '[', of an object with '{', of a boolean is true or false; args that are not an object
 # read as an object without any of the keys read. So a name that starts with a digit is a suspect
 # too, and args without those keys. cat and ph are tested only on events that their values did not
-# classify (_load_sql). The files with a suspect are checked line by line (reader.wrong_type_error).
+# classify (_classify_sql). The files with a suspect are checked line by line (reader.wrong_type_error).
 _OTHER = "({c} >= '[' AND {c} < '\\') OR ({c} >= '{{' AND {c} < '|') OR {c} IN ('true', 'false')"
 _SUSPECT = {
     "a number": "{c} IS NULL",
@@ -93,38 +90,6 @@ def _suspect_sql(fields):
 _PH = "CASE ph " + " ".join(f"WHEN '{n}' THEN '{c}'" for n, c in PH_LETTERS.items()) + " ELSE ph END"
 
 
-def _pieces(path, kind, directory):
-    """Files for DuckDB to read ``path`` from, in ``directory``, with their
-    offsets in it: a link to it, or, for a large gzip/zstd file, copies of
-    parts of about PIECE_BYTES cut at member/frame starts, which DuckDB
-    decompresses in parallel. A start is used only if decoding from it gives
-    the beginning of a line."""
-    size = os.path.getsize(path)
-    suffix = {"gzip": ".gz", "zstd": ".zst"}.get(kind, "")
-    if kind is None or size < 2 * PIECE_BYTES:
-        os.symlink(os.path.abspath(path), os.path.join(directory, "0" + suffix))
-        return [(os.path.join(directory, "0" + suffix), 0)]
-    magic = MEMBER_START[kind]
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        cuts, pos = [0], PIECE_BYTES
-        while pos < size - PIECE_BYTES // 2:
-            pos = data.find(magic, pos)
-            if pos < 0:
-                break
-            if starts_a_line(data[pos:pos + (1 << 18)], kind):
-                cuts.append(pos)
-                pos += PIECE_BYTES
-            else:
-                pos += 1
-        cuts.append(size)
-        pieces = []
-        for i, (start, end) in enumerate(zip(cuts, cuts[1:])):
-            pieces.append((os.path.join(directory, f"{i}{suffix}"), start))
-            with open(pieces[-1][0], "wb") as out:
-                out.write(data[start:end])
-    return pieces
-
-
 def _source_sql(sources):
     """UNION ALL of one read_json per (layout, compression) group of files."""
     groups = {}
@@ -141,8 +106,9 @@ def _source_sql(sources):
     return " UNION ALL ".join(parts), params
 
 
-def _load_sql(module_depth, source_sql):
-    """SQL that fills table ``ev`` with the events any view needs, one row each."""
+def _classify_sql(module_depth, source_sql):
+    """SELECT of the rows of table ``ev`` (the events any view needs, one row each) from a source
+    with the columns of :func:`_source_sql`."""
     module = "nullif(e.args.module, '')"
     if module_depth:
         module = f"array_to_string(string_split({module}, '.')[1:{int(module_depth)}], '.')"
@@ -154,7 +120,6 @@ def _load_sql(module_depth, source_sql):
     # cat and ph are strings (or ph a number) on the events whose kind compares them with one
     unsure, cat_ph = f"kind IN ({PROCESS_NAME}, {UNPARSED})", _suspect_sql(("cat", "ph"))
     return f"""
-CREATE TEMP TABLE ev AS
 SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsure} THEN suspect OR {cat_ph}
                                          ELSE suspect END AS suspect) FROM (
     SELECT CASE WHEN e.ph = 'X' AND e.cat = '{CAT_OP}' AND (e.args.node IS NOT NULL OR e.args.graph IS NULL) THEN {OP}
@@ -233,11 +198,11 @@ def _run(con, sql, params, progress):
     return result[0]
 
 
-def _decode(path, plain, damage, offset=0, size=None):
-    """Decodes what is readable of a compressed file (or part) into the plain
-    file ``plain`` for DuckDB; returns ``plain``."""
+def _decode(path, plain, damage):
+    """Decodes what is readable of a compressed file into the plain file ``plain`` for DuckDB;
+    returns ``plain``."""
     with open(plain, "wb") as out:
-        for chunk in iter_chunks(path, damage, offset, size):
+        for chunk in iter_chunks(path, damage):
             out.write(chunk)
     return plain
 
@@ -268,39 +233,53 @@ def _repair(con, sources):
 
 def _load(con, paths, indices, module_depth, progress, tmpdir, same_layout=None):
     """Scans the files ``paths[i]`` for i in ``indices`` into table ``ev`` (column ``file``: i);
-    returns the warnings (what could not be read). ``same_layout``: that of every file (else each
-    file's own, see :func:`.reader.check_trace`)."""
-    sources, warnings = [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
+    returns the warnings (what could not be read) and the clock records of the files read by the
+    full scan ({i: args or None}, see :func:`.clock.offsets_us`). ``same_layout``: that of every
+    file (else each file's own, see :func:`.reader.check_trace`). Files in the line layout are
+    read by :mod:`.fullscan`; the lines it does not take and JSON array files, by DuckDB."""
+    sources, lines, warnings = [], [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
     for index in indices:
         path = paths[index]
-        layout, kind = same_layout or check_trace(path), compression_of(path)
+        layout = same_layout or check_trace(path)
         directory = os.path.join(tmpdir, f"file={index}")
         os.mkdir(directory)
-        pieces = _pieces(path, kind, directory)
-        sources += [(p, index, layout, kind or "none", path) for p, _ in pieces]
+        if layout == "lines":
+            lines.append(index)
+            continue
+        kind = compression_of(path)
+        link = os.path.join(directory, "0" + {"gzip": ".gz", "zstd": ".zst"}.get(kind, ""))
+        os.symlink(os.path.abspath(path), link)
+        sources.append((link, index, layout, kind or "none", path))
         if kind is None:
             continue
         damage = Damage(path)
         tail_damage(path, kind, damage)
-        if damage.notes and kind == "gzip":  # DuckDB fails on a cut gzip member: decode the last piece here
-            damage, (last, offset) = Damage(path), pieces[-1]
-            plain = _decode(last, os.path.join(directory, "last.pfw"), damage, offset, os.path.getsize(path))
-            sources[-1] = (plain, index, layout, "none", path)
+        if damage.notes and kind == "gzip":  # DuckDB fails on a cut gzip member: decode it here
+            damage = Damage(path)
+            sources[-1] = (_decode(path, os.path.join(directory, "whole.pfw"), damage), index, layout, "none", path)
         warnings += damage.notes  # DuckDB reads a cut zstd frame without a word
+    classify = functools.partial(_classify_sql, module_depth)
+    notes, fallbacks, marks = fullscan.fill(con, paths, lines, tmpdir, (*_ARGS, "aten_ops"), classify, _ARGS_TYPE,
+                                            progress)
+    warnings = notes + warnings
+    sources += [(f, i, "lines", "none", paths[i]) for i, f in fallbacks.items() if f]
+    clocks = {i: clock.args_of(line) if line else None for i, line in marks.items()}
     for attempt in range(2):
+        if not sources:
+            break
         source_sql, params = _source_sql(sources)
         try:
-            _run(con, _load_sql(module_depth, source_sql), params, progress)
-            _check_types(con, paths)
-            return warnings
+            _run(con, f"INSERT INTO ev BY NAME {classify(source_sql)}", params, None if lines else progress)
+            break
         except (duckdb.IOException, duckdb.InvalidInputException) as e:
             if "maximum_object_size" in str(e) and (err := reader.oversized_error([paths[i] for i in indices])):
                 raise err from None
             if attempt:
                 raise TraceError(f"cannot read the traces: {str(e).splitlines()[0]}") from None
-            con.execute("DROP TABLE IF EXISTS ev")
             sources, notes = _repair(con, sources)
             warnings += notes
+    _check_types(con, paths)
+    return warnings, clocks
 
 
 def _check_types(con, paths):
@@ -334,8 +313,8 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
     con.execute(f"SET enable_progress_bar = {bool(progress)}")
     con.execute("SET enable_progress_bar_print = false")
     with tempfile.TemporaryDirectory(prefix="dftrace-summary-") as tmpdir:
-        warnings = _load(con, paths, indices, module_depth, progress, tmpdir, layout)
-    out = {"warnings": warnings,
+        warnings, clocks = _load(con, paths, indices, module_depth, progress, tmpdir, layout)
+    out = {"warnings": warnings, "clocks": clocks,
            "runs": con.execute(runs.SQL.format(start=START)).fetchall(),
            "unparsed": con.execute(f"SELECT count(*) FROM ev WHERE kind = {UNPARSED}").fetchone()[0],
            "evaluation": [d for (d,) in con.execute(f"SELECT dur FROM ev WHERE kind = {EVAL}").fetchall()]}

@@ -58,7 +58,7 @@ def scan(paths, indices, views=VIEWS, module_depth=None, include_warmup=False, s
                if step_samples else None)
     if whole and out["slices"]:
         out["ranks"] = ranks.analyse(ranks.rows(con, RANK_KINDS), paths, RANK_KINDS, out["records"], info,
-                                     warnings=out["warnings"])
+                                     out["clocks"], out["warnings"])
     con.close()
     return out
 

@@ -5,6 +5,11 @@ sequence of independent members (a zstd file, of frames): every complete
 member is used; a file cut inside a member (a crash, a copy in progress) gives
 what can be decoded up to the cut, and a :class:`Damage` note says what was lost.
 
+The full scan reads the events of a file through :func:`scan_text` (the C reader,
+``_core.Scanner``, see csrc/reader.c), which inflates whole gzip members itself
+(:data:`WINDOW` compressed bytes held at a time, one member of at most 64 MiB
+decoded) and falls back to the decoding here for what it cannot.
+
 Memory does not grow with the file: it is decompressed :data:`FEED` bytes at
 a time (at most 1 MiB of gzip output, 32 MiB of zstd output per step), blank
 lines are skipped without being split off one by one, a line longer than
@@ -29,6 +34,7 @@ CHUNK = 1 << 20
 # block of 4 bytes gives at most 128 KiB, so one call yields <= 1 MiB (gzip)
 # or <= 32 MiB (zstd), however hostile the file.
 FEED = 1 << 10
+WINDOW = 64 << 20  # compressed bytes of a gzip file the C reader holds at a time (whole members)
 MAX_LINE = 16 << 20  # longest line read, in bytes (longer ones are skipped, see too_long)
 KEEP = 1000  # line numbers kept per kind of bad line
 SUFFIXES = (".pfw", ".pfw.gz", ".pfw.zst")
@@ -286,18 +292,61 @@ def tail_damage(path, kind, damage, window=16 << 20):
         pass
 
 
-def iter_chunks(path, damage=None, offset=0, size=None):
-    """Decompressed content of one file as byte chunks. When ``path`` is a
-    part of a larger file, ``offset`` (where it starts) and ``size`` (of the
-    whole file) make the damage notes refer to the whole file."""
+def iter_chunks(path, damage=None):
+    """Decompressed content of one file as byte chunks."""
     damage = damage if damage is not None else Damage(path)
     kind = compression_of(path)
     with open(path, "rb") as f:
         if kind:
-            yield from _members(f, size or os.fstat(f.fileno()).st_size, damage, kind, offset)
+            yield from _members(f, os.fstat(f.fileno()).st_size, damage, kind)
         else:
             while chunk := f.read(CHUNK):
                 yield chunk
+
+
+class _From:
+    """The file ``f`` from byte ``start`` on, as :func:`_members` reads a part of a file."""
+
+    def __init__(self, f, start):
+        self.f, self.start = f, start
+
+    def read(self, n):
+        return self.f.read(n)
+
+    def seek(self, pos):
+        return self.f.seek(self.start + pos)
+
+
+def scan_text(path, scanner, damage, rows):
+    """Feeds the text of ``path`` to ``scanner`` (a ``_core.Scanner``), yielding whenever it
+    holds ``rows`` rows (the caller takes them) and once at the end. The scanner inflates the
+    gzip members it can inflate whole; from the first one it cannot (cut, corrupt, larger than
+    it takes) the file is decoded by :func:`_members`, which notes the damage in ``damage``
+    exactly as for every other reader. zstd and plain files are decoded here."""
+    kind = compression_of(path)
+    with open(path, "rb") as f:
+        size, pos = os.fstat(f.fileno()).st_size, 0
+        while kind == "gzip" and pos < size:
+            f.seek(pos)
+            window = f.read(WINDOW)
+            at, failed = 0, False
+            while at < len(window) and not failed:
+                at, failed = scanner.feed_gzip(window, at, rows)
+                if scanner.rows >= rows:
+                    yield
+            pos += at
+            # a member cut by the window's end is read again from its start, once
+            if failed and (at == 0 or len(window) < WINDOW):
+                break
+        if pos < size:
+            f.seek(pos)
+            chunks = _members(_From(f, pos), size, damage, kind, pos) if kind else iter(lambda: f.read(CHUNK), b"")
+            for chunk in chunks:
+                scanner.feed(chunk)
+                if scanner.rows >= rows:
+                    yield
+    scanner.finish()
+    yield
 
 
 class Counted:
