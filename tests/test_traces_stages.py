@@ -16,7 +16,7 @@ TRACES = pathlib.Path(dftrace_dynamo.traces.__file__).parent
 PACKAGE = "dftrace_dynamo.traces"
 # lowest first: a module may import modules of its own stage or of a stage before it
 STAGES = (
-    ("file", {"reader", "writer", "clock"}),
+    ("file", {"reader", "writer", "clock", "fullscan"}),
     ("shared analyses", {"kinds", "sketch", "compiles", "steps", "runs", "kernels", "origin", "ranks"}),
     ("other commands", {"convert", "merge", "split", "validate", "perfetto_proto"}),
     ("verified source", {"trust", "aggregates", "events"}),
