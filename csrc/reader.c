@@ -112,7 +112,10 @@ static inline const char *ws(const char *p, const char *e) {
 }
 
 static int hexv(int c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c |= 0x20; /* lower case */
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
 static int hex4(const char *p, const char *e) {
@@ -777,6 +780,11 @@ static int fallback_put(Scanner *s, const char *p, size_t n) {
 /* Whether the mark is still looked for. */
 static inline int looking(Scanner *s) { return s->mark && !s->marked && s->text_bytes < s->mark_limit; }
 
+/* Whether the mark is looked for and in p[0..n). */
+static inline int holds_mark(Scanner *s, const char *p, size_t n) {
+    return looking(s) && memmem(p, n, s->mark, s->mark_len);
+}
+
 /* One line (without its newline); marked: it holds the mark. -1 without memory or on a write error. */
 static int line(Scanner *s, const char *p, size_t n, int marked) {
     s->lines++;
@@ -836,7 +844,7 @@ static int text(Scanner *s, const char *p, size_t n) {
             if (dft_buf_reserve(&s->carry, k) < 0)
                 return -1;
             dft_buf_put(&s->carry, p, k);
-            rc = line(s, s->carry.p, s->carry.len, looking(s) && memmem(s->carry.p, s->carry.len, s->mark, s->mark_len));
+            rc = line(s, s->carry.p, s->carry.len, holds_mark(s, s->carry.p, s->carry.len));
             s->carry.len = 0;
         } else {
             rc = line(s, p, k, hit && hit >= p && hit < nl);
@@ -953,7 +961,7 @@ static PyObject *Scanner_feed_gzip(Scanner *s, PyObject *args) {
 static PyObject *Scanner_finish(Scanner *s, PyObject *unused) {
     int rc = 0;
     if (s->carry.len && !s->skipping)
-        rc = line(s, s->carry.p, s->carry.len, looking(s) && memmem(s->carry.p, s->carry.len, s->mark, s->mark_len));
+        rc = line(s, s->carry.p, s->carry.len, holds_mark(s, s->carry.p, s->carry.len));
     s->carry.len = 0;
     s->skipping = 0;
     if (rc < 0 || fallback_flush(s) < 0)
@@ -1133,7 +1141,8 @@ static PyMethodDef Scanner_methods[] = {
      "feed_gzip(data, start, max_rows) -> (stop, failed): inflates and reads the whole gzip members of data from "
      "start until max_rows rows are held; stop: where it stopped; failed: the member there is incomplete, corrupt "
      "or too large to inflate in one piece."},
-    {"finish", (PyCFunction)Scanner_finish, METH_NOARGS, "finish(): the last line (without newline); flushes the fallback."},
+    {"finish", (PyCFunction)Scanner_finish, METH_NOARGS,
+     "finish(): the last line (without newline); flushes the fallback."},
     {"take", (PyCFunction)Scanner_take, METH_NOARGS,
      "take() -> (rows, new sites, site, pid, tid, ts, dur, step): the rows since the last take, as native columns "
      "(int32, int64, int64, float64, float64, int64; NULL: INT64_MIN or NaN)."},

@@ -237,7 +237,8 @@ def _load(con, paths, indices, module_depth, progress, tmpdir, same_layout=None)
     full scan ({i: args or None}, see :func:`.clock.offsets_us`). ``same_layout``: that of every
     file (else each file's own, see :func:`.reader.check_trace`). Files in the line layout are
     read by :mod:`.fullscan`; the lines it does not take and JSON array files, by DuckDB."""
-    sources, lines, warnings = [], [], []  # sources: (file DuckDB reads, input index, layout, compression, input path)
+    # sources: (file DuckDB reads, input index, layout, compression, input path)
+    sources, lines, warnings = [], [], []
     for index in indices:
         path = paths[index]
         layout = same_layout or check_trace(path)
