@@ -10,7 +10,12 @@
  * windows), outside compiled graphs (their ops have events of their own: a
  * GraphCall's context is on the thread) and outside compiles. Autograd's
  * engine records (scope BACKWARD_FUNCTION) are not ops: the ops they run are
- * top-level, in phase backward. */
+ * top-level, in phase backward.
+ *
+ * Eager modules: global forward pre/post hooks (eager_module_enter/exit, C
+ * functions, so Dynamo never makes a frame of them) keep a per-thread stack of
+ * the eager module calls; an op carries the innermost one's path (its tags),
+ * and each call with a site of its own is a module slice. */
 #include "core.h"
 #include <dlfcn.h>
 #include <string.h>
@@ -39,6 +44,8 @@ typedef struct {
     uint32_t bwd_depth;   /* depth of the open autograd engine record (0: none) */
     uint32_t bwd_node;    /* its first child (the autograd node's own record) began */
     uint32_t site_now;    /* site of the open top-level op, 0: not recorded */
+    uint32_t tags_now;    /* its module's tags */
+    uint32_t mod_tags;    /* tags of the innermost eager module call (eager_module_enter/exit) */
     uint64_t start;
 } eager_tls_t;
 static _Thread_local eager_tls_t et __attribute__((tls_model("initial-exec")));
@@ -52,6 +59,22 @@ static char *miss_names[MISS_MAX];
 static uint32_t miss_n;
 /* the phase of top-level ops outside autograd's engine, per thread (set_eager_phase) */
 static _Thread_local uint32_t phase_now = 1u << DFT_PHASE_SHIFT;
+
+/* Eager module calls of this thread, innermost last (GIL held: the hooks run with it). */
+typedef struct {
+    PyObject *module; /* borrowed: only compared (the call holds the module) */
+    uint32_t tags;    /* tags of ,"module":path of the ops inside (the outer call's if none) */
+    uint32_t site;    /* its module slice's site, 0: no slice of its own */
+    uint64_t start;   /* 0: opened while nothing was recorded */
+} mod_call;
+typedef struct {
+    mod_call *v;
+    uint32_t n, cap;
+} mod_stack_t;
+static _Thread_local mod_stack_t mods;
+static PyObject *mod_entries;  /* {id(module): (weakref, tags, site)} (events.eager owns it) */
+static PyObject *mod_resolver; /* resolver(module, caller) -> entry or None: a module not in mod_entries */
+static PyObject *grad_enabled; /* torch.is_grad_enabled */
 
 static uint64_t hash_name(const char *s) {
     uint64_t h = 1469598103934665603ull;
@@ -135,6 +158,7 @@ static void itt_begin(const void *domain, itt_id id, itt_id parent, void *handle
         atomic_load_explicit(&compiling, memory_order_relaxed) || !dft_tls.buf)
         return;
     et.site_now = site;
+    et.tags_now = et.mod_tags;
     et.start = dft_tick();
 }
 
@@ -149,7 +173,7 @@ static void itt_end(const void *domain) {
         if (et.site_now) {
             uint64_t end = dft_tick();
             uint32_t phase = et.bwd_depth ? DFT_PHASE_BACKWARD << DFT_PHASE_SHIFT : phase_now;
-            dft_push(et.site_now, et.start, end, phase | dft_hot.ticks, 0, NULL);
+            dft_push(et.site_now, et.start, end, phase | dft_hot.ticks, et.tags_now, NULL);
             et.site_now = 0;
         }
     } else if (d == et.bwd_depth) {
@@ -298,6 +322,114 @@ static PyObject *py_set_eager_observing(PyObject *m, PyObject *o) {
     Py_RETURN_NONE;
 }
 
+/* ---- eager module calls ------------------------------------------------------------------ */
+
+/* The entry (tags, site) of module: from mod_entries while its weakref still gives this module
+ * (an id is reused once a module dies), else from the resolver. 0: none found (error set or not). */
+static int mod_entry(PyObject *module, PyObject *caller, uint32_t *tags, uint32_t *site, int resolve) {
+    PyObject *key = PyLong_FromVoidPtr(module);
+    if (!key)
+        return 0;
+    PyObject *e = PyDict_GetItemWithError(mod_entries, key); /* borrowed */
+    Py_DECREF(key);
+    if (e && !(PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 3 && PyWeakref_Check(PyTuple_GET_ITEM(e, 0)) &&
+               PyWeakref_GetObject(PyTuple_GET_ITEM(e, 0)) == module))
+        e = NULL;
+    PyObject *owned = NULL;
+    if (!e && resolve && !PyErr_Occurred()) {
+        PyObject *a[2] = {module, caller};
+        if (!(owned = e = PyObject_Vectorcall(mod_resolver, a, 2, NULL)))
+            return 0;
+        if (e == Py_None || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3)
+            e = NULL;
+    }
+    int found = 0;
+    if (e) {
+        unsigned long t = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(e, 1));
+        unsigned long s = PyErr_Occurred() ? 0 : PyLong_AsUnsignedLong(PyTuple_GET_ITEM(e, 2));
+        if (!PyErr_Occurred() && dft_tags_usable(t) && (!s || s < atomic_load(&dft_sites.count)))
+            *tags = (uint32_t)t, *site = (uint32_t)s, found = 1;
+    }
+    Py_XDECREF(owned);
+    return found;
+}
+
+/* eager_module_enter(module, args): a global forward pre-hook. Opens an eager module call: its
+ * ops carry its path, and its slice starts (outside GraphCalls: a graph's modules are its own). */
+static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || !mod_entries || !mod_resolver)
+        Py_RETURN_NONE;
+    if (mods.n == mods.cap) {
+        if (mods.cap >= DFT_OPEN_MAX)
+            Py_RETURN_NONE; /* its exit finds no call of its own */
+        uint32_t cap = mods.cap ? 2 * mods.cap : 16;
+        mod_call *v = realloc(mods.v, cap * sizeof *v);
+        if (!v)
+            return PyErr_NoMemory();
+        mods.v = v, mods.cap = cap;
+    }
+    PyObject *module = args[0];
+    uint32_t tags = 0, site = 0;
+    if (!(dft_tls.ctx & DFT_PHASE_MASK)) {
+        PyObject *caller = mods.n ? mods.v[mods.n - 1].module : Py_None;
+        if (!mod_entry(module, caller, &tags, &site, 1) && PyErr_Occurred())
+            return NULL; /* torch reports it from the module call: events.eager's resolver catches its own */
+    }
+    mod_call *c = &mods.v[mods.n++];
+    c->module = module;
+    c->tags = tags ? tags : et.mod_tags;
+    c->site = site;
+    c->start = site && dft_ops_recording() ? dft_tick() : 0;
+    et.mod_tags = c->tags;
+    Py_RETURN_NONE;
+}
+
+/* eager_module_exit(module, args, output): a global forward hook (always called). Closes the
+ * module's call (and calls above it a failed pre-hook left open), recording its slice with the
+ * grad mode of the call, unless its slice is no longer its own (its frame got hooks meanwhile). */
+static PyObject *py_eager_module_exit(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || !mods.n)
+        Py_RETURN_NONE;
+    PyObject *module = args[0];
+    uint32_t i = mods.n;
+    while (i && mods.v[i - 1].module != module)
+        i--;
+    if (!i)
+        Py_RETURN_NONE; /* not opened here (hooks installed during its call) */
+    mod_call c = mods.v[i - 1];
+    mods.n = i - 1;
+    et.mod_tags = mods.n ? mods.v[mods.n - 1].tags : 0;
+    uint32_t tags = 0, site = 0;
+    if (c.start && dft_ops_recording() && mod_entry(module, Py_None, &tags, &site, 0) && site == c.site) {
+        uint64_t end = dft_tick();
+        PyObject *g = grad_enabled ? PyObject_CallNoArgs(grad_enabled) : NULL;
+        int grad = g ? PyObject_IsTrue(g) : 1;
+        Py_XDECREF(g);
+        PyErr_Clear();
+        uint32_t ctx = grad ? DFT_FLAG_GRAD | DFT_PHASE_FORWARD << DFT_PHASE_SHIFT : DFT_PHASE_INFERENCE << DFT_PHASE_SHIFT;
+        dft_push(c.site, c.start, end, ctx | dft_hot.ticks, 0, NULL);
+    }
+    PyErr_Clear();
+    Py_RETURN_NONE;
+}
+
+/* set_eager_modules(entries, resolver, is_grad_enabled): where eager module calls find their
+ * path and slice (None: module calls are not followed) */
+static PyObject *py_set_eager_modules(PyObject *m, PyObject *args) {
+    PyObject *entries, *resolver, *grad;
+    if (!PyArg_ParseTuple(args, "OOO:set_eager_modules", &entries, &resolver, &grad))
+        return NULL;
+    if (entries != Py_None && !PyDict_Check(entries))
+        return PyErr_Format(PyExc_TypeError, "set_eager_modules: a dict, not %s", Py_TYPE(entries)->tp_name);
+    PyObject *e = entries == Py_None ? NULL : entries, *r = resolver == Py_None ? NULL : resolver,
+             *g = grad == Py_None ? NULL : grad;
+    Py_XINCREF(e), Py_XINCREF(r), Py_XINCREF(g);
+    Py_XSETREF(mod_entries, e);
+    Py_XSETREF(mod_resolver, r);
+    Py_XSETREF(grad_enabled, g);
+    Py_RETURN_NONE;
+}
+
 /* eager_stats() -> {"seen": top-level ops seen, "missed": recorded ops without a site} */
 static PyObject *py_eager_stats(PyObject *m, PyObject *unused) {
     return Py_BuildValue("{sKsK}", "seen", (unsigned long long)atomic_load(&seen), "missed",
@@ -312,5 +444,8 @@ PyMethodDef dft_eager_methods[] = {
     {"set_eager_phase", py_set_eager_phase, METH_O, NULL},
     {"set_eager_observing", py_set_eager_observing, METH_O, NULL},
     {"eager_stats", py_eager_stats, METH_NOARGS, NULL},
+    {"eager_module_enter", (PyCFunction)(void (*)(void))py_eager_module_enter, METH_FASTCALL, NULL},
+    {"eager_module_exit", (PyCFunction)(void (*)(void))py_eager_module_exit, METH_FASTCALL, NULL},
+    {"set_eager_modules", py_set_eager_modules, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -27,16 +27,24 @@ between its graphs, a ``torch.compiler.disable``'d call. Its slice is written by
 forward hooks around the whole call instead (:func:`frame_slices`), so that time
 is the module's; its graphs sit inside it. The hooks cost one ``span`` call each,
 which records nothing outside the step windows.
+
+Eager module calls (a module Dynamo skips such as ``nn.LSTM``, a loss module called outside
+the compiled model, a model never compiled) are seen by the eager-op hooks
+(:mod:`..events.eager`); :func:`eager_module` gives each its path in the user's model, the
+same the compiled graphs use, and says whether it is a slice of its own.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
+import weakref
 from typing import Optional, Sequence
 
 import torch.fx
 
 from .. import _core
+from ..events import eager
 from ..schema import ARG_GRAPH, ARG_MODULE_TYPE, CAT_MODULE
 from ..session import hooks
 from . import sites
@@ -152,6 +160,8 @@ def frame_slices(module: torch.nn.Module, path: str, cell) -> None:
 
     pre.__name__, post.__name__ = "dft_module_enter", "dft_module_exit"
     pre, post = torch._dynamo.disable(pre), torch._dynamo.disable(post)
+    _framed.add(module)
+    eager.forget(module)
 
     def register():
         handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post, always_call=True)]
@@ -168,3 +178,33 @@ class _Handles:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+_framed: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # modules with frame_slices hooks
+
+
+def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> tuple[Optional[str], bool, bool]:
+    """``(path, slice, keep)`` of an eager call of ``module`` from ``caller``'s (see
+    :func:`..events.eager.set_module_resolver`). A module first seen here is a model's root
+    (:func:`sites.register`, named from the user's frames), as it would be at its compile. An
+    unnamed root's own path is its name (a loss module). A ``torch.compile`` wrapper is no call
+    of its own; the module it wraps is a compiled frame's root: its slice (if any) is the
+    compiled one's, and it is registered by its compile. A module whose frame Dynamo compiles
+    (:func:`frame_slices`) has its slice from those hooks."""
+    if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+        return None, False, True
+    wrapped = isinstance(caller, torch._dynamo.eval_frame.OptimizedModule) and caller._orig_mod is module
+    path = sites.path_of(module)
+    if path is None:
+        if wrapped:
+            return None, False, False
+        sites.register(module, sys._getframe(1))
+        path = sites.path_of(module)
+    if not path:
+        if wrapped:
+            return None, False, True
+        path = sites.root_name(module)
+    return path, not wrapped and module not in _framed, True
+
+
+eager.set_module_resolver(eager_module)

@@ -107,6 +107,11 @@ def register(module: torch.nn.Module, frame=None) -> str:
     return prefix
 
 
+def path_of(module: torch.nn.Module) -> Optional[str]:
+    """``module``'s registered path (``""``: an unnamed root), None if not registered."""
+    return _paths.get(module)
+
+
 def root_name(module: torch.nn.Module, frame=None, used: Iterable[str] = ()) -> str:
     """The name a model is known by: the variable or attribute of the user's code that holds it
     (or its ``torch.compile`` wrapper), looked up from ``frame`` outward (the caller's locals, the

@@ -8,7 +8,13 @@ pointers of ``libtorch_cpu`` (``__itt_task_begin_ptr__3_0``, ...). The C extensi
 them at its own functions (``_core.eager_install``), which record each outermost ATen op
 of the thread as an op event (``cat:"dynamo"``, ``args.level == "eager"``) while op-level
 events are recorded, outside compiled graphs and compiles. See docs/design.rst
-("Eager ops") for why this and not a dispatch mode or module hooks.
+("Eager ops") for why this and not a dispatch mode.
+
+Eager module calls: while ops are observed, torch's global forward pre/post hooks are
+``_core.eager_module_enter`` / ``eager_module_exit`` (C functions: Dynamo makes no frame of
+them); they are taken out while Dynamo compiles, so no compiled graph holds them. Each eager
+module call's ops carry its path (``args.module``) and the call is a module slice, as the
+resolver the backend sets (:func:`set_module_resolver`) says.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import os
 import struct
 import sys
 import threading
+import warnings
+import weakref
 
 from .. import _core, schema
 from ..session import config, hooks, logger
@@ -35,6 +43,11 @@ class _State:
     sites: dict = {}  # op name -> site
     thread = None  # the thread whose ATen ops are observed (ITT profiling is per thread)
     paused = False  # stopped while torch.profiler runs on that thread
+    resolver = None  # (module, caller) -> (path, slice, keep) of an eager module call (the backend's)
+    compiles = 0  # Dynamo compiles in flight: the module hooks are out meanwhile
+    tags: dict = {}  # path -> tags id of ,"module":path
+    slice_sites: dict = {}  # (path, module type) -> module slice site
+    entries: dict = {}  # id(module) -> (weakref, tags, site), read by _core.eager_module_enter
 
 
 _state = _State()
@@ -148,6 +161,7 @@ def _start() -> None:
         _enable_profiler(cfg, set(), scopes)
         _core.set_eager_observing(True)
         _state.thread = threading.get_ident()
+        _modules_on()
 
 
 def _stop() -> None:
@@ -155,6 +169,7 @@ def _stop() -> None:
 
     if _state.thread == threading.get_ident():
         _state.thread = None
+        _modules_off()
         _core.set_eager_observing(False)
         _disable_profiler()
 
@@ -176,14 +191,94 @@ def _on_close() -> None:
         config.log.warning("eager ops: %s: %s", type(exc).__name__, exc)
 
 
+# ---- eager module calls: their paths and slices --------------------------------------------
+
+MODULES = "eager modules"  # the global module hooks' group
+# torch warns on each call of a torch.compile'd module while global module hooks exist (they
+# would see its wrapper too); the resolver leaves the wrapper out
+_WRAPPER_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
+def set_module_resolver(resolver) -> None:
+    """``resolver(module, caller) -> (path, slice, keep)``: the path the ops of an eager call of
+    ``module`` (called from ``caller``'s call, None at the top) carry (None: the caller's), whether
+    the call is a module slice, whether the answer holds for the module's later calls."""
+    _state.resolver = resolver
+
+
+def forget(module) -> None:
+    """``module``'s later calls ask the resolver again."""
+    _state.entries.pop(id(module), None)
+
+
+def _resolve(module, caller):
+    try:
+        path, has_slice, keep = _state.resolver(module, None if caller is None else caller)
+        if path is None:
+            entry = (weakref.ref(module), 0, 0)
+        else:
+            tags = _state.tags.get(path)
+            if tags is None:
+                tags = _state.tags[path] = _core.intern_tags({schema.ARG_MODULE: path})
+            site = 0
+            if has_slice:
+                key = (path, type(module).__name__)
+                site = _state.slice_sites.get(key)
+                if site is None:
+                    site = _state.slice_sites[key] = _core.intern_site(path, schema.CAT_MODULE,
+                                                                       {schema.ARG_MODULE_TYPE: key[1]})
+            entry = (weakref.ref(module), tags, site)
+        if keep:
+            _state.entries[id(module)] = entry
+        return entry
+    except Exception as exc:  # the call runs on, its ops without a path
+        config.log.warning("eager ops: no module path for %s: %s: %s", type(module).__name__, type(exc).__name__, exc)
+        _state.entries[id(module)] = (weakref.ref(module), 0, 0)
+        return None
+
+
+def _modules_on() -> None:
+    if _state.resolver is None:
+        return
+    import torch
+
+    if not torch._dynamo.config.skip_nnmodule_hook_guards:  # Dynamo would recompile when they come and go
+        config.log.warning("eager ops carry no module paths: torch._dynamo.config.skip_nnmodule_hook_guards is off")
+        return
+    _state.entries.clear()  # paths are the trace file's
+    # the module call of a torch.compile'd module runs under Dynamo's frame hook: no frame of ours is compiled
+    _core.set_eager_modules(_state.entries, torch._dynamo.disable(_resolve), torch.is_grad_enabled)
+    warnings.filterwarnings("ignore", _WRAPPER_WARNING, UserWarning)
+    if not _state.compiles:
+        hooks.install(MODULES)
+
+
+def _modules_off() -> None:
+    hooks.remove(MODULES)
+    _core.set_eager_modules(None, None, None)
+    warnings.filters[:] = [f for f in warnings.filters if not (f[0] == "ignore" and f[1] is not None
+                                                                and f[1].pattern == _WRAPPER_WARNING)]
+
+
+def _module_hooks():
+    from torch.nn.modules import module
+
+    return module
+
+
 # ---- hooks: compiles are not eager ops; torch.profiler takes over the observers it needs ----
 
 def _compile_start(_args) -> None:
     _core.eager_compiling(1)
+    _state.compiles += 1
+    hooks.remove(MODULES)  # Dynamo would trace them into the graphs it compiles
 
 
 def _compile_end(_args) -> None:
     _core.eager_compiling(-1)
+    _state.compiles = max(_state.compiles - 1, 0)
+    if not _state.compiles and _state.thread is not None and _state.resolver is not None:
+        hooks.install(MODULES)
 
 
 def _callbacks():
@@ -257,6 +352,13 @@ for _hook in (
                 _wrap_profiler_enable),
     hooks.Patch("torch.autograd.profiler._disable_profiler", GROUP, _profiler_module, "_disable_profiler",
                 _wrap_profiler_disable),
+):
+    hooks.declare(_hook)
+for _hook in (
+    hooks.Registration("module forward pre-hook (eager modules)", MODULES,
+                       lambda: _module_hooks().register_module_forward_pre_hook(_core.eager_module_enter)),
+    hooks.Registration("module forward hook (eager modules)", MODULES,
+                       lambda: _module_hooks().register_module_forward_hook(_core.eager_module_exit, always_call=True)),
 ):
     hooks.declare(_hook)
 
