@@ -47,8 +47,35 @@ typedef struct {
     uint32_t tags_now;    /* its module's tags */
     uint32_t mod_tags;    /* tags of the innermost eager module call (eager_module_enter/exit) */
     uint64_t start;
+    struct held_rec *held; /* records kept back while a step's end is undecided (eager_hold) */
+    uint32_t held_n, held_cap, hold;
 } eager_tls_t;
 static _Thread_local eager_tls_t et __attribute__((tls_model("initial-exec")));
+
+/* Records of the thread's eager ops and module slices. While held (events.steps: a complete
+ * step's end is undecided, from the first data or zero_grad slice on), they wait here, then are
+ * pushed after the step's slice and the held slices, in the step decided (eager_release): the
+ * writer places a thread's events in the order they end. */
+struct held_rec {
+    uint64_t s, e;
+    uint32_t site, flags, tags;
+};
+#define HELD_MAX (1u << 16) /* beyond: pushed at once */
+static void eager_record(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags) {
+    if (DFT_UNLIKELY(et.hold)) {
+        if (et.held_n == et.held_cap && et.held_cap < HELD_MAX) {
+            uint32_t cap = et.held_cap ? 2 * et.held_cap : 256;
+            struct held_rec *v = realloc(et.held, cap * sizeof *v);
+            if (v)
+                et.held = v, et.held_cap = cap;
+        }
+        if (et.held_n < et.held_cap) {
+            et.held[et.held_n++] = (struct held_rec){s, e, site, flags, tags};
+            return;
+        }
+    }
+    dft_push(site, s, e, flags, tags, NULL);
+}
 
 static _Atomic int compiling;  /* compiles in flight (Dynamo's start/end callbacks) */
 static _Atomic uint64_t seen;  /* top-level ops seen (recorded or not) */
@@ -173,7 +200,7 @@ static void itt_end(const void *domain) {
         if (et.site_now) {
             uint64_t end = dft_tick();
             uint32_t phase = et.bwd_depth ? DFT_PHASE_BACKWARD << DFT_PHASE_SHIFT : phase_now;
-            dft_push(et.site_now, et.start, end, phase | dft_hot.ticks, et.tags_now, NULL);
+            eager_record(et.site_now, et.start, end, phase | dft_hot.ticks, et.tags_now);
             et.site_now = 0;
         }
     } else if (d == et.bwd_depth) {
@@ -407,7 +434,7 @@ static PyObject *py_eager_module_exit(PyObject *m, PyObject *const *args, Py_ssi
         Py_XDECREF(g);
         PyErr_Clear();
         uint32_t ctx = grad ? DFT_FLAG_GRAD | DFT_PHASE_FORWARD << DFT_PHASE_SHIFT : DFT_PHASE_INFERENCE << DFT_PHASE_SHIFT;
-        dft_push(c.site, c.start, end, ctx | dft_hot.ticks, 0, NULL);
+        eager_record(c.site, c.start, end, ctx | dft_hot.ticks, 0);
     }
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -430,6 +457,24 @@ static PyObject *py_set_eager_modules(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* eager_hold(): this thread's eager records wait for eager_release() (if it is observed) */
+static PyObject *py_eager_hold(PyObject *m, PyObject *unused) {
+    if (dft_tls.eager)
+        et.hold = 1;
+    Py_RETURN_NONE;
+}
+
+/* eager_release(): the records held on this thread are pushed now, in the current step */
+static PyObject *py_eager_release(PyObject *m, PyObject *unused) {
+    et.hold = 0;
+    for (uint32_t i = 0; i < et.held_n; i++) {
+        struct held_rec *r = &et.held[i];
+        dft_push(r->site, r->s, r->e, r->flags, r->tags, NULL);
+    }
+    et.held_n = 0;
+    Py_RETURN_NONE;
+}
+
 /* eager_stats() -> {"seen": top-level ops seen, "missed": recorded ops without a site} */
 static PyObject *py_eager_stats(PyObject *m, PyObject *unused) {
     return Py_BuildValue("{sKsK}", "seen", (unsigned long long)atomic_load(&seen), "missed",
@@ -447,5 +492,7 @@ PyMethodDef dft_eager_methods[] = {
     {"eager_module_enter", (PyCFunction)(void (*)(void))py_eager_module_enter, METH_FASTCALL, NULL},
     {"eager_module_exit", (PyCFunction)(void (*)(void))py_eager_module_exit, METH_FASTCALL, NULL},
     {"set_eager_modules", py_set_eager_modules, METH_VARARGS, NULL},
+    {"eager_hold", py_eager_hold, METH_NOARGS, NULL},
+    {"eager_release", py_eager_release, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

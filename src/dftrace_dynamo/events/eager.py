@@ -169,6 +169,7 @@ def _stop() -> None:
 
     if _state.thread == threading.get_ident():
         _state.thread = None
+        _core.eager_release()
         _modules_off()
         _core.set_eager_observing(False)
         _disable_profiler()

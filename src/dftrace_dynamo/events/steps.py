@@ -267,6 +267,8 @@ def _flush(count: Optional[int] = None) -> None:
     for name, cat, start, end, args, timed, windowed in deferred:
         if name is not None and (_state.ops or not windowed) and _core.log(name, cat, start, end, args, timed=timed):
             logger.note_arg_issues()
+    if not _state.deferred:
+        _core.eager_release()
 
 
 def _eval_slice(end: int) -> None:
@@ -475,6 +477,8 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
     the complete step's iteration (which, if it is the last, ends after it)."""
     if tail:
         _state.complete_ns = end
+        if not _state.deferred:
+            _core.eager_release()  # the iteration's own (see _ahead)
     elif _state.mode != TRAIN and _defer((name, cat, start, end, args, False, True)):
         return
     if _state.ops:
@@ -488,7 +492,17 @@ def _defer(entry: tuple, behind: bool = False) -> bool:
         if _state.mode == TRAIN or threading.get_ident() != _state.thread or (behind and not _state.deferred):
             return False
         _state.deferred.append(entry)
+        if entry[0] is not None:
+            _ahead()
         return True
+
+
+def _ahead() -> None:
+    """A data or ``zero_grad`` slice on the step's thread while the step is complete: the eager ops
+    from here until what follows is decided (the slice's own too) are held back in the core and
+    recorded after the held slices (:func:`_flush`), in the same step as they are."""
+    if _state.mode == COMPLETE and not _state.going and threading.get_ident() == _state.thread:
+        _core.eager_hold()
 
 
 def hold(name: str, cat: str, start: int, end: int, args: Optional[dict] = None, timed: bool = False,
@@ -908,6 +922,7 @@ def _wrap_data(original, name: str):
             _local.data = (start, _core.now_ns())
             return result
         start = _core.now_ns()
+        _ahead()
         result = original(self, *args)  # StopIteration loaded nothing: no event
         try:
             _held(name, CAT_DATA, start, _core.now_ns())
@@ -979,6 +994,7 @@ def _wrap_zero_grad(original):
             return original(self, *args, **kwargs)
         start = _core.now_ns()
         try:
+            _ahead()
             return original(self, *args, **kwargs)
         finally:
             try:

@@ -1,0 +1,164 @@
+"""Training loops whose eager ops run inside known modules, for tests/test_eager_module_paths.py.
+
+``python eager_modules.py SHAPE OUT.json [--trace PREFIX] [--profile]``: runs ITERS iterations and
+writes, per iteration, the test's own time marks (``_core.now_ns``) around each known eager module
+call. With ``--profile`` (untraced) it writes torch.profiler's ground truth instead: per
+iteration, the top-level registered ops outside compiled graphs, counted by the module whose
+``forward`` is on the op's Python stack (``with_stack``; the file of torch's module class). With
+``--trace`` the loop runs under dftrace_dynamo, compiled models with ``backend="dftrace"``.
+
+Shapes: ``break`` (a compiled model whose ``main`` Block breaks the graph, then runs an
+``nn.LSTM`` Dynamo skips and a Linear; the loss is an ``nn.MSELoss`` module called outside the
+model), ``gan`` (two eager models, ``netG`` and ``netD``, each with a ``main`` Sequential).
+"""
+
+import argparse
+import json
+
+import torch
+import torch.nn as nn
+
+ITERS = 4
+MARKS = []  # (iteration, who, start ns, end ns)
+_ITER = [0]
+
+
+def now():
+    from dftrace_dynamo import _core
+
+    return _core.now_ns()
+
+
+def mark(who, fn, *args):
+    start = now()
+    out = fn(*args)
+    MARKS.append((_ITER[0], who, start, now()))
+    return out
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.lstm, self.l2 = nn.Linear(8, 8), nn.LSTM(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        x = self.l1(x).relu()
+        torch._dynamo.graph_break()
+        y, _ = mark("main.lstm", self.lstm, x)  # eager: after the break, and Dynamo skips LSTM
+        return mark("main.l2", self.l2, y)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.main = Block()
+
+    def forward(self, x):
+        return self.main(x)
+
+
+def break_loop(compile_fn):
+    torch.manual_seed(0)
+    batches = [(torch.randn(5, 3, 8), torch.randn(5, 3, 1)) for _ in range(ITERS)]
+    model = Net()
+    compiled = compile_fn(model)
+    criterion = nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        _ITER[0] = i
+        with torch.profiler.record_function(f"iter{i}"):
+            opt.zero_grad()
+            loss = mark("criterion", criterion, compiled(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item().hex())
+    return losses
+
+
+def gan_loop(compile_fn):
+    torch.manual_seed(0)
+    netG = nn.Sequential()
+    netG.main = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+    netD = nn.Sequential()
+    netD.main = nn.Sequential(nn.Linear(8, 1), nn.Sigmoid())
+    optG, optD = (torch.optim.SGD(m.parameters(), lr=0.01) for m in (netG, netD))
+    losses = []
+    for i in range(ITERS):
+        _ITER[0] = i
+        with torch.profiler.record_function(f"iter{i}"):
+            optD.zero_grad()
+            fake = mark("netG", netG, torch.randn(6, 4))
+            lossD = mark("netD", netD, fake.detach()).mean()
+            lossD.backward()
+            optD.step()
+            optG.zero_grad()
+            lossG = -mark("netD", netD, fake).mean()
+            lossG.backward()
+            optG.step()
+            losses.append(lossG.item().hex())
+    return losses
+
+
+# the module (by the file of its torch class) whose forward an op ran in, for the profile's truth
+FILES = {"break": {"rnn.py": "main.lstm", "linear.py": "main.l2", "loss.py": "criterion"}}
+
+
+def registered(name):
+    return "::" in name and not name.startswith(("autograd::", "torch::autograd::"))
+
+
+def profile_truth(prof, files):
+    """Per iteration: {module or "": count} of the top-level registered ops (autograd's engine
+    records are not ops), the module from the innermost torch module file on the op's stack."""
+    events = prof.events()
+    iters = sorted((e for e in events if e.name.startswith("iter")), key=lambda e: e.time_range.start)
+    counts = [{} for _ in iters]
+    for e in events:
+        if not registered(e.name):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and not registered(parent.name):
+            parent = parent.cpu_parent
+        if parent is not None:
+            continue
+        module = ""
+        for frame in e.stack or ():  # innermost first
+            found = [m for f, m in files.items() if f"nn/modules/{f}(" in frame]
+            if found:
+                module = found[0]
+                break
+        for k, it in enumerate(iters):
+            if it.time_range.start <= e.time_range.start <= it.time_range.end:
+                counts[k][module] = counts[k].get(module, 0) + 1
+    return counts
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape")
+    ap.add_argument("out")
+    ap.add_argument("--trace")
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    loop = {"break": break_loop, "gan": gan_loop}[a.shape]
+    out = {}
+    if a.trace:
+        from dftrace_dynamo import dftracer
+        from dftrace_dynamo.backend import tracer  # noqa: F401
+
+        dftracer.initialize_log(a.trace, None, -1)
+        out["losses"] = loop(lambda m: torch.compile(m, backend="dftrace"))
+        dftracer.finalize()
+    else:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
+        with prof:
+            out["losses"] = loop(lambda m: torch.compile(m, backend="eager"))
+        out["ops"] = profile_truth(prof, FILES.get(a.shape, {}))
+    out["marks"] = MARKS
+    with open(a.out, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
