@@ -3,8 +3,8 @@
 ``python eager_modules.py SHAPE OUT.json [--trace PREFIX] [--profile]``: runs ITERS iterations and
 writes, per iteration, the test's own time marks (``_core.now_ns``) around each known eager module
 call. With ``--profile`` (untraced) it writes torch.profiler's ground truth instead: per
-iteration, the top-level registered ops outside compiled graphs, counted by the module whose
-``forward`` is on the op's Python stack (``with_stack``; the file of torch's module class). With
+iteration, the top-level registered ops outside compiled graphs (not the profiler's own), counted
+by the marked module call (a ``record_function`` around it) that holds the op. With
 ``--trace`` the loop runs under dftrace_dynamo, compiled models with ``backend="dftrace"``.
 
 Shapes: ``break`` (a compiled model whose ``main`` Block breaks the graph, then runs an
@@ -31,7 +31,8 @@ def now():
 
 def mark(who, fn, *args):
     start = now()
-    out = fn(*args)
+    with torch.profiler.record_function(f"module:{who}"):  # the profile's truth
+        out = fn(*args)
     MARKS.append((_ITER[0], who, start, now()))
     return out
 
@@ -100,19 +101,16 @@ def gan_loop(compile_fn):
     return losses
 
 
-# the module (by the file of its torch class) whose forward an op ran in, for the profile's truth
-FILES = {"break": {"rnn.py": "main.lstm", "linear.py": "main.l2", "loss.py": "criterion"}}
-
-
 def registered(name):
-    return "::" in name and not name.startswith(("autograd::", "torch::autograd::"))
+    return "::" in name and not name.startswith(("autograd::", "torch::autograd::", "profiler::"))
 
 
-def profile_truth(prof, files):
+def profile_truth(prof):
     """Per iteration: {module or "": count} of the top-level registered ops (autograd's engine
-    records are not ops), the module from the innermost torch module file on the op's stack."""
+    records are not ops), the module the innermost marked call that holds the op."""
     events = prof.events()
     iters = sorted((e for e in events if e.name.startswith("iter")), key=lambda e: e.time_range.start)
+    calls = [e for e in events if e.name.startswith("module:")]
     counts = [{} for _ in iters]
     for e in events:
         if not registered(e.name):
@@ -122,12 +120,8 @@ def profile_truth(prof, files):
             parent = parent.cpu_parent
         if parent is not None:
             continue
-        module = ""
-        for frame in e.stack or ():  # innermost first
-            found = [m for f, m in files.items() if f"nn/modules/{f}(" in frame]
-            if found:
-                module = found[0]
-                break
+        holders = [c for c in calls if c.time_range.start <= e.time_range.start <= c.time_range.end]
+        module = max(holders, key=lambda c: c.time_range.start).name[len("module:"):] if holders else ""
         for k, it in enumerate(iters):
             if it.time_range.start <= e.time_range.start <= it.time_range.end:
                 counts[k][module] = counts[k].get(module, 0) + 1
@@ -151,10 +145,10 @@ def main():
         out["losses"] = loop(lambda m: torch.compile(m, backend="dftrace"))
         dftracer.finalize()
     else:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         with prof:
             out["losses"] = loop(lambda m: torch.compile(m, backend="eager"))
-        out["ops"] = profile_truth(prof, FILES.get(a.shape, {}))
+        out["ops"] = profile_truth(prof)
     out["marks"] = MARKS
     with open(a.out, "w") as f:
         json.dump(out, f)
