@@ -6,7 +6,9 @@ outside the model, ``loss.backward()``, Adam with ``foreach=True``; CPU, one thr
 process, on the same model:
 
 * ``plain``: no trace file, no profiler;
-* ``dftrace``: a trace file open (``DFTRACER_ENABLE=1``), eager-op events recorded (``DFTRACER_EAGER_OPS=1``);
+* ``dftrace``: a trace file open (``DFTRACER_ENABLE=1``), eager-op events recorded (``DFTRACER_EAGER_OPS=1``)
+  with their module paths and the eager modules' slices;
+* ``dftrace no paths``: the same without the global module hooks (no module paths or slices);
 * ``profiler``: ``torch.profiler.profile(activities=[CPU], record_shapes=False)`` running
   around the iterations (its collection only);
 * ``profiler+stop``: the same, with its ``stop()`` (the events it builds) counted, as the
@@ -124,6 +126,8 @@ class Ways:
         fn = self.call if way.startswith("compiled") else self.iteration
         if way in ("plain", "compiled off"):
             self.eager._stop()
+        elif way == "dftrace no paths":
+            self.eager._modules_off()
         try:
             prof = self.profiler() if way == "profiler+stop" else None
             t0 = time.perf_counter_ns()
@@ -135,10 +139,12 @@ class Ways:
         finally:
             if way in ("plain", "compiled off"):
                 self.eager._start()
+            elif way == "dftrace no paths":
+                self.eager._modules_on()
         return t1 - t0
 
 
-WAYS = ("plain", "dftrace", "profiler", "profiler+stop")
+WAYS = ("plain", "dftrace", "dftrace no paths", "profiler", "profiler+stop")
 
 
 def label(way):

@@ -382,7 +382,8 @@ static int mod_entry(PyObject *module, PyObject *caller, uint32_t *tags, uint32_
 }
 
 /* eager_module_enter(module, args): a global forward pre-hook. Opens an eager module call: its
- * ops carry its path, and its slice starts (outside GraphCalls: a graph's modules are its own). */
+ * ops carry its path, and its slice starts (on the observed thread, outside GraphCalls: a graph's
+ * modules are its own). */
 static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || !mod_entries || !mod_resolver)
         Py_RETURN_NONE;
@@ -397,7 +398,7 @@ static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ss
     }
     PyObject *module = args[0];
     uint32_t tags = 0, site = 0;
-    if (!(dft_tls.ctx & DFT_PHASE_MASK)) {
+    if (dft_tls.eager == 1) { /* an observed thread, outside GraphCalls */
         PyObject *caller = mods.n ? mods.v[mods.n - 1].module : Py_None;
         if (!mod_entry(module, caller, &tags, &site, 1) && PyErr_Occurred())
             return NULL; /* torch reports it from the module call: events.eager's resolver catches its own */

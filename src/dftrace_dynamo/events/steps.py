@@ -492,15 +492,14 @@ def _defer(entry: tuple, behind: bool = False) -> bool:
         if _state.mode == TRAIN or threading.get_ident() != _state.thread or (behind and not _state.deferred):
             return False
         _state.deferred.append(entry)
-        if entry[0] is not None:
-            _ahead()
+        _ahead()
         return True
 
 
 def _ahead() -> None:
-    """A data or ``zero_grad`` slice on the step's thread while the step is complete: the eager ops
-    from here until what follows is decided (the slice's own too) are held back in the core and
-    recorded after the held slices (:func:`_flush`), in the same step as they are."""
+    """A data or ``zero_grad`` slice (or ``model.eval()``) on the step's thread while the step is
+    complete: the eager ops from here until what follows is decided (the slice's own too) are held
+    back in the core and recorded after the held slices (:func:`_flush`), in what they are."""
     if _state.mode == COMPLETE and not _state.going and threading.get_ident() == _state.thread:
         _core.eager_hold()
 
