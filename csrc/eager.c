@@ -387,22 +387,18 @@ static int mod_entry(PyObject *module, PyObject *caller, uint32_t *tags, uint32_
 static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || !mod_entries || !mod_resolver)
         Py_RETURN_NONE;
+    /* never an error of the user's module call: a call not pushed is not closed by its exit */
     if (mods.n == mods.cap) {
-        if (mods.cap >= DFT_OPEN_MAX)
-            Py_RETURN_NONE; /* its exit finds no call of its own */
         uint32_t cap = mods.cap ? 2 * mods.cap : 16;
-        mod_call *v = realloc(mods.v, cap * sizeof *v);
+        mod_call *v = cap <= DFT_OPEN_MAX ? realloc(mods.v, cap * sizeof *v) : NULL;
         if (!v)
-            return PyErr_NoMemory();
+            Py_RETURN_NONE;
         mods.v = v, mods.cap = cap;
     }
     PyObject *module = args[0];
     uint32_t tags = 0, site = 0;
-    if (dft_tls.eager == 1) { /* an observed thread, outside GraphCalls */
-        PyObject *caller = mods.n ? mods.v[mods.n - 1].module : Py_None;
-        if (!mod_entry(module, caller, &tags, &site, 1) && PyErr_Occurred())
-            return NULL; /* torch reports it from the module call: events.eager's resolver catches its own */
-    }
+    if (dft_tls.eager == 1 && !mod_entry(module, mods.n ? mods.v[mods.n - 1].module : Py_None, &tags, &site, 1))
+        PyErr_Clear(); /* an observed thread, outside GraphCalls; no entry: the caller's path */
     mod_call *c = &mods.v[mods.n++];
     c->module = module;
     c->tags = tags ? tags : et.mod_tags;
@@ -465,10 +461,14 @@ static PyObject *py_eager_hold(PyObject *m, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* eager_release(): the records held on this thread are pushed now, in the current step */
-static PyObject *py_eager_release(PyObject *m, PyObject *unused) {
+/* eager_release(keep): the records held on this thread are pushed now, in the current step
+ * (keep false: dropped, the step decided is outside the step windows) */
+static PyObject *py_eager_release(PyObject *m, PyObject *o) {
+    int keep = PyObject_IsTrue(o);
+    if (keep < 0)
+        return NULL;
     et.hold = 0;
-    for (uint32_t i = 0; i < et.held_n; i++) {
+    for (uint32_t i = 0; keep && i < et.held_n; i++) {
         struct held_rec *r = &et.held[i];
         dft_push(r->site, r->s, r->e, r->flags, r->tags, NULL);
     }
@@ -494,6 +494,6 @@ PyMethodDef dft_eager_methods[] = {
     {"eager_module_exit", (PyCFunction)(void (*)(void))py_eager_module_exit, METH_FASTCALL, NULL},
     {"set_eager_modules", py_set_eager_modules, METH_VARARGS, NULL},
     {"eager_hold", py_eager_hold, METH_NOARGS, NULL},
-    {"eager_release", py_eager_release, METH_NOARGS, NULL},
+    {"eager_release", py_eager_release, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };

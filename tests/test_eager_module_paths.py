@@ -124,3 +124,21 @@ def test_two_eager_models_with_a_main_child_never_share_paths(tmp_path):
     for i, who, start, end in result["marks"]:
         held = [e for e in eager(events) if start / 1e3 <= e["ts"] and e["ts"] + e["dur"] <= end / 1e3 + 1]
         assert held and {e["args"]["step"] for e in held} == {i}, (i, who)
+
+
+def test_eager_ops_are_recorded_in_the_step_windows_only(tmp_path):
+    """DFTRACER_STEPS=1: the eager ops of the next iteration's start, kept back until its step
+    is known (the ``gan`` loop's forwards come before any graph or backward), are dropped with
+    that step; step 1's forwards are there. (Step 0's tail after its last forward is recorded, as for compiled graphs: op events go on once the step is complete and the next one
+    is in a window.)"""
+    out = tmp_path / "gan.json"
+    run_python([SCRIPT, "gan", str(out), "--trace", str(tmp_path / "tr")], tmp_path,
+               {**EAGER, "DFTRACER_STEPS": "1"}, timeout=600)
+    (path,) = traces(tmp_path, "tr-*")
+    events = read_events(path)
+    last_step0 = max(end for i, _, _, end in json.loads(out.read_text())["marks"] if i == 0) / 1e3
+    steps = {e["args"]["step"] for e in eager(events)}
+    assert 1 in steps and not steps & {2, 3}, steps
+    assert all(e["ts"] >= last_step0 for e in eager(events) if e["args"]["step"] == 0)
+    forward = {e["args"].get("module") for e in eager(events) if e["args"]["step"] == 1}
+    assert {"main.0", "netD.main.0"} <= forward, forward

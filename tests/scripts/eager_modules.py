@@ -1,10 +1,10 @@
 """Training loops whose eager ops run inside known modules, for tests/test_eager_module_paths.py.
 
-``python eager_modules.py SHAPE OUT.json [--trace PREFIX] [--profile]``: runs ITERS iterations and
+``python eager_modules.py SHAPE OUT.json [--trace PREFIX]``: runs ITERS iterations and
 writes, per iteration, the test's own time marks (``_core.now_ns``) around each known eager module
-call. With ``--profile`` (untraced) it writes torch.profiler's ground truth instead: per
-iteration, the top-level registered ops outside compiled graphs (not the profiler's own), counted
-by the marked module call (a ``record_function`` around it) that holds the op. With
+call. Without ``--trace`` (untraced) it writes torch.profiler's ground truth instead: per
+iteration, the top-level registered ops (not the profiler's own) by the marked module call (a
+``record_function`` around it) that holds the op, ``""`` for the rest. With
 ``--trace`` the loop runs under dftrace_dynamo, compiled models with ``backend="dftrace"``.
 
 Shapes: ``break`` (a compiled model whose ``main`` Block breaks the graph, then runs an
@@ -129,13 +129,13 @@ def profile_truth(prof):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("shape")
-    ap.add_argument("out")
-    ap.add_argument("--trace")
-    ap.add_argument("--profile", action="store_true")
+    loops = {"break": break_loop, "gan": gan_loop}
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", choices=sorted(loops))
+    ap.add_argument("out", help="the JSON file written")
+    ap.add_argument("--trace", help="trace under dftrace_dynamo with this prefix (else: torch.profiler's truth)")
     a = ap.parse_args()
-    loop = {"break": break_loop, "gan": gan_loop}[a.shape]
+    loop = loops[a.shape]
     out = {}
     if a.trace:
         from dftrace_dynamo import dftracer

@@ -169,7 +169,7 @@ def _stop() -> None:
 
     if _state.thread == threading.get_ident():
         _state.thread = None
-        _core.eager_release()
+        _core.eager_release(_core.ops_on())
         _modules_off()
         _core.set_eager_observing(False)
         _disable_profiler()

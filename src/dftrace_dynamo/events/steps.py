@@ -268,7 +268,7 @@ def _flush(count: Optional[int] = None) -> None:
         if name is not None and (_state.ops or not windowed) and _core.log(name, cat, start, end, args, timed=timed):
             logger.note_arg_issues()
     if not _state.deferred:
-        _core.eager_release()
+        _core.eager_release(_state.ops)  # in the step windows or not, as what was decided
 
 
 def _eval_slice(end: int) -> None:
@@ -478,7 +478,7 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
     if tail:
         _state.complete_ns = end
         if not _state.deferred:
-            _core.eager_release()  # the iteration's own (see _ahead)
+            _core.eager_release(_state.ops)  # the iteration's own (see _ahead)
     elif _state.mode != TRAIN and _defer((name, cat, start, end, args, False, True)):
         return
     if _state.ops:
