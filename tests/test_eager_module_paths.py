@@ -129,8 +129,9 @@ def test_two_eager_models_with_a_main_child_never_share_paths(tmp_path):
 def test_eager_ops_are_recorded_in_the_step_windows_only(tmp_path):
     """DFTRACER_STEPS=1: the eager ops of the next iteration's start, kept back until its step
     is known (the ``gan`` loop's forwards come before any graph or backward), are dropped with
-    that step; step 1's forwards are there. (Step 0's tail after its last forward is recorded, as for compiled graphs: op events go on once the step is complete and the next one
-    is in a window.)"""
+    that step; step 1's forwards are there. (Step 0's tail after its last forward is recorded,
+    as for compiled graphs: op events go on once the step is complete and the next one is in a
+    window.)"""
     out = tmp_path / "gan.json"
     run_python([SCRIPT, "gan", str(out), "--trace", str(tmp_path / "tr")], tmp_path,
                {**EAGER, "DFTRACER_STEPS": "1"}, timeout=600)
