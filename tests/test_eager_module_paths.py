@@ -7,10 +7,11 @@ same program's top-level ops per iteration and module (tests/scripts/eager_modul
 import collections
 import json
 import os
+import textwrap
 
 import pytest
 
-from backend_support import inside, ops, run_python
+from backend_support import inside, ops, run_py, run_python
 from scripts.eager_modules import ITERS
 from tracefile import read_events, traces
 
@@ -143,3 +144,30 @@ def test_eager_ops_are_recorded_in_the_step_windows_only(tmp_path):
     assert all(e["ts"] >= last_step0 for e in eager(events) if e["args"]["step"] == 0)
     forward = {e["args"].get("module") for e in eager(events) if e["args"]["step"] == 1}
     assert {"main.0", "netD.main.0"} <= forward, forward
+
+
+def test_a_dynamo_reset_during_the_trace_keeps_graphs_whole(tmp_path):
+    """``torch._dynamo.reset()`` after the trace opened (it clears Dynamo's callbacks) and a model
+    compiled after it: each call is one graph with all of the model's ops and their module paths
+    (the module hooks stay out of the graphs Dynamo compiles), its compile records no eager op."""
+    code = textwrap.dedent(f"""
+        import torch, torch.nn as nn
+        from dftrace_dynamo import dftracer
+        from dftrace_dynamo.backend import tracer
+        dftracer.initialize_log({str(tmp_path / "tr")!r}, None, -1)
+        torch._dynamo.reset()
+        model = torch.compile(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), backend="dftrace")
+        with torch.no_grad():
+            for _ in range(3):
+                model(torch.randn(2, 4))
+        dftracer.finalize()
+    """)
+    run_py(code, tmp_path, EAGER)
+    (path,) = traces(tmp_path, "tr-*")
+    events = read_events(path)
+    calls = ops(events, "dynamo_graph")
+    assert len(calls) == 3, [g["name"] for g in calls]
+    in_graphs = [e for e in ops(events) if e["args"].get("level") != "eager"]
+    assert {e["args"].get("module") for e in in_graphs} == {"0", "1", "2"}
+    compiles = ops(events, "dynamo_compile")
+    assert not [e for e in eager(events) if any(inside(e, c) for c in compiles)]

@@ -288,6 +288,19 @@ def _callbacks():
     return callback_handler
 
 
+def _wrap_clear(original):
+    """``torch._dynamo.reset()`` clears Dynamo's callbacks: ours go back in at once (without them
+    compiles would be eager ops, and would trace the module hooks into their graphs)."""
+    def clear(*args, **kwargs):
+        result = original(*args, **kwargs)
+        handler = _callbacks()
+        handler.register_start_callback(_compile_start)
+        handler.register_end_callback(_compile_end)
+        _state.compiles = 0
+        return result
+    return clear
+
+
 def _optimizer_pre(_opt, _args, _kwargs) -> None:
     _core.set_eager_phase(_core.PHASE_NONE)  # an optimizer's ops are in no forward or backward
 
@@ -349,6 +362,7 @@ for _hook in (
                        _optimizer_hook("register_optimizer_step_pre_hook", _optimizer_pre)),
     hooks.Registration("optimizer step post-hook (eager ops)", GROUP,
                        _optimizer_hook("register_optimizer_step_post_hook", _optimizer_post)),
+    hooks.Patch("torch._dynamo callbacks' clear (eager ops)", GROUP, _callbacks, "clear", _wrap_clear),
     hooks.Patch("torch.autograd.profiler._enable_profiler", GROUP, _profiler_module, "_enable_profiler",
                 _wrap_profiler_enable),
     hooks.Patch("torch.autograd.profiler._disable_profiler", GROUP, _profiler_module, "_disable_profiler",
