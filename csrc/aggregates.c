@@ -14,6 +14,7 @@
  * citing the bytes it stands for (covers) so that a reader can tell an edited
  * file from the one written. The category names are those of schema.py. */
 #include "core.h"
+#include "deflate.h"
 
 #include <math.h>
 
@@ -861,11 +862,15 @@ void dft_agg_write(dft_buf *b, int last) {
         goto out;
     /* what the record stands for, checkable without decoding the events: the file's bytes before
      * the member this line ends (CRC-32) and the text of that member before this line */
-    char covers[160];
-    int n = snprintf(covers, sizeof covers, "\"covers\":{\"bytes\":%llu,\"crc32\":%u,\"text_bytes\":%llu,"
-                 "\"text_crc32\":%u},", (unsigned long long)dft_w.sink.good, (unsigned)dft_w.sink.crc,
-                 (unsigned long long)at, (unsigned)crc32(0, (const Bytef *)b->p, (uInt)at));
-    if (put(b, covers, (size_t)n) < 0)
+    char covers[160], *c = covers;
+#define COVERS_PUT(lit, v) (memcpy(c, lit, sizeof(lit) - 1), c = dft_fmt_u64(c + sizeof(lit) - 1, v))
+    COVERS_PUT("\"covers\":{\"bytes\":", dft_w.sink.good);
+    COVERS_PUT(",\"crc32\":", dft_w.sink.crc);
+    COVERS_PUT(",\"text_bytes\":", at);
+    COVERS_PUT(",\"text_crc32\":", dft_crc32(0, b->p, at));
+#undef COVERS_PUT
+    memcpy(c, "},", 2);
+    if (put(b, covers, (size_t)(c + 2 - covers)) < 0)
         goto out;
     size_t body = b->len;
     if (A.broken || record(b) < 0 || b->len - at > RECORD_MAX) { /* a record that cannot answer */
