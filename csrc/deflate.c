@@ -465,31 +465,27 @@ static ALWAYS_INLINE size_t prefix_upto(const unsigned char *a, const unsigned c
 
 /* The rest of a line that no earlier line resembles (an aggregate record: up to megabytes of
  * groups, steps and copied events, alike element by element), as a general deflate sends it:
- * at each position the last earlier one whose 4 bytes hash alike, a match where at least
- * LZ_MATCH bytes agree (shorter ones cost more bits than their literals, digits going two a
- * code), else a literal. Positions are those hashed here, in this member or (stale, checked
- * like the rest) an earlier one. */
+ * at each position the last earlier one whose 4 bytes hash alike, a match where those agree,
+ * else a literal. Positions are those hashed here, in this member or (stale, checked like the
+ * rest) an earlier one. */
 #define LZ_MIN 64
-#define LZ_MATCH 6
 static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, size_t i, size_t end) {
     dist_t d = {0, 0, 0, 0};
     size_t lit = i;
     while (i + 4 <= end) {
-        uint32_t x, *slot;
+        uint32_t x, y, *slot;
         memcpy(&x, s + i, 4);
         slot = &w->lz[(x * 2654435761u) >> (32 - DFT_LZ_BITS)];
         size_t c = *slot;
         *slot = (uint32_t)i;
-        if (c < i && i - c <= WINDOW) {
-            size_t m = prefix_upto(s + i, s + c, end - i);
-            if (m >= LZ_MATCH) {
-                put_digits(w, s + lit, i - lit);
-                put_match(w, m, (unsigned)(i - c), &d);
-                lit = i += m;
-                continue;
-            }
+        if (c < i && i - c <= WINDOW && (memcpy(&y, s + c, 4), x == y)) {
+            size_t m = 4 + prefix_upto(s + i + 4, s + c + 4, end - i - 4);
+            put_digits(w, s + lit, i - lit);
+            put_match(w, m, (unsigned)(i - c), &d);
+            lit = i += m;
+            continue;
         }
-        i++;
+        i += 1 + ((i - lit) >> 5); /* past 32 literals in a row, fewer positions tried */
     }
     put_digits(w, s + lit, end - lit);
 }
