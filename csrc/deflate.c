@@ -8,14 +8,18 @@
  * are the same elsewhere as the last line of their key (one site's copied
  * tail text, one track, writer.c): such a line is one back-reference per
  * constant part, each extended over the field's leading digits that agree,
- * and the remaining digits as literals, two per code. Any other line (or one
- * whose key's last line is out of the window) is compared with one earlier
- * line, 16 bytes at a time: equal runs become back-references, and at a
- * difference both lines skip to their next JSON delimiter, the bytes skipped
- * in the new line becoming literals. That earlier line is the last one in
- * the member whose first 32 bytes after the id (its name and category) hash
- * alike, or else the previous line; these back-references are checked
- * against the text, so the output is exact whatever the lines hold.
+ * and the remaining digits as literals, two per code. A hinted line whose
+ * key's last line is out of the window goes against the last line of its
+ * fam or cls the same way, its name part and args compared as below
+ * (put_hinted). Any other line is compared with one earlier line, 16 bytes
+ * at a time: equal runs become back-references, and at a difference both
+ * lines skip to their next JSON delimiter, the bytes skipped in the new line
+ * becoming literals. That earlier line is the last one in the member whose
+ * first 32 bytes after the id (its name and category) hash alike, or else the
+ * previous line; the rest of a long line past it (an aggregate record) is
+ * matched against earlier positions by a hash of 4 bytes (put_lz). These
+ * back-references are checked against the text, so the output is exact
+ * whatever the lines hold.
  *
  * One block per member (RFC 1951) in a standard gzip member (RFC 1952): any
  * gzip reader decodes it alone. Its Huffman codes are made from the symbols
@@ -582,6 +586,7 @@ static ALWAYS_INLINE int hint_ok(const dft_line_hint *h, size_t end) { /* the li
            f[4] <= f[5] && f[5] + 8u <= h->len;
 }
 
+#define SPAN_MIN 12
 /* The bytes [i, ie) of a line against [j, je) of an earlier one in the window, as put_line
  * compares lines: equal runs as back-references; at a difference both go on from their next
  * delimiter, the new bytes up to it as literals (two digits a code). */
@@ -649,7 +654,10 @@ static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const 
             continue;
         }
         put_run(w, s, at, m + p, dist, &dd);
-        put_span(w, s, h->at + fb + p, h->at + pe - q, r->at + g[k + 1] + p, r->at + qe - q, &dd);
+        if (pe - q - fb - p <= SPAN_MIN) /* a node name's last digits: literals cost less */
+            put_digits(w, a + fb + p, pe - q - fb - p);
+        else
+            put_span(w, s, h->at + fb + p, h->at + pe - q, r->at + g[k + 1] + p, r->at + qe - q, &dd);
         at = h->at + pe - q;
         m = q;
         dist = (unsigned)(h->at + pe - (r->at + qe));
