@@ -26,6 +26,15 @@ writer thread's instructions and bytes per event. ``--slices`` compares module s
 on against off instead (both traced): the cost per module call (one module slice;
 the boundaries folded into interceptors count in csrc/callwrap.c and core.h).
 
+The writer thread's figure is its count from the first section to the last flush over
+every event it wrote meanwhile (``_core.stats()["written"]``: the base sections' events
+with ``--slices``, memory samples, gc events); its bytes per event are the file's growth
+over the traced sections' events. Both hold what the writer does per second of wall
+time rather than per event (a member at least every second, an aggregate checkpoint at
+most every three seconds and at least every minute, docs/format.rst), which callgrind's
+~50x slowdown spreads over fewer events than a native run: the report counts the members
+and checkpoint records written in the window.
+
 At ``--level inductor`` the sections call a chain of small matmuls (bench_inductor.py's
 kernel case, one extern ``mm`` kernel each) compiled with ``backend="dftrace",
 options={"level": "inductor"}`` and with plain ``backend="inductor"``: the calling thread's
