@@ -494,6 +494,29 @@ static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, s
     put_digits(w, s + lit, end - lit);
 }
 
+/* At a difference between s[i] and s[*j]: both go on from their next JSON delimiter (stepping
+ * over two different ones), the new bytes up to it as literals (two digits a code); *j stays
+ * below je. Returns the new i: ie, or at a delimiter. */
+static ALWAYS_INLINE size_t skip_field(enc_t *w, const unsigned char *s, size_t i, size_t ie, size_t *j,
+                                       size_t je) {
+    size_t i0 = i, k = *j;
+    if (delim[s[i]] && delim[s[k]])
+        i++, k++;
+    size_t i1 = i;
+    while (i < ie && !delim[s[i]])
+        i++;
+    put_digits(w, s + i0, i - i0);
+    if (i < ie) {
+        if (k + (i - i1) < je && s[k + (i - i1)] == s[i]) /* a field of the same length */
+            k += i - i1;
+        else
+            while (k < je && !delim[s[k]])
+                k++;
+    }
+    *j = k;
+    return i;
+}
+
 /* One line from s[i], back-references into the earlier text at j where
  * they agree, up to the line's own start: past it the rest are literals (a
  * long line compared with itself costs ~40 instructions a byte and saves
@@ -512,24 +535,11 @@ static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i,
         j += m;
         if (nl || i == n)
             return i;
-        /* a difference: both go on from their next delimiter (stepping over
-         * two different ones), the new line's bytes up to it as literals */
-        if (delim[s[i]] && delim[s[j]]) {
-            if (s[i] == '\n')
-                break;
-            put_lit(w, s[i++]);
-            j++;
-        }
-        size_t i0 = i;
-        for (; i < n && !delim[s[i]]; i++)
-            put_lit(w, s[i]);
+        if (s[i] == '\n' && delim[s[j]]) /* the line ends where the earlier one goes on */
+            break;
+        i = skip_field(w, s, i, n, &j, start);
         if (i == n || s[i] == '\n')
             break;
-        if (j + (i - i0) < i && s[j + (i - i0)] == s[i]) /* a field of the same length */
-            j += i - i0;
-        else
-            while (j < i && !delim[s[j]])
-                j++;
     }
     const unsigned char *e = memchr(s + i, '\n', n - i);
     size_t end = e ? (size_t)(e - s) + 1 : n;
@@ -606,23 +616,9 @@ static ALWAYS_INLINE void put_span(enc_t *w, const unsigned char *s, size_t i, s
             put_digits(w, s + i, ie - i);
             return;
         }
-        size_t i0 = i;
-        if (delim[s[i]] && delim[s[j]]) /* two different ones: step over both */
-            i++, j++;
-        size_t i1 = i;
-        while (i < ie && !delim[s[i]])
-            i++;
-        put_digits(w, s + i0, i - i0);
-        if (i == ie)
-            return;
-        if (j + (i - i1) < je && s[j + (i - i1)] == s[i]) /* a field of the same length */
-            j += i - i1;
-        else
-            while (j < je && !delim[s[j]])
-                j++;
+        i = skip_field(w, s, i, ie, &j, je);
     }
 }
-
 
 /* The line of hint h against the earlier line of hint r: one back-reference per part that is
  * the same in both, the field's digits from the first that differs as literals. Without c
