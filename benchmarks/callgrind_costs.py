@@ -26,6 +26,15 @@ writer thread's instructions and bytes per event. ``--slices`` compares module s
 on against off instead (both traced): the cost per module call (one module slice;
 the boundaries folded into interceptors count in csrc/callwrap.c and core.h).
 
+The writer thread's figure is its count from the first section to the last flush over
+every event it wrote meanwhile (``_core.stats()["written"]``: the base sections' events
+with ``--slices``, memory samples, gc events); its bytes per event are the file's growth
+over the traced sections' events. Both hold what the writer does per second of wall
+time rather than per event (a member at least every second, an aggregate checkpoint at
+most every three seconds and at least every minute, docs/format.rst), which callgrind's
+~50x slowdown spreads over fewer events than a native run: the report counts the members
+and checkpoint records written in the window.
+
 At ``--level inductor`` the sections call a chain of small matmuls (bench_inductor.py's
 kernel case, one extern ``mm`` kernel each) compiled with ``backend="dftrace",
 options={"level": "inductor"}`` and with plain ``backend="inductor"``: the calling thread's
@@ -300,23 +309,26 @@ def writer_thread(by_thread):
 
 # ---- measured sections (run under valgrind) -------------------------------------------------
 
-def section(cg, label, body, n, flush=None, path=None):
-    """Runs body(n) and body(2n) in counted sections; returns the file growth of each."""
+def section(cg, label, body, n, flush=None, path=None, written=None):
+    """Runs body(n) and body(2n) in counted sections; returns the file growth of each and, with
+    written (a function: events written so far), the events written in each."""
     # once uncounted first: what runs once per section on its first runs (quickening,
     # specializing, the allocator's growth) would otherwise count in the first section only
     body(n)
     if flush:
         flush()
-    grown = []
+    grown, events = [], []
     for reps in (n, 2 * n):
         size0 = os.path.getsize(path) if path else 0
+        written0 = written() if written else 0
         cg.cg_zero()
         body(reps)
         if flush:
             flush()
         cg.cg_dump(f"dft:{label}:{reps}".encode())
         grown.append((os.path.getsize(path) if path else 0) - size0)
-    return grown
+        events.append((written() if written else 0) - written0)
+    return (grown, events) if written else grown
 
 
 def run_ops(args, cg, tmp):
@@ -376,18 +388,26 @@ def run_ops(args, cg, tmp):
     def body(f):
         return lambda reps: [run(f, inputs, train) for _ in range(reps)]
 
+    def written():
+        return _core.stats()["written"]
+
+    start, written0 = os.path.getsize(path), written()
     cg.cg_start()
     section(cg, "base", body(base), args.calls, _core.flush, path)
     before, waits = _core.stats()["recorded"], _core.stats()["ring_waits"]
     _core.set_ops_on(not args.no_record)
-    grown = section(cg, "traced", body(traced), args.calls, _core.flush, path)
+    grown, counted = section(cg, "traced", body(traced), args.calls, _core.flush, path, written)
     _core.set_ops_on(True)
     events = (_core.stats()["recorded"] - before) / (4 * args.calls)  # events per call, over N (uncounted) + N + 2N calls
+    # every event the writer thread wrote while counted: the base sections' too (with --slices they
+    # are traced, slices off), the process's own (memory samples, gc)
+    in_window = written() - written0
     cg.cg_stop()  # all threads: the writer thread's count ends with the last flush, close() left out
+    end = os.path.getsize(path)
     dftrace_dynamo.finalize()
     waits = _core.stats()["ring_waits"] - waits
-    print(f"META ops={n_ops} spans={spans} events={events} bytes={(grown[1] - grown[0]) / args.calls} "
-          f"recorded_before={recorded} ring_waits={waits}")
+    print(f"META ops={n_ops} spans={spans} events={events} bytes={sum(grown) / sum(counted)} "
+          f"written={in_window} start={start} end={end} recorded_before={recorded} ring_waits={waits}")
 
 
 def run_writer(args, cg, tmp):
@@ -460,8 +480,8 @@ def valgrind(argv, tmp, extra, options=()):
 
 
 def report_ops(argv, args):
-    meta, dumps = valgrind(argv, args.dumps or tempfile.mkdtemp(prefix="callgrind_costs_"),
-                           [], CACHE_SIM if args.cache_sim else [])
+    tmp = args.dumps or tempfile.mkdtemp(prefix="callgrind_costs_")
+    meta, dumps = valgrind(argv, tmp, [], CACHE_SIM if args.cache_sim else [])
     ops, spans, events = meta["ops"], meta["spans"], meta["events"]
     n = args.calls
     base, base_parts = diff_parts(dumps[f"base:{n}"][1], dumps[f"base:{2 * n}"][1], n)
@@ -490,16 +510,39 @@ def report_ops(argv, args):
     print(f"  in _core: {ours:.0f}; without libc malloc (the allocator's state differs between runs: noise): "
           f"{(traced - base) / per - by_part.get('libc malloc', 0):.0f}")
     w = writer_thread(dumps["end"])
-    if w is not None and events:
+    if w is not None and meta.get("written"):
         # the writer thread is not zeroed by the sections (a client request zeroes and dumps the
-        # calling thread only): its count runs from the first section to the last flush, over the
-        # 4N traced calls' events
-        print(f"writer thread: {w.total / (4 * n * events):.0f} instructions per event (4N calls' events and "
-              f"6 flushes; `writer` gives the exact figure), {meta['bytes'] / events:.1f} bytes per event"
+        # calling thread only): its count runs from the first section to the last flush, over
+        # every event written meanwhile (base sections, memory samples and gc events included)
+        members, records = window_members(glob.glob(os.path.join(tmp, "cg-*.pfw*")),
+                                          meta.get("start"), meta.get("end"))
+        print(f"writer thread: {w.total / meta['written']:.0f} instructions per event ({meta['written']:.0f} events "
+              f"written from the first section to the last flush: {members} members, {records} checkpoint "
+              f"records; `writer` gives the steady figure), {meta['bytes']:.1f} bytes per event (the traced "
+              f"sections' file growth over their events)"
               + (f"; {w.total / (4 * n):.0f} per forward call" if model else ""))
     print(f"ring waits (a producer found its ring full) in the traced sections: {meta.get('ring_waits', 0):.0f}")
     if args.cache_sim:
         report_misses(dumps, n, per, unit, args.functions)
+
+
+def window_members(paths, start, end):
+    """(gzip members, aggregate checkpoint records) in the bytes [start, end) of the trace file:
+    what the writer did per second of wall time rather than per event, which callgrind's
+    slowdown multiplies."""
+    import zlib
+
+    if len(paths) != 1 or start is None:
+        return "?", "?"
+    with open(paths[0], "rb") as f:
+        f.seek(int(start))
+        data = f.read(int(end) - int(start))
+    members = records = 0
+    while data[:2] == b"\x1f\x8b":
+        d = zlib.decompressobj(31)
+        records += d.decompress(data).count(b'"name":"dftrace_aggregates"')
+        data, members = d.unused_data, members + 1
+    return members, records
 
 
 def differ(dumps, n, per, table, what="instructions"):

@@ -14,6 +14,7 @@
  * citing the bytes it stands for (covers) so that a reader can tell an edited
  * file from the one written. The category names are those of schema.py. */
 #include "core.h"
+#include "deflate.h"
 
 #include <math.h>
 
@@ -764,8 +765,17 @@ static char *fmt_sq(char *p, unsigned __int128 v) {
     return p;
 }
 
+/* Room for n bytes of text at b's end (numbers store whole words past theirs); NULL: out of memory. */
+static char *room(dft_buf *b, size_t n) {
+    return dft_buf_reserve(b, n + DFT_FMT_MAX) < 0 ? NULL : b->p + b->len;
+}
+static inline char *put_lit(char *p, const char *s, size_t n) {
+    memcpy(p, s, n);
+    return p + n;
+}
+#define LIT(p, lit) put_lit(p, lit, sizeof(lit) - 1)
+
 static int record(dft_buf *b) {
-    char num[64];
     if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":") < 0 ||
         (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0 ||
         put(b, A.keys.p, A.keys.len) < 0 || PUTL(b, "],\"apart\":[") < 0)
@@ -784,31 +794,28 @@ static int record(dft_buf *b) {
         const stat_t *s = &A.s[i];
         if (s->dead)
             continue;
-        if (!first && PUTL(b, ",") < 0)
+        char *p = room(b, 240 + (size_t)s->nb * 42); /* 8 numbers, the sum of squares, the buckets */
+        if (!p)
             return -1;
+        if (!first)
+            *p++ = ',';
         first = 0;
-        if (PUTL(b, "[") < 0 || put_i64(b, s->gid) < 0 || PUTL(b, ",") < 0 ||
-            (s->step == NONE ? PUTL(b, "null") : put_i64(b, s->step)) < 0)
-            return -1;
+        *p++ = '[';
+        p = dft_fmt_i64(p, s->gid);
+        p = s->step == NONE ? LIT(p, ",null") : dft_fmt_i64(LIT(p, ","), s->step);
         const uint64_t v[] = {s->count, s->ns, s->min, s->max, s->zero};
         for (int j = 0; j < 5; j++)
-            if (PUTL(b, ",") < 0 || put_i64(b, (int64_t)v[j]) < 0)
-                return -1;
-        num[0] = ',';
-        char *e = fmt_sq(num + 1, s->sq);
-        memcpy(e, ",[", 2);
-        if (put(b, num, (size_t)(e + 2 - num)) < 0)
-            return -1;
+            p = dft_fmt_i64(LIT(p, ","), (int64_t)v[j]);
+        p = LIT(fmt_sq(LIT(p, ","), s->sq), ",[");
         int bf = 1;
         for (uint32_t j = 0; j < s->nb; j++)
             if (s->b[j]) {
-                if ((!bf && PUTL(b, ",") < 0) || put_i64(b, s->lo + (int64_t)j) < 0 || PUTL(b, ",") < 0 ||
-                    put_i64(b, (int64_t)s->b[j]) < 0)
-                    return -1;
+                if (!bf)
+                    *p++ = ',';
+                p = dft_fmt_i64(LIT(dft_fmt_i64(p, s->lo + (int64_t)j), ","), (int64_t)s->b[j]);
                 bf = 0;
             }
-        if (PUTL(b, "]]") < 0)
-            return -1;
+        b->len = (size_t)(LIT(p, "]]") - b->p);
     }
     if (PUTL(b, "],\"op_steps\":[") < 0)
         return -1;
@@ -816,11 +823,16 @@ static int record(dft_buf *b) {
     for (uint32_t i = 0; i < A.nst; i++)
         for (int k = 0; k < 2; k++)
             if (A.st[i].count[k]) {
-                if ((!first && PUTL(b, ",") < 0) || PUTL(b, "[") < 0 || put_i64(b, A.st[i].step) < 0 ||
-                    put(b, k ? ",1," : ",0,", 3) < 0 || put_i64(b, (int64_t)A.st[i].ns[k]) < 0 || PUTL(b, ",") < 0 ||
-                    put_i64(b, (int64_t)A.st[i].count[k]) < 0 || PUTL(b, "]") < 0)
+                char *p = room(b, 80);
+                if (!p)
                     return -1;
+                if (!first)
+                    *p++ = ',';
                 first = 0;
+                p = dft_fmt_i64(LIT(p, "["), A.st[i].step);
+                p = dft_fmt_i64(k ? LIT(p, ",1,") : LIT(p, ",0,"), (int64_t)A.st[i].ns[k]);
+                p = dft_fmt_i64(LIT(p, ","), (int64_t)A.st[i].count[k]);
+                b->len = (size_t)(LIT(p, "]") - b->p);
             }
     if (PUTL(b, "],\"samples\":") < 0)
         return -1;
@@ -830,11 +842,17 @@ static int record(dft_buf *b) {
     } else {
         if (PUTL(b, "[") < 0)
             return -1;
-        for (uint32_t i = 0; i < A.nx; i++)
-            if ((i && PUTL(b, ",") < 0) || PUTL(b, "[") < 0 || put_i64(b, A.x[i].gid) < 0 || PUTL(b, ",") < 0 ||
-                put_i64(b, A.x[i].step) < 0 || PUTL(b, ",") < 0 || put_i64(b, (int64_t)A.x[i].ns) < 0 ||
-                PUTL(b, "]") < 0)
+        for (uint32_t i = 0; i < A.nx; i++) {
+            char *p = room(b, 80);
+            if (!p)
                 return -1;
+            if (i)
+                *p++ = ',';
+            p = dft_fmt_i64(LIT(p, "["), A.x[i].gid);
+            p = dft_fmt_i64(LIT(p, ","), A.x[i].step);
+            p = dft_fmt_i64(LIT(p, ","), (int64_t)A.x[i].ns);
+            b->len = (size_t)(LIT(p, "]") - b->p);
+        }
         if (PUTL(b, "]") < 0)
             return -1;
     }
@@ -861,11 +879,15 @@ void dft_agg_write(dft_buf *b, int last) {
         goto out;
     /* what the record stands for, checkable without decoding the events: the file's bytes before
      * the member this line ends (CRC-32) and the text of that member before this line */
-    char covers[160];
-    int n = snprintf(covers, sizeof covers, "\"covers\":{\"bytes\":%llu,\"crc32\":%u,\"text_bytes\":%llu,"
-                 "\"text_crc32\":%u},", (unsigned long long)dft_w.sink.good, (unsigned)dft_w.sink.crc,
-                 (unsigned long long)at, (unsigned)crc32(0, (const Bytef *)b->p, (uInt)at));
-    if (put(b, covers, (size_t)n) < 0)
+    char covers[160], *c = covers;
+#define COVERS_PUT(lit, v) (memcpy(c, lit, sizeof(lit) - 1), c = dft_fmt_u64(c + sizeof(lit) - 1, v))
+    COVERS_PUT("\"covers\":{\"bytes\":", dft_w.sink.good);
+    COVERS_PUT(",\"crc32\":", dft_w.sink.crc);
+    COVERS_PUT(",\"text_bytes\":", at);
+    COVERS_PUT(",\"text_crc32\":", dft_crc32(0, b->p, at));
+#undef COVERS_PUT
+    memcpy(c, "},", 2);
+    if (put(b, covers, (size_t)(c + 2 - covers)) < 0)
         goto out;
     size_t body = b->len;
     if (A.broken || record(b) < 0 || b->len - at > RECORD_MAX) { /* a record that cannot answer */

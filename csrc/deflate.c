@@ -8,14 +8,18 @@
  * are the same elsewhere as the last line of their key (one site's copied
  * tail text, one track, writer.c): such a line is one back-reference per
  * constant part, each extended over the field's leading digits that agree,
- * and the remaining digits as literals, two per code. Any other line (or one
- * whose key's last line is out of the window) is compared with one earlier
- * line, 16 bytes at a time: equal runs become back-references, and at a
- * difference both lines skip to their next JSON delimiter, the bytes skipped
- * in the new line becoming literals. That earlier line is the last one in
- * the member whose first 32 bytes after the id (its name and category) hash
- * alike, or else the previous line; these back-references are checked
- * against the text, so the output is exact whatever the lines hold.
+ * and the remaining digits as literals, two per code. A hinted line whose
+ * key's last line is out of the window goes against the last line of its
+ * fam or cls the same way, its name part and args compared as below
+ * (put_hinted). Any other line is compared with one earlier line, 16 bytes
+ * at a time: equal runs become back-references, and at a difference both
+ * lines skip to their next JSON delimiter, the bytes skipped in the new line
+ * becoming literals. That earlier line is the last one in the member whose
+ * first 32 bytes after the id (its name and category) hash alike, or else the
+ * previous line; the rest of a long line past it (an aggregate record) is
+ * matched against earlier positions by a hash of 4 bytes (put_lz). These
+ * back-references are checked against the text, so the output is exact
+ * whatever the lines hold.
  *
  * One block per member (RFC 1951) in a standard gzip member (RFC 1952): any
  * gzip reader decodes it alone. Its Huffman codes are made from the symbols
@@ -89,6 +93,14 @@ static uint32_t crc32_of(uint32_t crc, const unsigned char *p, size_t n) {
     return crc;
 }
 
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+static void init_tables(void);
+
+uint32_t dft_crc32(uint32_t crc, const void *p, size_t n) {
+    pthread_once(&tables_once, init_tables); /* clmul_ok */
+    return crc32_of(crc, (const unsigned char *)p, n);
+}
+
 /* ---- Huffman codes ---------------------------------------------------------- */
 #define NLIT 286 /* litlen symbols used: 256 bytes, end of block, 29 lengths */
 #define NDIST 30
@@ -103,6 +115,16 @@ typedef struct {
     uint8_t lit_len[288], dist_len[NDIST]; /* 286, 287: fixed codes only, never sent */
 } codes_t;
 
+#define DFT_LZ_BITS 14
+
+/* What a line of one hint key has in common with a line of another (put_hinted): compared once,
+ * it holds for every pair of lines of these keys, which are alike but for their fields. */
+typedef struct {
+    uint64_t key, ref;
+    uint16_t p1, q1, p, q; /* the leading and trailing bytes that the name parts and the args share */
+    uint8_t same;          /* the text before the id and between the ts and the dur is the same */
+} pair_t;
+
 struct dft_deflate {
     /* per line key: the start of its last line in the block; per hint key and per hint fam:
      * the index of its last hinted line; each + 1 | the block's pass << PASS_SHIFT (other
@@ -111,11 +133,8 @@ struct dft_deflate {
     uint64_t pass;
     /* per hint key (by its hash): a line of that key against one of key ref, which compared
      * once holds for every pair of lines of these keys (put_hinted) */
-    struct {
-        uint64_t key, ref;
-        uint16_t p, q; /* the args' leading and trailing bytes they share (both lines lie in the window) */
-        uint8_t same;  /* the text around the fields is the same */
-    } pairs[DFT_DEFLATE_KEYS];
+    pair_t pairs[DFT_DEFLATE_KEYS];
+    uint32_t lz[1u << DFT_LZ_BITS]; /* put_lz's last position per hash of 4 bytes */
     const dft_line_hint *h;           /* the next member's hints (dft_deflate_hints) */
     size_t nh;
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
@@ -143,7 +162,6 @@ static uint16_t dist_base[NDIST];
 static uint8_t dist_extra[NDIST];
 /* where the two lines go on after a difference; '\n' (2) ends a line */
 static uint8_t delim[256];
-static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static unsigned reverse(unsigned c, unsigned n) { /* the low n bits of c, reversed */
     c = (c & 0x5555) << 1 | (c >> 1 & 0x5555);
@@ -286,6 +304,7 @@ typedef struct {
     uint32_t *nlit, *ndist; /* symbols counted for the next member's codes */
     uint32_t *npair;
     const uint64_t *pair; /* a pair's code: bits | length << 32 */
+    uint32_t *lz;         /* put_lz's positions by hash (dft_deflate's) */
 } enc_t;
 
 static ALWAYS_INLINE void put_bits(enc_t *w, uint64_t v, unsigned n) {
@@ -433,6 +452,71 @@ static size_t pick_ref(dft_deflate *d, const unsigned char *s, size_t pos, size_
     return pos - ref <= WINDOW ? ref : pos;
 }
 
+/* Equal leading bytes of a and b, at most n (nothing read past n). */
+static ALWAYS_INLINE size_t prefix_upto(const unsigned char *a, const unsigned char *b, size_t n) {
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + k, 8);
+        memcpy(&y, b + k, 8);
+        if (x ^ y)
+            return k + ((unsigned)__builtin_ctzll(x ^ y) >> 3);
+    }
+    while (k < n && a[k] == b[k])
+        k++;
+    return k;
+}
+
+/* The rest of a line that no earlier line resembles (an aggregate record: up to megabytes of
+ * groups, steps and copied events, alike element by element), as a general deflate sends it:
+ * at each position the last earlier one whose 4 bytes hash alike, a match where those agree,
+ * else a literal. Positions are those hashed here, in this member or (stale, checked like the
+ * rest) an earlier one. */
+#define LZ_MIN 64
+static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, size_t i, size_t end) {
+    dist_t d = {0, 0, 0, 0};
+    size_t lit = i;
+    while (i + 4 <= end) {
+        uint32_t x, y, *slot;
+        memcpy(&x, s + i, 4);
+        slot = &w->lz[(x * 2654435761u) >> (32 - DFT_LZ_BITS)];
+        size_t c = *slot;
+        *slot = (uint32_t)i;
+        if (c < i && i - c <= WINDOW && (memcpy(&y, s + c, 4), x == y)) {
+            size_t m = 4 + prefix_upto(s + i + 4, s + c + 4, end - i - 4);
+            put_digits(w, s + lit, i - lit);
+            put_match(w, m, (unsigned)(i - c), &d);
+            lit = i += m;
+            continue;
+        }
+        i += 1 + ((i - lit) >> 5); /* past 32 literals in a row, fewer positions tried */
+    }
+    put_digits(w, s + lit, end - lit);
+}
+
+/* At a difference between s[i] and s[*j]: both go on from their next JSON delimiter (stepping
+ * over two different ones), the new bytes up to it as literals (two digits a code); *j stays
+ * below je. Returns the new i: ie, or at a delimiter. */
+static ALWAYS_INLINE size_t skip_field(enc_t *w, const unsigned char *s, size_t i, size_t ie, size_t *j,
+                                       size_t je) {
+    size_t i0 = i, k = *j;
+    if (delim[s[i]] && delim[s[k]])
+        i++, k++;
+    size_t i1 = i;
+    while (i < ie && !delim[s[i]])
+        i++;
+    put_digits(w, s + i0, i - i0);
+    if (i < ie) {
+        if (k + (i - i1) < je && s[k + (i - i1)] == s[i]) /* a field of the same length */
+            k += i - i1;
+        else
+            while (k < je && !delim[s[k]])
+                k++;
+    }
+    *j = k;
+    return i;
+}
+
 /* One line from s[i], back-references into the earlier text at j where
  * they agree, up to the line's own start: past it the rest are literals (a
  * long line compared with itself costs ~40 instructions a byte and saves
@@ -451,28 +535,18 @@ static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i,
         j += m;
         if (nl || i == n)
             return i;
-        /* a difference: both go on from their next delimiter (stepping over
-         * two different ones), the new line's bytes up to it as literals */
-        if (delim[s[i]] && delim[s[j]]) {
-            if (s[i] == '\n')
-                break;
-            put_lit(w, s[i++]);
-            j++;
-        }
-        size_t i0 = i;
-        for (; i < n && !delim[s[i]]; i++)
-            put_lit(w, s[i]);
+        if (s[i] == '\n' && delim[s[j]]) /* the line ends where the earlier one goes on */
+            break;
+        i = skip_field(w, s, i, n, &j, start);
         if (i == n || s[i] == '\n')
             break;
-        if (j + (i - i0) < i && s[j + (i - i0)] == s[i]) /* a field of the same length */
-            j += i - i0;
-        else
-            while (j < i && !delim[s[j]])
-                j++;
     }
     const unsigned char *e = memchr(s + i, '\n', n - i);
     size_t end = e ? (size_t)(e - s) + 1 : n;
-    put_lits(w, s + i, end - i);
+    if (end - i >= LZ_MIN)
+        put_lz(w, s, i, end);
+    else
+        put_lits(w, s + i, end - i);
     return end;
 }
 
@@ -522,12 +596,37 @@ static ALWAYS_INLINE int hint_ok(const dft_line_hint *h, size_t end) { /* the li
            f[4] <= f[5] && f[5] + 8u <= h->len;
 }
 
-/* The line of hint h against the earlier line of hint r, whose parts around
- * the fields are the same: one back-reference per part, and the field's
- * digits from the first that differs as literals. With split, the end of the
- * line (its args) is the same but for the bytes [p, la - q) of its la. */
+#define SPAN_MIN 12
+/* The bytes [i, ie) of a line against [j, je) of an earlier one in the window, as put_line
+ * compares lines: equal runs as back-references; at a difference both go on from their next
+ * delimiter, the new bytes up to it as literals (two digits a code). */
+static ALWAYS_INLINE void put_span(enc_t *w, const unsigned char *s, size_t i, size_t ie, size_t j, size_t je,
+                                   dist_t *d) {
+    while (i < ie) {
+        size_t m = prefix_upto(s + i, s + j, ie - i < je - j ? ie - i : je - j);
+        if (m >= 3)
+            put_match(w, m, (unsigned)(i - j), d);
+        else
+            put_digits(w, s + i, m);
+        i += m;
+        j += m;
+        if (i == ie)
+            return;
+        if (j == je) { /* the earlier span is used up */
+            put_digits(w, s + i, ie - i);
+            return;
+        }
+        i = skip_field(w, s, i, ie, &j, je);
+    }
+}
+
+/* The line of hint h against the earlier line of hint r: one back-reference per part that is
+ * the same in both, the field's digits from the first that differs as literals. Without c
+ * (a line of r's key) every part is the same; with it, the name part ([f1, f2): name, category
+ * and track) and the args ([f5, len)) are the same but for a middle, which is compared as
+ * put_line compares lines (put_span). */
 static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const dft_line_hint *h,
-                                        const dft_line_hint *r, int split, size_t p, size_t q) {
+                                        const dft_line_hint *r, const pair_t *c) {
     const uint16_t *f = h->f, *g = r->f;
     const unsigned char *a = s + h->at, *b = s + r->at;
     dist_t dd = {0, 0, 0, 0};
@@ -535,24 +634,29 @@ static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const 
     size_t at = h->at, m = f[0]; /* the match being extended: from at, m bytes */
 #pragma GCC unroll 3
     for (unsigned k = 0; k < 6; k += 2) {
-        size_t fa = f[k], fb = f[k + 1], c = fb - fa == (size_t)(g[k + 1] - g[k]) ? prefix(a + fa, b + g[k], fb - fa) : 0;
-        m += c;
-        if (c < fb - fa) { /* the rest of the field as literals; the next part's distance */
+        size_t fa = f[k], fb = f[k + 1], cc = fb - fa == (size_t)(g[k + 1] - g[k]) ? prefix(a + fa, b + g[k], fb - fa) : 0;
+        m += cc;
+        if (cc < fb - fa) { /* the rest of the field as literals; the next part's distance */
             put_run(w, s, at, m, dist, &dd);
-            put_digits(w, a + fa + c, fb - fa - c);
+            put_digits(w, a + fa + cc, fb - fa - cc);
             at = h->at + fb;
             m = 0;
             dist = (unsigned)(at - (r->at + g[k + 1]));
         }
-        m += (k < 4 ? f[k + 2] : split ? f[5] + p : h->len) - fb;
-    }
-    size_t la = h->len - f[5];
-    if (split && (p < la || la != r->len - g[5])) { /* literals between what both args start and end with */
-        put_run(w, s, at, m, dist, &dd);
-        put_lits(w, a + f[5] + p, la - p - q);
-        at = h->at + h->len - q;
+        size_t pe = k < 4 ? f[k + 2] : h->len, qe = k < 4 ? g[k + 2] : r->len; /* the part after it */
+        size_t p = k == 0 && c ? c->p1 : k == 4 && c ? c->p : pe - fb, q = k == 0 ? c ? c->q1 : 0 : c ? c->q : 0;
+        if (k == 2 || (p == pe - fb && pe - fb == qe - g[k + 1])) {
+            m += pe - fb;
+            continue;
+        }
+        put_run(w, s, at, m + p, dist, &dd);
+        if (pe - q - fb - p <= SPAN_MIN) /* a node name's last digits: literals cost less */
+            put_digits(w, a + fb + p, pe - q - fb - p);
+        else
+            put_span(w, s, h->at + fb + p, h->at + pe - q, r->at + g[k + 1] + p, r->at + qe - q, &dd);
+        at = h->at + pe - q;
         m = q;
-        dist = (unsigned)(h->at + h->len - (r->at + r->len));
+        dist = (unsigned)(h->at + pe - (r->at + qe));
     }
     put_run(w, s, at, m, dist, &dd);
     return h->at + h->len;
@@ -568,12 +672,13 @@ static ALWAYS_INLINE const dft_line_hint *in_reach(const dft_deflate *d, uint64_
 /* The line of hint h against the last earlier line of its key, which the
  * writer vouches is the same outside the id, ts and dur fields
  * (put_against). Without one in the window, against the last line of its
- * fam, where the text around the fields is the same: the args as the bytes
- * both lines' args start and end with, and literals between. Since lines of
- * one key are alike, that comparison is made once per pair of keys
- * (pairs[]). Else against the last line of its cls, as any line against
- * another (put_line): a module slice's name is its own, its last line is a
- * whole graph call back, and the line before it is an op. Returns the
+ * fam (one name and track: the name parts are the same), else of its cls (a
+ * module slice: its name is its own, its last line a whole graph call back,
+ * the line before it an op; the last slice of its type is alike but for the
+ * name): where the text before the id and between ts and dur is the same,
+ * the name part and the args as the bytes both lines' parts start and end
+ * with, and the middles compared as put_line does. Since lines of one key are
+ * alike, that comparison is made once per pair of keys (pairs[]). Returns the
  * line's end, or 0 to encode it as any other line. */
 static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n,
                                        const dft_line_hint *h) {
@@ -595,27 +700,30 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
         if (f[0] != r->f[0] || f[2] - f[1] != r->f[2] - r->f[1] || f[4] - f[3] != r->f[4] - r->f[3] ||
             la != r->len - r->f[5])
             return 0;
-        return put_against(w, s, h, r, 0, 0, 0);
+        return put_against(w, s, h, r, NULL);
     }
     r = in_reach(d, *fslot, h);
     *fslot = self;
-    if (!r)
-        return rc ? put_line(w, s, h->at, n, rc->at) : 0;
-    __typeof__(d->pairs[0]) *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
+    if (!r && !(r = rc))
+        return 0;
+    pair_t *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
     if (c->key != h->key || c->ref != r->key) { /* the parts' lengths too are the same for every such pair */
         const uint16_t *g = r->f;
         const unsigned char *a = s + h->at, *b = s + r->at;
         size_t lb = r->len - g[5], mn = la < lb ? la : lb;
+        size_t l1 = f[2] - f[1], lb1 = g[2] - g[1], mn1 = l1 < lb1 ? l1 : lb1;
         c->key = h->key;
         c->ref = r->key;
-        c->same = f[0] == g[0] && f[2] - f[1] == g[2] - g[1] && f[4] - f[3] == g[4] - g[3] && !memcmp(a, b, f[0]) &&
-                  !memcmp(a + f[1], b + g[1], f[2] - f[1]) && !memcmp(a + f[3], b + g[3], f[4] - f[3]);
+        c->same = f[0] == g[0] && f[4] - f[3] == g[4] - g[3] && !memcmp(a, b, f[0]) &&
+                  !memcmp(a + f[3], b + g[3], f[4] - f[3]);
+        c->p1 = (uint16_t)prefix_in(a + f[1], b + g[1], mn1);
+        c->q1 = c->p1 == l1 && l1 == lb1 ? 0 : (uint16_t)suffix_in(a + f[2], b + g[2], mn1 - c->p1);
         c->p = (uint16_t)prefix_in(a + f[5], b + g[5], mn);
         c->q = c->p == la && la == lb ? 0 : (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
     }
     if (!c->same)
         return rc ? put_line(w, s, h->at, n, rc->at) : 0;
-    return put_against(w, s, h, r, 1, c->p, c->q);
+    return put_against(w, s, h, r, c);
 }
 
 /* The dynamic block header of d->next into d->hdr: BFINAL, dynamic codes, all 286 + 30 lengths,
@@ -634,7 +742,7 @@ static void make_header(dft_deflate *d) {
     huff_lengths(nl, 19, 7, cl_len);
     make_codes(cl_len, 19, cl);
     /* at most 17 + 19 * 3 + 316 * 7 bits: 72 words, and the last partial one */
-    enc_t w = {0, 0, (unsigned char *)d->hdr, NULL, NULL, NULL, NULL, NULL};
+    enc_t w = {0, 0, (unsigned char *)d->hdr, NULL, NULL, NULL, NULL, NULL, NULL};
     put_bits(&w, 1 | 2 << 1 | (NLIT - 257) << 3 | (NDIST - 1) << 8 | (19 - 4) << 13, 17);
     for (unsigned i = 0; i < 19; i++)
         put_bits(&w, cl_len[order[i]], 3);
@@ -663,6 +771,7 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
     w->ndist = d->ndist;
     w->npair = d->npair;
     w->pair = d->pair;
+    w->lz = d->lz;
     if (d->paired != w->c) {
         make_pairs(w->c, d->pair);
         d->paired = w->c;
@@ -739,11 +848,11 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     const unsigned char *s = (const unsigned char *)text;
     static const unsigned char head[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff};
     memcpy(out, head, sizeof head);
-    enc_t w = {0, 0, out + sizeof head, d->have_next ? &d->next : &fixed, NULL, NULL, NULL, NULL};
+    enc_t w = {0, 0, out + sizeof head, d->have_next ? &d->next : &fixed, NULL, NULL, NULL, NULL, NULL};
     put_block(d, &w, s, n);
     uint64_t fixed_cost = w.c == &fixed ? 0 : cost(d, &fixed);
     if (w.c != &fixed && fixed_cost + fixed_cost / 16 < cost(d, w.c)) {
-        w = (enc_t){0, 0, out + sizeof head, &fixed, NULL, NULL, NULL, NULL};
+        w = (enc_t){0, 0, out + sizeof head, &fixed, NULL, NULL, NULL, NULL, NULL};
         put_block(d, &w, s, n);
     }
     unsigned char *o = w.o;

@@ -34,6 +34,11 @@ typedef struct {
  * out of bounds or order are ignored; the rest are trusted. */
 void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n);
 
+/* CRC-32 as zlib's crc32(crc, p, n), with carry-less multiplication where the CPU has it
+ * (~0.35 instructions a byte against zlib's ~3 here): the sink's running CRC of the file and
+ * the aggregate record's covers. */
+uint32_t dft_crc32(uint32_t crc, const void *p, size_t n);
+
 /* Bytes of output that dft_gzip_member never exceeds for n bytes of input. */
 size_t dft_gzip_bound(size_t n);
 /* One complete gzip member (RFC 1952) holding p[0..n), independent of the

@@ -23,7 +23,15 @@ void dft_buf_free(dft_buf *b) {
     b->len = b->cap = 0;
 }
 
+/* "00".."99": most numbers of an aggregate record (bucket counts, steps) are below 100 */
+static const char two_digits[201] = "0001020304050607080910111213141516171819202122232425262728293031323334353637383940414243444546474849"
+                                    "5051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+
 char *dft_fmt_u64(char *p, uint64_t v) {
+    if (v < 100) {
+        memcpy(p, two_digits + 2 * v + (v < 10), 2);
+        return p + 1 + (v >= 10);
+    }
     if (v < 100000000)
         return dft_put_digits(p, dft_digits8((uint32_t)v), 8);
     uint64_t hi = v / 100000000;

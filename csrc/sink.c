@@ -139,13 +139,13 @@ static void write_all(dft_sink *k, const char *p, size_t n) {
     }
     if (!k->err) {
         k->good += total;
-        k->crc = (uint32_t)crc32(k->crc, (const Bytef *)start, (uInt)total);
+        k->crc = dft_crc32(k->crc, start, total);
     } else if (k->mode == 0) { /* plain text: the whole lines that fit stay */
         size_t done = (size_t)(p - start);
         while (done && start[done - 1] != '\n')
             done--;
         k->good += done;
-        k->crc = (uint32_t)crc32(k->crc, (const Bytef *)start, (uInt)done);
+        k->crc = dft_crc32(k->crc, start, done);
         k->kept = done;
     }
 }
