@@ -140,7 +140,8 @@ SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsur
            coalesce(e.args.graph, '?') AS graph,
            CASE WHEN e.cat = '{CAT_COMPILE}' OR (e.name = 'start' AND e.cat = '{CAT_DFTRACER}') THEN to_json({info})::VARCHAR
                 WHEN e.cat = '{CAT_KERNEL}' THEN to_json({kernels.INFO})::VARCHAR
-                WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR END AS extra,
+                WHEN e.cat IN ('{CAT_COMM}', '{CAT_STEP}') THEN to_json({rank_info})::VARCHAR
+                WHEN e.cat = '{CAT_GRAPH}' THEN e.args.phase END AS extra,  -- the rank view's layer
            e.suspect, e.cat, e.ph
     FROM (SELECT *, {_suspect_sql(("name", *_NUMBERS, "args"))} AS suspect
           FROM (SELECT * REPLACE ({_PH} AS ph, {numbers}), {texts} FROM ({source_sql}))) e

@@ -30,7 +30,11 @@ to the rank where the delay began (:mod:`.origin`), as the time the waiting rank
 it; ``wait_caused`` is, per step, the median over the ranks that lost time to a rank of
 what each lost. Per rank and steady step, the wall time is split (each instant counted
 once, in this order) into wait, communication (the rest of the collectives' time and of the
-``wait()`` calls), data, compute (optimizer, ``backward``, graph calls: forward) and other.
+``wait()`` calls), data, compute (optimizer, ``backward``, graph calls: forward) and other. Within
+compute an instant is in its innermost phase, as in the step view: an optimizer closure's forward
+graph calls and ``backward`` are forward and backward inside the optimizer slice, a backward graph
+call is backward, and a graph call of phase inference (a compiled optimizer step's) inside an
+optimizer slice is optimizer, else forward.
 
 The first step of the run and warm-up steps are left out. The **straggler** is the rank charged
 the most wait per step (median over the steady steps: a step where the wait fell in an
@@ -55,9 +59,10 @@ P2P = {"send": True, "isend": True, "recv": False, "irecv": False}  # point-to-p
 FUNCTIONAL = "function._c10d_functional."  # op events of functional collectives (events.comm)
 PARTS = ("wait", "comm", "data", "compute", "other")  # the rows' parts of a step
 PART_KEYS = tuple(f"{c}_us" for c in PARTS)  # the rows' fields
-# the layers an instant is counted in, in order (compute: optimizer, backward, forward)
-LAYERS = ("wait", "comm", "data", "optimizer", "backward", "forward", "other")
-COMPUTE = ("optimizer", "backward", "forward")
+# the layers an instant is counted in, in order (compute: the innermost phase first; "inference":
+# graph calls of that phase, forward time where no optimizer slice holds them)
+LAYERS = ("wait", "comm", "data", "forward", "backward", "optimizer", "inference", "other")
+COMPUTE = ("forward", "backward", "optimizer", "inference")
 NOISE_FACTOR, MIN_SHARE = 3.0, 0.05
 
 
@@ -151,7 +156,8 @@ def rows(con, kinds):
     fields = ("group", "name", "op", "pg", "async", "blocked")
     for c, values in zip(fields, zip(*channels) if channels else [comm["name"]] * len(fields)):
         comm[c] = np.array(values, bool if c in ("async", "blocked") else object)
-    spans = _columns(con, f"""SELECT file, pid, step, kind, ts, coalesce(dur, 0) AS dur FROM ev
+    # a graph call's phase is its extra (traces/events.py)
+    spans = _columns(con, f"""SELECT file, pid, step, kind, coalesce(extra, '') AS phase, ts, coalesce(dur, 0) AS dur FROM ev
         WHERE step IS NOT NULL AND ts IS NOT NULL
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
     # op time per process, step and module: what in a rank was slower than on its peers (in
@@ -277,8 +283,11 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
         return np.where(inside & (proc >= 0), proc * n_steady + at, -1)
     wq, ws, wa, wb = (np.array(c, dtype) for c, dtype in
                       zip(zip(*wait_iv) if wait_iv else ([],) * 4, (np.int64, np.int64, float, float)))
-    span_layer = np.select([spans["kind"] == kinds[k] for k in ("data", "optimizer", "backward")],
-                           [LAYERS.index(k) for k in ("data", "optimizer", "backward")], LAYERS.index("forward"))
+    graph = spans["kind"] == kinds["graph"]
+    span_layer = np.select([spans["kind"] == kinds[k] for k in ("data", "optimizer", "backward")]
+                           + [graph & (spans["phase"] == p) for p in ("backward", "inference")],
+                           [LAYERS.index(k) for k in ("data", "optimizer", "backward", "backward", "inference")],
+                           LAYERS.index("forward"))
     layer = np.concatenate([np.zeros(len(wq), np.int64), np.ones(len(comm_proc), np.int64), span_layer])
     comm_row = row_of(comm_proc, comm_step)
     # an async operation waited for is in flight while the rank computes: its time outside the
@@ -300,6 +309,7 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     split = _split(lo.ravel(), hi.ravel(), row[own], layer[own], start[own], end[own], len(LAYERS) - 1)
     part = {name: split[:, LAYERS.index(name)] for name in LAYERS}
     part["compute"] = sum(part[name] for name in COMPUTE)
+    part["forward"] = part["forward"] + part.pop("inference")
     # the wait each rank made the others lose, per neighbour, charged where the delay began
     caused, waiting = np.zeros(lo.shape), np.zeros(lo.shape, np.int64)
     for j, s in enumerate(steady.tolist()):
