@@ -82,7 +82,12 @@ segment the start of the step, not an evaluation, unless the segment ran the
 model trained next (nanoGPT evaluates at the top of its loop) or called one of
 its graphs twice (a loop over evaluation batches). Graph calls are seen only in
 the step windows: outside them, evaluation stays in the surrounding step, which
-is not recorded either.
+is not recorded either. A trainer's evaluation function (:data:`EVALUATIONS`:
+``Trainer.evaluate``, Lightning's evaluation loop; patched at a trace file's
+open when its module is imported) is an evaluation from its call, after a
+complete step or a mark (the trace's start), whether or not a graph runs in it,
+to its return, where its ``eval`` slice is written; training work inside it
+does not end it, and the next step begins at its return.
 
 Each trace file numbers its steps from 0; step 0 begins when tracing starts
 (the trace file opens; after the evaluation that comes before any training
@@ -169,6 +174,8 @@ class _State:
     # the evaluation's (undecided segment's) forwards: id(modules) -> [modules, graph calls]
     segment: dict = {}
     eval_mode_trains: Optional[bool] = None  # learnt from the first undecided segment of the trace
+    evaluating = 0  # calls of a trainer's evaluation function (EVALUATIONS) in progress on the step's thread
+    eval_end: Optional[int] = None  # where the last of them returned (its eval slice is written)
 
 
 _state = _State()
@@ -216,6 +223,7 @@ def _begin(now: int) -> None:
     _state.stepped, _state.joined, _state.trained = {}, False, False
     _state.runs, _state.untrained, _state.going, _state.unstepped = {}, False, False, 0
     _state.opener = ()
+    _state.eval_end = None
     _enter(_state.number)
     _state.recorded_at = _recorded()
 
@@ -271,13 +279,17 @@ def _flush(count: Optional[int] = None) -> None:
         _core.eager_release(_state.ops)  # in the step windows or not, as what was decided
 
 
-def _eval_slice(end: int) -> None:
+def _eval_slice(end: int) -> int:
+    """Writes the evaluation's slice up to ``end``, unless a trainer's evaluation function ended it
+    (its slice was written then); returns its end."""
+    if _state.eval_end is not None:
+        return _state.eval_end
     _core.log("eval", CAT_EVAL, _state.start_ns, end, None)  # evaluation began where the last step ended
+    return end
 
 
 def _end_eval(end: int) -> None:
-    _eval_slice(end)
-    _begin(end)  # the step after the evaluation (its number was taken when the last one ended)
+    _begin(_eval_slice(end))  # the step after the evaluation (its number was taken when the last one ended)
 
 
 def _end(now: int, block: bool = False) -> None:
@@ -309,7 +321,7 @@ def _training(now: int, modules=()) -> None:
     with _lock:
         if _state.start_ns is None or _state.broken or threading.get_ident() != _state.thread:
             return
-        if _state.going:
+        if _state.going or _state.evaluating:  # (a trainer's evaluation function runs: it is one)
             return
         if _state.mode == COMPLETE and not _state.deferred and _other_model(modules):
             return  # the iteration's own: a sample of a generator after the optimizer steps
@@ -319,7 +331,8 @@ def _training(now: int, modules=()) -> None:
             _state.going = True
             _core.set_ops_on(_state.ops)
             return
-        if (_state.mode in (EVAL, UNDECIDED) and (len(_state.deferred) == _state.segment_held or _ran_trained())
+        if (_state.mode in (EVAL, UNDECIDED) and _state.eval_end is None
+                and (len(_state.deferred) == _state.segment_held or _ran_trained())
                 and not _evaluated_after_all(modules)):
             _set_mode(TRAIN)  # the step began where the segment did
             _core.set_step(_state.number)
@@ -595,6 +608,7 @@ def _on_open() -> None:
             _state.known, _state.most, _state.deferred = set(), {}, []
             _state.groups, _state.params = {}, {}
             _state.eval_mode_trains = None
+            _state.evaluating = 0
             _state.learning = True
             _state.completed = False
             # opened lazily (inside a compile): the step began with the work in progress on this thread
@@ -986,6 +1000,70 @@ def _evaluated(now: int) -> None:
     _end_eval(now)
 
 
+# A trainer's evaluation functions, patched when their module is imported at a trace file's open
+# (module, class, method): their call is an evaluation, whether or not a graph runs in it
+EVALUATIONS = (("transformers.trainer", "Trainer", "evaluate"),
+               ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "run"),
+               ("pytorch_lightning.loops.evaluation_loop", "_EvaluationLoop", "run"))
+
+
+def _evaluation_begins() -> bool:
+    """A trainer's evaluation function is called: after a complete step (or a mark, or the trace's
+    start, before training work) an evaluation begins here, as at a graph call without grad, and
+    lasts at least until the function returns. Whether it counts (its return then ends it)."""
+    with _lock:
+        if (_state.start_ns is None or _state.broken or _state.explicit or threading.get_ident() != _state.thread
+                or _state.mode == TRAIN):  # (in an incomplete step: the step's own work)
+            return False
+        now = _core.now_ns()
+        if _state.mode == COMPLETE:
+            _state.going = False
+            _finish(_boundary(now))
+        if _state.mode == UNDECIDED:
+            _decided(False)
+        elif _state.mode != EVAL:
+            _set_mode(EVAL)
+            _core.set_step(None)
+        _flush()
+        _state.evaluating += 1
+        _state.eval_end = None
+        return True
+
+
+def _evaluation_ends() -> None:
+    """The evaluation function returns: the evaluation ends here (its slice is written now, after
+    the slices held in it: the writer nests what ended before it inside it); the next step begins
+    here when training work comes."""
+    with _lock:
+        _state.evaluating = max(_state.evaluating - 1, 0)
+        if not _state.evaluating and _state.mode == EVAL and _state.start_ns is not None:
+            _flush()
+            _state.eval_end = _eval_slice(_core.now_ns())
+            _core.set_step(_state.number)
+
+
+def _wrap_evaluation(original):
+    @functools.wraps(original)
+    def evaluate(*args, **kwargs):
+        if compiling_here():
+            return original(*args, **kwargs)
+        try:
+            began = _evaluation_begins()
+        except Exception as exc:
+            _fail(exc)
+            began = False
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if began:
+                try:
+                    _evaluation_ends()
+                except Exception as exc:
+                    _fail(exc)
+
+    return evaluate
+
+
 def _wrap_zero_grad(original):
     @functools.wraps(original)
     def zero_grad(self, *args, **kwargs):
@@ -1093,12 +1171,20 @@ for _hook in (
     hooks.Patch("GradScaler.step", GROUP, lambda: torch.amp.GradScaler, "step", _wrap_scaler_step),
 ):
     hooks.declare(_hook)
+for _module, _cls, _method in EVALUATIONS:
+    hooks.declare(hooks.Patch(f"{_cls}.{_method} of {_module}", GROUP + " evaluations",
+                              functools.partial(lambda m, c: getattr(sys.modules[m], c), _module, _cls),
+                              _method, _wrap_evaluation))
 
 
 def _install() -> None:
-    """At every trace file: torch's global optimizer hooks and the patches (each once)."""
+    """At every trace file: torch's global optimizer hooks and the patches (each once); the
+    evaluation functions of the trainers imported by then."""
     hooks.install(GROUP)
     dataloaders.install()
+    for module, cls, method in EVALUATIONS:
+        if hasattr(sys.modules.get(module), cls):
+            hooks.install_one(f"{cls}.{method} of {module}")
 
 
 logger.add_hooks(_on_open, _on_close)
