@@ -14,11 +14,10 @@ from dftrace_dynamo import _core
 class Regressor(L.LightningModule):
     def __init__(self):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
-        self.head = nn.Linear(64, 1)
+        self.net = nn.Sequential(nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 1))
 
     def forward(self, x):
-        return self.head(self.body(x))
+        return self.net(x)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
