@@ -125,6 +125,13 @@ class Dump:
     by_fn: dict    # function -> self cost
     events: tuple = ("Ir",)  # callgrind's events; the dicts above hold the first
     costs: dict = None       # event -> (total, by_line, by_obj, by_fn) of each
+    called: dict = None      # function -> inclusive cost of the calls it made (first event)
+
+    def inclusive(self, name):
+        """Cost of the functions called ``name`` (any compiler suffix: .constprop.0, .isra.0) and of
+        every call they made."""
+        return sum(v for k, v in {**self.by_fn, **{("called", k): v for k, v in (self.called or {}).items()}}.items()
+                   if (k[1] if isinstance(k, tuple) else k).split(".")[0] == name)
 
     def of(self, what):
         """This dump's cost in ``what`` (a key of EVENTS): the sum of its events."""
@@ -146,7 +153,7 @@ def read_dump(path):
     for each of its events."""
     names = {"fl": {}, "fn": {}, "ob": {}}
     events = ["Ir"]
-    by_line, by_obj, by_fn = ({} for _ in range(3))  # key -> [cost per event]
+    by_line, by_obj, by_fn, called = ({} for _ in range(4))  # key -> [cost per event]
     label, thread, totals = "", 0, []
     fl = fi = ob = fn = ""
     line = 0
@@ -208,8 +215,9 @@ def read_dump(path):
                 line -= int(num)
             elif sign != "*":
                 line = int(num)
-            if skip_next:
+            if skip_next:  # the inclusive cost of a call made from fn
                 skip_next = False
+                add(called, fn, costs)
                 continue
             add(by_line, (fi, line), costs)
             add(by_obj, os.path.basename(ob), costs)
@@ -217,7 +225,8 @@ def read_dump(path):
     totals += [0] * (len(events) - len(totals))
     costs = {e: (totals[i], {k: v[i] for k, v in by_line.items()}, {k: v[i] for k, v in by_obj.items()},
                  {k: v[i] for k, v in by_fn.items()}) for i, e in enumerate(events)}
-    return Dump(thread, label, totals[0] if totals else 0, *costs[events[0]][1:], tuple(events), costs)
+    return Dump(thread, label, totals[0] if totals else 0, *costs[events[0]][1:], tuple(events), costs,
+                {k: v[0] for k, v in called.items()})
 
 
 def read_dumps(out_dir):
@@ -521,6 +530,14 @@ def report_ops(argv, args):
               f"records; `writer` gives the steady figure), {meta['bytes']:.1f} bytes per event (the traced "
               f"sections' file growth over their events)"
               + (f"; {w.total / (4 * n):.0f} per forward call" if model else ""))
+        # a checkpoint record falls at most every three seconds and at least every minute of wall
+        # time, which callgrind stretches ~50x: its formatting (dft_agg_write and what it calls) and
+        # encoding (put_record) apart, and the rest per event
+        rec = w.inclusive("dft_agg_write") + w.inclusive("put_record")
+        if records and records != "?":
+            print(f"  of it the {records} checkpoint records: {rec / records:,.0f} instructions each, "
+                  f"{rec / meta['written']:.0f} per event; the rest (events, members): "
+                  f"{(w.total - rec) / meta['written']:.0f} per event")
     print(f"ring waits (a producer found its ring full) in the traced sections: {meta.get('ring_waits', 0):.0f}")
     if args.cache_sim:
         report_misses(dumps, n, per, unit, args.functions)

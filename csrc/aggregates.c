@@ -860,10 +860,11 @@ static int record(dft_buf *b) {
 }
 
 /* Appends the record line to b (a checkpoint; at close, the last one, then frees everything). */
-void dft_agg_write(dft_buf *b, int last) {
+uint32_t dft_agg_write(dft_buf *b, int last) {
     if (!A.on)
-        return;
+        return 0;
     size_t at = b->len;
+    uint32_t text_crc = 0;
     char head[96];
     if (last) { /* every event is in: each step is settled */
         A.settle_upto = INT64_MAX;
@@ -884,7 +885,8 @@ void dft_agg_write(dft_buf *b, int last) {
     COVERS_PUT("\"covers\":{\"bytes\":", dft_w.sink.good);
     COVERS_PUT(",\"crc32\":", dft_w.sink.crc);
     COVERS_PUT(",\"text_bytes\":", at);
-    COVERS_PUT(",\"text_crc32\":", dft_crc32(0, b->p, at));
+    text_crc = dft_crc32(0, b->p, at);
+    COVERS_PUT(",\"text_crc32\":", text_crc);
 #undef COVERS_PUT
     memcpy(c, "},", 2);
     if (put(b, covers, (size_t)(c + 2 - covers)) < 0)
@@ -908,4 +910,5 @@ out:
     b->len = at;
     if (last)
         free_all();
+    return text_crc;
 }

@@ -434,7 +434,8 @@ void dft_agg_forget(void); /* a forked child: drop (leak) the parent's state wit
 void dft_writer_forget(void); /* the same for the writer thread's own buffers */
 void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t dur_ns); /* its line */
 int dft_agg_tick(void);                   /* after a drain pass: 1 when a checkpoint is due */
-void dft_agg_write(dft_buf *b, int last); /* the record line; last: at close */
+/* the record line; last: at close. Returns the CRC-32 of b's text before it (its covers). */
+uint32_t dft_agg_write(dft_buf *b, int last);
 
 /* ---- flight recorder (flight.c) ------------------------------------------ */
 extern int dft_flight_on;       /* this file's members are kept in memory (writer thread) */

@@ -117,10 +117,22 @@ typedef struct {
 
 #define DFT_LZ_BITS 14
 
+/* A run of a span against an earlier one (put_plan): i, j its offsets in the two spans, n bytes,
+ * a back-reference or literals. */
+typedef struct {
+    uint16_t i, j, n, match;
+} plan_op;
+#define PLAN_OPS 8
+typedef struct {
+    uint16_t ni, nj, n; /* the spans' lengths it was made for; its runs (0: none made) */
+    plan_op op[PLAN_OPS];
+} plan_t;
+
 /* What a line of one hint key has in common with a line of another (put_hinted): compared once,
  * it holds for every pair of lines of these keys, which are alike but for their fields. */
 typedef struct {
     uint64_t key, ref;
+    plan_t plan[2]; /* the name parts' and the args' middles (put_plan) */
     uint16_t p1, q1, p, q; /* the leading and trailing bytes that the name parts and the args share */
     uint8_t same;          /* the text before the id and between the ts and the dur is the same */
 } pair_t;
@@ -137,6 +149,8 @@ struct dft_deflate {
     uint32_t lz[1u << DFT_LZ_BITS]; /* put_lz's last position per hash of 4 bytes */
     const dft_line_hint *h;           /* the next member's hints (dft_deflate_hints) */
     size_t nh;
+    size_t rec;                       /* its aggregate record's offset + 1, 0: none (dft_deflate_record) */
+    uint32_t rec_crc;                 /* the CRC-32 of the text before it */
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
     uint32_t npair[256];               /* of them, the pairs sent at once (put_digits) */
     uint64_t pair[256];                /* the pairs' codes: bits | length << 32 */
@@ -473,7 +487,7 @@ static ALWAYS_INLINE size_t prefix_upto(const unsigned char *a, const unsigned c
  * else a literal. Positions are those hashed here, in this member or (stale, checked like the
  * rest) an earlier one. */
 #define LZ_MIN 64
-static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, size_t i, size_t end) {
+static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t i, size_t end) {
     dist_t d = {0, 0, 0, 0};
     size_t lit = i;
     while (i + 4 <= end) {
@@ -494,18 +508,30 @@ static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, s
     put_digits(w, s + lit, end - lit);
 }
 
+static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, size_t i, size_t end) {
+    lz_run(w, s, i, end);
+}
+
+/* The aggregate record line at s[i] (dft_deflate_record): no event line resembles it, so it is
+ * matched only against earlier positions from its start; a function of its own, whose cost
+ * callgrind_costs.py reports apart (a checkpoint's, not an event's). Returns the next line's start. */
+static __attribute__((noinline)) size_t put_record(enc_t *w, const unsigned char *s, size_t i, size_t n) {
+    const unsigned char *e = memchr(s + i, '\n', n - i);
+    size_t end = e ? (size_t)(e - s) + 1 : n;
+    lz_run(w, s, i, end);
+    return end;
+}
+
 /* At a difference between s[i] and s[*j]: both go on from their next JSON delimiter (stepping
  * over two different ones), the new bytes up to it as literals (two digits a code); *j stays
  * below je. Returns the new i: ie, or at a delimiter. */
-static ALWAYS_INLINE size_t skip_field(enc_t *w, const unsigned char *s, size_t i, size_t ie, size_t *j,
-                                       size_t je) {
-    size_t i0 = i, k = *j;
+static ALWAYS_INLINE size_t skip_to(const unsigned char *s, size_t i, size_t ie, size_t *j, size_t je) {
+    size_t k = *j;
     if (delim[s[i]] && delim[s[k]])
         i++, k++;
     size_t i1 = i;
     while (i < ie && !delim[s[i]])
         i++;
-    put_digits(w, s + i0, i - i0);
     if (i < ie) {
         if (k + (i - i1) < je && s[k + (i - i1)] == s[i]) /* a field of the same length */
             k += i - i1;
@@ -515,6 +541,13 @@ static ALWAYS_INLINE size_t skip_field(enc_t *w, const unsigned char *s, size_t 
     }
     *j = k;
     return i;
+}
+
+static ALWAYS_INLINE size_t skip_field(enc_t *w, const unsigned char *s, size_t i, size_t ie, size_t *j,
+                                       size_t je) {
+    size_t i1 = skip_to(s, i, ie, j, je);
+    put_digits(w, s + i, i1 - i);
+    return i1;
 }
 
 /* One line from s[i], back-references into the earlier text at j where
@@ -599,24 +632,50 @@ static ALWAYS_INLINE int hint_ok(const dft_line_hint *h, size_t end) { /* the li
 #define SPAN_MIN 12
 /* The bytes [i, ie) of a line against [j, je) of an earlier one in the window, as put_line
  * compares lines: equal runs as back-references; at a difference both go on from their next
- * delimiter, the new bytes up to it as literals (two digits a code). */
-static ALWAYS_INLINE void put_span(enc_t *w, const unsigned char *s, size_t i, size_t ie, size_t j, size_t je,
-                                   dist_t *d) {
+ * delimiter, the new bytes up to it as literals (two digits a code). Two such spans are the same
+ * for every pair of lines of two keys (pairs[]), so they are compared once, into a plan of runs
+ * at offsets from their starts (past PLAN_OPS runs, the rest as literals), then replayed. */
+static int plan_add(plan_t *pl, size_t i, size_t j, size_t n, int match) {
+    if (pl->n == PLAN_OPS - 1) /* the last slot: the rest as literals */
+        return -1;
+    if (n)
+        pl->op[pl->n++] = (plan_op){(uint16_t)i, (uint16_t)j, (uint16_t)n, (uint16_t)match};
+    return 0;
+}
+
+static void plan_make(plan_t *pl, const unsigned char *s, size_t i, size_t ie, size_t j, size_t je) {
+    const size_t i0 = i, j0 = j;
+    pl->n = 0;
+    pl->ni = (uint16_t)(ie - i);
+    pl->nj = (uint16_t)(je - j);
     while (i < ie) {
         size_t m = prefix_upto(s + i, s + j, ie - i < je - j ? ie - i : je - j);
-        if (m >= 3)
-            put_match(w, m, (unsigned)(i - j), d);
-        else
-            put_digits(w, s + i, m);
+        if (plan_add(pl, i - i0, j - j0, m, m >= 3) < 0)
+            break;
         i += m;
         j += m;
-        if (i == ie)
-            return;
-        if (j == je) { /* the earlier span is used up */
-            put_digits(w, s + i, ie - i);
-            return;
-        }
-        i = skip_field(w, s, i, ie, &j, je);
+        if (i == ie || j == je) /* done, or the earlier span is used up */
+            break;
+        size_t i1 = skip_to(s, i, ie, &j, je);
+        if (plan_add(pl, i - i0, 0, i1 - i, 0) < 0)
+            break;
+        i = i1;
+    }
+    if (i < ie)
+        pl->op[pl->n++] = (plan_op){(uint16_t)(i - i0), 0, (uint16_t)(ie - i), 0};
+}
+
+/* s[i, ie) against s[j, je) by the plan, made first where it is not for spans of these lengths. */
+static ALWAYS_INLINE void put_plan(enc_t *w, const unsigned char *s, plan_t *pl, size_t i, size_t ie, size_t j,
+                                   size_t je, dist_t *d) {
+    if (pl->ni != ie - i || pl->nj != je - j || !pl->n)
+        plan_make(pl, s, i, ie, j, je);
+    for (unsigned k = 0; k < pl->n; k++) {
+        const plan_op *o = &pl->op[k];
+        if (o->match)
+            put_match(w, o->n, (unsigned)((i + o->i) - (j + o->j)), d);
+        else
+            put_digits(w, s + i + o->i, o->n);
     }
 }
 
@@ -624,9 +683,9 @@ static ALWAYS_INLINE void put_span(enc_t *w, const unsigned char *s, size_t i, s
  * the same in both, the field's digits from the first that differs as literals. Without c
  * (a line of r's key) every part is the same; with it, the name part ([f1, f2): name, category
  * and track) and the args ([f5, len)) are the same but for a middle, which is compared as
- * put_line compares lines (put_span). */
+ * put_line compares lines (put_plan). */
 static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const dft_line_hint *h,
-                                        const dft_line_hint *r, const pair_t *c) {
+                                        const dft_line_hint *r, pair_t *c) {
     const uint16_t *f = h->f, *g = r->f;
     const unsigned char *a = s + h->at, *b = s + r->at;
     dist_t dd = {0, 0, 0, 0};
@@ -653,7 +712,8 @@ static ALWAYS_INLINE size_t put_against(enc_t *w, const unsigned char *s, const 
         if (pe - q - fb - p <= SPAN_MIN) /* a node name's last digits: literals cost less */
             put_digits(w, a + fb + p, pe - q - fb - p);
         else
-            put_span(w, s, h->at + fb + p, h->at + pe - q, r->at + g[k + 1] + p, r->at + qe - q, &dd);
+            put_plan(w, s, &c->plan[k != 0], h->at + fb + p, h->at + pe - q, r->at + g[k + 1] + p, r->at + qe - q,
+                     &dd);
         at = h->at + pe - q;
         m = q;
         dist = (unsigned)(h->at + pe - (r->at + qe));
@@ -714,6 +774,7 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
         size_t l1 = f[2] - f[1], lb1 = g[2] - g[1], mn1 = l1 < lb1 ? l1 : lb1;
         c->key = h->key;
         c->ref = r->key;
+        c->plan[0].n = c->plan[1].n = 0;
         c->same = f[0] == g[0] && f[4] - f[3] == g[4] - g[3] && !memcmp(a, b, f[0]) &&
                   !memcmp(a + f[3], b + g[3], f[4] - f[3]);
         c->p1 = (uint16_t)prefix_in(a + f[1], b + g[1], mn1);
@@ -788,6 +849,10 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
     enc_t e = *w; /* a local: the output's bytes cannot alias it, it stays in registers */
     const dft_line_hint *h = d->h, *he = h ? h + d->nh : NULL;
     for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next) {
+        if (pos + 1 == d->rec) {
+            next = put_record(&e, s, pos, n);
+            continue;
+        }
         while (h < he && h->at < pos)
             h++;
         if (h < he && h->at == pos && (next = put_hinted(d, &e, s, n, h++)))
@@ -821,6 +886,12 @@ dft_deflate *dft_deflate_new(void) {
 void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n) {
     d->h = h;
     d->nh = h ? n : 0;
+    d->rec = 0;
+}
+
+void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc) {
+    d->rec = at + 1;
+    d->rec_crc = crc;
 }
 
 void dft_deflate_free(dft_deflate *d) {
@@ -858,11 +929,13 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     unsigned char *o = w.o;
     for (; w.bn > 0; w.bn = w.bn > 8 ? w.bn - 8 : 0, w.bb >>= 8)
         *o++ = (unsigned char)w.bb;
-    uint32_t t[2] = {crc32_of(0, s, n), (uint32_t)n};
+    const size_t r = d->rec && d->rec - 1 <= n ? d->rec - 1 : 0;
+    uint32_t t[2] = {crc32_of(r ? d->rec_crc : 0, s + r, n - r), (uint32_t)n};
     for (unsigned k = 0; k < 8; k++)
         *o++ = (unsigned char)(t[k / 4] >> (8 * (k % 4)));
     d->h = NULL; /* hints hold for one member */
     d->nh = 0;
+    d->rec = 0;
     for (unsigned i = 0; i < NLIT; i++)
         d->acc_n += d->nlit[i], d->acc_lit[i] += d->nlit[i];
     for (unsigned i = 0; i < NDIST; i++)

@@ -33,6 +33,10 @@ typedef struct {
  * order of the text; kept, not copied, until that call); NULL: none. Hints
  * out of bounds or order are ignored; the rest are trusted. */
 void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n);
+/* After dft_deflate_hints: the line at offset at of the next member's text is an aggregate
+ * record, encoded apart, and crc the CRC-32 of the text before it (computed for the record's
+ * covers), which the member's CRC goes on from. */
+void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc);
 
 /* CRC-32 as zlib's crc32(crc, p, n), with carry-less multiplication where the CPU has it
  * (~0.35 instructions a byte against zlib's ~3 here): the sink's running CRC of the file and

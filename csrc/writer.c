@@ -393,6 +393,21 @@ static void hint_line(uint64_t key, uint64_t fam, uint64_t cls, const char *line
         h->f[i] = (uint16_t)(f[i] - line);
 }
 
+/* Offset + 1 of the aggregate record in the member being built (the encoder's
+ * dft_deflate_record); 0: none. */
+static size_t record_at;
+static uint32_t record_crc; /* of the text before it */
+
+/* The aggregate record: a checkpoint's, or the last one (at close). */
+static void write_record(int last) {
+    size_t at = dft_w.fmt.len;
+    uint32_t crc = dft_agg_write(&dft_w.fmt, last);
+    if (dft_w.fmt.len > at) {
+        record_at = at + 1;
+        record_crc = crc;
+    }
+}
+
 static const char *const phase_txt[4] = {"", ",\"phase\":\"forward\"", ",\"phase\":\"backward\"",
                                          ",\"phase\":\"inference\""};
 static const uint8_t phase_len[4] = {0, 18, 19, 20};
@@ -594,6 +609,7 @@ static void write_failed(void) {
     dft_w.member_events = 0;
     dft_w.fmt.len = 0;
     hints.n = 0;
+    record_at = 0;
     dft_w.hold = 0;
     dft_sink_cut(k);
     uint64_t pushed, pending;
@@ -617,11 +633,16 @@ static void write_failed(void) {
 }
 
 static void end_member(void) {
+    size_t rec = record_at;
+    record_at = 0;
     dft_w.last_member_ns = dft_mono();
     if (dft_w.fmt.len <= dft_w.hold)
         return;
-    if (dft_w.sink.dfl)
+    if (dft_w.sink.dfl) {
         dft_deflate_hints(dft_w.sink.dfl, hints.h, hints.n);
+        if (rec)
+            dft_deflate_record(dft_w.sink.dfl, rec - 1, record_crc);
+    }
     int rc = dft_flight_on ? dft_flight_keep(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len, dft_w.member_events)
                            : dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);
     if (dft_w.sink.dfl)
@@ -765,7 +786,7 @@ static void *writer_main(void *arg) {
                 end_member();
                 dft_flight_close();
             } else if (!dft_w.failed) {
-                dft_agg_write(&dft_w.fmt, 1);
+                write_record(1);
             }
             if (!dft_w.failed) {
                 emit_end(atomic_load(&dft_w.dropped));
@@ -778,7 +799,7 @@ static void *writer_main(void *arg) {
             break;
         }
         if (!dft_w.failed && !dft_flight_on && dft_agg_tick()) { /* a checkpoint ends its member */
-            dft_agg_write(&dft_w.fmt, 0);
+            write_record(0);
             end_member();
         }
         uint64_t age = dft_mono() - dft_w.last_member_ns;
