@@ -530,6 +530,8 @@ static int classify(const char *line, size_t len, cls_t *k) {
 }
 
 static inline __attribute__((always_inline)) int apply(const cls_t *k, const char *line, size_t len, int64_t step, uint64_t ns) {
+    if (!k->kind && !k->copy) /* nothing the record holds (a module slice, a logged region): no checkpoint for it */
+        return 0;
     A.dirty = 1;
     if (k->kind && add_event(k->kind, k->gid, k->bwd, step, ns) < 0)
         return -1;

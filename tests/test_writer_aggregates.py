@@ -189,6 +189,38 @@ def test_a_killed_process_keeps_its_last_checkpoint(tmp_path):
     assert assert_same(events, from_checkpoint) > 0
 
 
+def test_no_checkpoint_for_events_the_record_does_not_hold(tmp_path):
+    """An op, then seconds of events that no aggregate counts (a logged region of a category of
+    its own: 2.5 MB of text, far past the cadence's 32 times the record): the record would be the
+    same again, so the only checkpoint is the first (at three seconds) and the last record at
+    close; both hold the one op."""
+    p = run_py(f"""
+        import time
+        from dftrace_dynamo import _core
+        from dftrace_dynamo.session import logger
+        logger.initialize_log({str(tmp_path / "quiet")!r})
+        t = _core.now_ns()
+        _core.log("function.one.default", "dynamo", t, t + 5000, {{"node": "x"}})
+        time.sleep(3.6)  # the first checkpoint: three seconds after open
+        end = time.monotonic() + 4.5  # past a second checkpoint's three seconds
+        while time.monotonic() < end:
+            for _ in range(1000):
+                t = _core.now_ns()
+                _core.log("app.region", "app", t, t + 1000, {{"what": "nothing the record counts"}})
+            time.sleep(0.2)
+        print(_core.path())
+        logger.finalize()
+        """, tmp_path, env={"DFTRACER_ENABLE": "1"})
+    assert p.returncode == 0, p.stderr
+    path = p.stdout.strip()
+    events = read_events(path)
+    regions = sum(e.get("cat") == "app" for e in events)
+    records = [e["args"] for e in events if e.get("name") == aggregates.NAME]
+    assert regions >= 5000 and len(records) == 2, (regions, len(records))
+    for r in records:
+        assert [g[2] for g in r["groups"]] == [1] and [k[2] for k in r["keys"]] == ["function.one.default"]
+
+
 def test_files_with_checkpoints_load_in_perfetto_and_validate(tmp_path, training):
     """A run long enough for checkpoints besides the last record: several records, the last
     one counts, and the file stays a trace that Perfetto and dftracer_validate accept."""
