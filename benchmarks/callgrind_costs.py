@@ -33,7 +33,9 @@ over the traced sections' events. Both hold what the writer does per second of w
 time rather than per event (a member at least every second, an aggregate checkpoint at
 most every three seconds and at least every minute, docs/format.rst), which callgrind's
 ~50x slowdown spreads over fewer events than a native run: the report counts the members
-and checkpoint records written in the window.
+and checkpoint records written in the window, and gives the records' instructions apart (the
+inclusive cost of dft_agg_write, their formatting, and of put_record, their encoding) and the
+rest per event.
 
 At ``--level inductor`` the sections call a chain of small matmuls (bench_inductor.py's
 kernel case, one extern ``mm`` kernel each) compiled with ``backend="dftrace",
@@ -130,8 +132,7 @@ class Dump:
     def inclusive(self, name):
         """Cost of the functions called ``name`` (any compiler suffix: .constprop.0, .isra.0) and of
         every call they made."""
-        return sum(v for k, v in {**self.by_fn, **{("called", k): v for k, v in (self.called or {}).items()}}.items()
-                   if (k[1] if isinstance(k, tuple) else k).split(".")[0] == name)
+        return sum(v for table in (self.by_fn, self.called or {}) for k, v in table.items() if k.split(".")[0] == name)
 
     def of(self, what):
         """This dump's cost in ``what`` (a key of EVENTS): the sum of its events."""
