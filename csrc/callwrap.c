@@ -91,24 +91,30 @@ static int get_cell(PyObject *o, PyObject **cell) {
 /* ---- Interceptor --------------------------------------------------------- */
 
 /* What every call reads (with the reference count the interpreter writes) is
- * in the first 64 bytes; the rest is read on recorded calls with a boundary
- * that closes slices (b_sites) or off the hot path. With the GC header the
- * object fills one 128-byte pymalloc block, and those blocks start 48 bytes
- * into a line (pool header), so the object starts on a cache line: one line
- * per untraced call instead of two or three, which matters where the
- * kernels between two calls evict the cache (Inductor's kernels). */
+ * in the first 64 bytes; the rest is read on calls with a boundary (b_sites)
+ * or off the hot path. With the GC header the object fills one 128-byte
+ * pymalloc block, and those blocks start 48 bytes into a line (pool header),
+ * so the object starts on a cache line: one line per call instead of two or
+ * three, which matters where the kernels between two calls evict the cache
+ * (Inductor's kernels) or the graph's ops outnumber what the caches hold.
+ *
+ * ahead: the next op's callable as the generated code calls it (an
+ * Interceptor's built-in function) and its Interceptor (chain()): each call
+ * prefetches both lines, so where a long graph's per-op objects no longer fit
+ * in the caches they arrive while this op runs, not when the next one starts.
+ * Only prefetched, never read: no reference is held, and a freed one costs
+ * nothing (a prefetch never faults). Unchained: self. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall; /* one of the icpt_* vectorcalls below, chosen at construction */
     PyObject *target; /* callable (CALL) or method name (METHOD) */
-    binaryfunc binop; /* operator.add & co. called as the C function they wrap */
     const uint32_t *tags; /* the cell's id, or no_tags: read on every event */
+    const void *ahead[2];
     uint32_t site;
-    /* module-slice boundary before the op (boundary=): slices opened, sites of those closed
-     * (innermost first, PyMem; NULL: no boundary) */
-    uint32_t b_opened, b_closed;
     uint8_t ctx_keep, ctx_set; /* flags = (graph context & keep) | set: the grad override */
-    uint8_t mode, grad;
+    uint8_t binop;             /* binops[binop - 1]: operator.add & co. called as the C function they wrap */
+    /* module-slice boundary before the op (boundary=): slices opened, the number closed, then
+     * the sites of those closed (innermost first; PyMem; NULL: no boundary) */
     uint32_t *b_sites;
     PyObject *cell;   /* TagCell or NULL */
     PyObject *name, *qualname, *module;
@@ -136,14 +142,14 @@ static const struct {
 };
 #define N_BINOPS (sizeof(binops) / sizeof(binops[0]))
 
-/* The C function behind target if it is one of binops, else NULL. */
-static binaryfunc find_binop(PyObject *target) {
+/* 1 + the index in binops of target's C function, or 0. */
+static uint8_t find_binop(PyObject *target) {
     static PyObject *funcs[N_BINOPS];
     if (!funcs[0]) {
         PyObject *operator = PyImport_ImportModule("operator");
         if (!operator) {
             PyErr_Clear();
-            return NULL;
+            return 0;
         }
         for (size_t i = 0; i < N_BINOPS; i++) {
             funcs[i] = PyObject_GetAttrString(operator, binops[i].name);
@@ -154,8 +160,8 @@ static binaryfunc find_binop(PyObject *target) {
     }
     for (size_t i = 0; i < N_BINOPS; i++)
         if (funcs[i] == target)
-            return binops[i].fn;
-    return NULL;
+            return (uint8_t)(i + 1);
+    return 0;
 }
 
 /* The hot path. Outside recording (no file, or outside the step windows) each
@@ -178,7 +184,7 @@ static inline PyObject *icpt_record(uint32_t site, uint32_t flags, uint32_t tags
 /* The module-slice boundary before the op, at the op's start (0: nothing is
  * recorded): what boundary() does, without a call of its own. */
 static inline __attribute__((always_inline)) void icpt_boundary(Interceptor *self, uint64_t now) {
-    dft_boundary(now, self->b_opened, self->b_sites, self->b_closed, *self->tags);
+    dft_boundary(now, self->b_sites[0], self->b_sites + 2, self->b_sites[1], *self->tags);
 }
 
 enum { K_CALL, K_BINOP, K_METHOD };
@@ -197,7 +203,7 @@ __attribute__((noinline)) static PyObject *icpt_no_object(Interceptor *self, int
 static inline __attribute__((always_inline)) PyObject *
 icpt_target(Interceptor *self, int kind, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     return kind == K_METHOD  ? PyObject_VectorcallMethod(self->target, args, nargsf, kwnames)
-           : kind == K_BINOP ? self->binop(args[0], args[1])
+           : kind == K_BINOP ? binops[self->binop - 1].fn(args[0], args[1])
                              : PyObject_Vectorcall(self->target, args, nargsf, kwnames);
 }
 
@@ -208,6 +214,8 @@ icpt_run(PyObject *self_, int kind, int bound, PyObject *const *args, size_t nar
         return (bound ? icpt_call_b : icpt_call)(self_, args, nargsf, kwnames);
     if (kind == K_METHOD && DFT_UNLIKELY(PyVectorcall_NARGS(nargsf) == 0))
         return icpt_no_object(self, bound);
+    __builtin_prefetch(self->ahead[0]);
+    __builtin_prefetch(self->ahead[1]);
     if (DFT_UNLIKELY(!dft_ops_recording())) {
         if (bound)
             icpt_boundary(self, 0);
@@ -246,6 +254,41 @@ static PyMethodDef icpt_builtins[] = {ICPT_DEF(call), ICPT_DEF(binop), ICPT_DEF(
 static const vectorcallfunc icpt_kinds[] = {icpt_call,   icpt_binop,   icpt_method,
                                             icpt_call_b, icpt_binop_b, icpt_method_b};
 
+/* The Interceptor that o is, or whose built-in function o is; NULL otherwise. */
+static Interceptor *icpt_of(PyObject *o) {
+    if (Py_IS_TYPE(o, &dft_InterceptorType))
+        return (Interceptor *)o;
+    if (PyCFunction_Check(o)) {
+        PyMethodDef *ml = ((PyCFunctionObject *)o)->m_ml;
+        if (ml >= icpt_builtins && ml < icpt_builtins + sizeof icpt_builtins / sizeof icpt_builtins[0])
+            return (Interceptor *)PyCFunction_GET_SELF(o);
+    }
+    return NULL;
+}
+
+/* chain(callables): each interceptor (or its built-in) prefetches the next one's lines. */
+PyObject *dft_py_chain(PyObject *m, PyObject *seq) {
+    PyObject *items = PySequence_Fast(seq, "chain() takes a sequence of interceptors");
+    if (!items)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    PyObject *const *it = PySequence_Fast_ITEMS(items);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!icpt_of(it[i])) {
+            PyErr_Format(PyExc_TypeError, "chain() takes interceptors and their built-ins, not %.100s",
+                         Py_TYPE(it[i])->tp_name);
+            Py_DECREF(items);
+            return NULL;
+        }
+    for (Py_ssize_t i = 0; i + 1 < n; i++) {
+        Interceptor *self = icpt_of(it[i]);
+        self->ahead[0] = it[i + 1];
+        self->ahead[1] = icpt_of(it[i + 1]);
+    }
+    Py_DECREF(items);
+    Py_RETURN_NONE;
+}
+
 /* boundary=(opened, (site, ...)) into self; -1 with TypeError/ValueError. */
 static int icpt_set_boundary(Interceptor *self, PyObject *b) {
     if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 2 || !PyLong_Check(PyTuple_GET_ITEM(b, 0))) {
@@ -269,11 +312,11 @@ static int icpt_set_boundary(Interceptor *self, PyObject *b) {
         PyErr_Format(PyExc_ValueError, "boundary closes %zd slices: at most %u", n, DFT_OPEN_MAX);
     } else if (n == 0 && opened == 0) {
         PyErr_SetString(PyExc_ValueError, "boundary opens and closes no slice");
-    } else if (!(self->b_sites = PyMem_Malloc((n ? n : 1) * sizeof *self->b_sites))) {
+    } else if (!(self->b_sites = PyMem_Malloc((2 + n) * sizeof *self->b_sites))) {
         PyErr_NoMemory();
-    } else if (dft_parse_sites(PySequence_Fast_ITEMS(seq), (uint32_t)n, self->b_sites) == 0) {
-        self->b_opened = (uint32_t)opened;
-        self->b_closed = (uint32_t)n;
+    } else if (dft_parse_sites(PySequence_Fast_ITEMS(seq), (uint32_t)n, self->b_sites + 2) == 0) {
+        self->b_sites[0] = (uint32_t)opened;
+        self->b_sites[1] = (uint32_t)n;
         rc = 0;
     }
     Py_DECREF(seq);
@@ -311,11 +354,10 @@ static PyObject *icpt_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     self->target = Py_NewRef(target);
     self->site = (uint32_t)site;
-    self->mode = mode;
-    self->grad = grad;
+    self->ahead[0] = self->ahead[1] = self;
     self->ctx_keep = grad == 0 ? 0xff : DFT_PHASE_MASK;
     self->ctx_set = grad == 1 ? DFT_FLAG_GRAD : 0;
-    self->binop = mode == 0 ? find_binop(target) : NULL;
+    self->binop = mode == 0 ? find_binop(target) : 0;
     self->vectorcall = mode == 1 ? icpt_method : self->binop ? icpt_binop : icpt_call;
     self->tags = &no_tags;
     if (boundary != Py_None) {
@@ -397,18 +439,29 @@ static int icpt_set_qualname(Interceptor *s, PyObject *v, void *c) { return set_
 static PyObject *icpt_get_module(Interceptor *s, void *c) { return get_str(&s->module); }
 static int icpt_set_module(Interceptor *s, PyObject *v, void *c) { return set_str(&s->module, v); }
 static PyObject *icpt_get_site(Interceptor *s, void *c) { return PyLong_FromUnsignedLong(s->site); }
+static PyObject *icpt_get_ahead(Interceptor *s, void *c) {
+    if (s->ahead[0] == s)
+        Py_RETURN_NONE;
+    return PyLong_FromVoidPtr((void *)s->ahead[0]);
+}
+static PyObject *icpt_get_mode(Interceptor *s, void *c) {
+    return PyLong_FromLong(s->vectorcall == icpt_method || s->vectorcall == icpt_method_b);
+}
+static PyObject *icpt_get_grad(Interceptor *s, void *c) {
+    return PyLong_FromLong(s->ctx_keep == 0xff ? 0 : s->ctx_set ? 1 : 2);
+}
 static PyObject *icpt_get_boundary(Interceptor *s, void *c) {
     if (!s->b_sites)
         Py_RETURN_NONE;
-    PyObject *sites = PyTuple_New(s->b_closed);
-    for (uint32_t j = 0; sites && j < s->b_closed; j++) {
-        PyObject *site = PyLong_FromUnsignedLong(s->b_sites[j]);
+    PyObject *sites = PyTuple_New(s->b_sites[1]);
+    for (uint32_t j = 0; sites && j < s->b_sites[1]; j++) {
+        PyObject *site = PyLong_FromUnsignedLong(s->b_sites[2 + j]);
         if (!site)
             Py_CLEAR(sites);
         else
             PyTuple_SET_ITEM(sites, j, site);
     }
-    return sites ? Py_BuildValue("(IN)", s->b_opened, sites) : NULL;
+    return sites ? Py_BuildValue("(IN)", s->b_sites[0], sites) : NULL;
 }
 
 /* CPython 3.11+ specialises a call of a METH_FASTCALL | METH_KEYWORDS built-in into a direct call
@@ -430,6 +483,10 @@ static PyGetSetDef icpt_getset[] = {
     {"__qualname__", (getter)icpt_get_qualname, (setter)icpt_set_qualname, NULL, NULL},
     {"__module__", (getter)icpt_get_module, (setter)icpt_set_module, NULL, NULL},
     {"site", (getter)icpt_get_site, NULL, "interned site id", NULL},
+    {"mode", (getter)icpt_get_mode, NULL, "CALL or METHOD", NULL},
+    {"ahead", (getter)icpt_get_ahead, NULL,
+     "id() of the callable chain() put after this one (prefetched by each call), or None", NULL},
+    {"grad", (getter)icpt_get_grad, NULL, "GRAD_INHERIT, GRAD_ON or GRAD_OFF", NULL},
     {"boundary", (getter)icpt_get_boundary, NULL,
      "(opened, (site, ...)): the module-slice boundary before the op, or None", NULL},
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
@@ -439,8 +496,6 @@ static PyGetSetDef icpt_getset[] = {
 static PyMemberDef icpt_members[] = {
     {"target", T_OBJECT, offsetof(Interceptor, target), READONLY, "wrapped callable or method name"},
     {"cell", T_OBJECT, offsetof(Interceptor, cell), READONLY, "TagCell or None"},
-    {"mode", T_UBYTE, offsetof(Interceptor, mode), READONLY, "CALL or METHOD"},
-    {"grad", T_UBYTE, offsetof(Interceptor, grad), READONLY, "GRAD_INHERIT, GRAD_ON or GRAD_OFF"},
     {NULL},
 };
 

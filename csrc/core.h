@@ -386,6 +386,7 @@ typedef struct {
     _Atomic int kick;    /* a ring passed half full */
     _Atomic int waiters; /* producers waiting for space */
     _Atomic uint64_t ring_waits; /* times a producer found its ring full (stats) */
+    _Atomic uint64_t ring_kicks; /* pushes that found their ring past half full and woke the writer (stats) */
     int stop;
     uint64_t flush_req, flush_done;
     int running;
@@ -456,6 +457,7 @@ extern PyTypeObject dft_InterceptorType;
 extern PyTypeObject dft_GraphCallType;
 extern PyTypeObject dft_ScannerType; /* reader.c: trace lines to columns (the full scan) */
 int dft_check_site(unsigned long long site);
+PyObject *dft_py_chain(PyObject *m, PyObject *seq); /* callwrap.c */
 
 /* ---- module spans (span.c) --------------------------------------------- */
 PyObject *dft_py_span(PyObject *m, PyObject *const *args, Py_ssize_t nargs);

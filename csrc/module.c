@@ -544,12 +544,13 @@ static PyObject *py_path(PyObject *m, PyObject *unused) {
 
 static PyObject *py_stats(PyObject *m, PyObject *unused) {
     uint64_t pushed, pending, rings = dft_rings_counts(&pushed, &pending);
-    return Py_BuildValue("{sKsKsKsKsKsKss}", "recorded", (unsigned long long)(pushed - dft_w.pushed_base),
+    return Py_BuildValue("{sKsKsKsKsKsKsKss}", "recorded", (unsigned long long)(pushed - dft_w.pushed_base),
                          "written",
                          (unsigned long long)__atomic_load_n(&dft_w.written, __ATOMIC_RELAXED),
                          "dropped", (unsigned long long)atomic_load(&dft_w.dropped), "pending",
                          (unsigned long long)pending, "rings", (unsigned long long)rings, "ring_waits",
-                         (unsigned long long)atomic_load(&dft_w.ring_waits), "clock",
+                         (unsigned long long)atomic_load(&dft_w.ring_waits), "ring_kicks",
+                         (unsigned long long)atomic_load(&dft_w.ring_kicks), "clock",
                          atomic_load(&dft_hot.seq) ? "tsc" : "monotonic");
 }
 
@@ -573,11 +574,14 @@ static PyMethodDef methods[] = {
     {"arg_issues", py_arg_issues, METH_NOARGS,
      "Counts of arg values written in another form since start: deep (nested deeper than the "
      "limit), self_reference, unprintable (str() raised)."},
+    {"chain", dft_py_chain, METH_O,
+     "chain(callables): interceptors (or their built-ins) in the order a graph calls them; each call "
+     "prefetches the next one's memory, so a long graph's ops do not wait for it."},
     {"span", (PyCFunction)(void (*)(void))dft_py_span, METH_FASTCALL, "span(cell, grad, start_ns, site, ...) -> now: records the closed (start_ns, site) spans of a forward call with grad mode grad; 0 when nothing is recorded"},
     {"boundary", (PyCFunction)(void (*)(void))dft_py_boundary, METH_FASTCALL,
      "boundary(cell, opened, site, ...): closes this thread's innermost len(sites) open module "
      "slices (recorded as these sites, innermost first) and opens `opened` new ones"},
-    {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings; ring_waits: times a thread found its ring full."},
+    {"stats", py_stats, METH_NOARGS, "Counters: recorded, written, dropped, pending events; live thread rings; ring_waits: times a thread found its ring full; ring_kicks: pushes that found their ring past half full and woke the writer."},
     {"gzip_members", dft_py_gzip_members, METH_VARARGS,
      "gzip_members(parts, hints=None) -> the gzip members of parts (bytes), encoded as the trace writer "
      "encodes the members of one file (compression 1); hints: per part, None or the writer's hints on its "

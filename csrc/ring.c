@@ -211,6 +211,7 @@ int dft_push_slow(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_
     uint64_t h = dft_tls.head;
     dft_tls.tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
     if (h - dft_tls.tail_cache >= r->half) {
+        atomic_fetch_add_explicit(&dft_w.ring_kicks, 1, memory_order_relaxed);
         dft_writer_kick();
         if (h - dft_tls.tail_cache >= r->cap) {
             atomic_fetch_add_explicit(&dft_w.ring_waits, 1, memory_order_relaxed);

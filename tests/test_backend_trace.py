@@ -63,8 +63,9 @@ def test_torch_level_one_event_per_executed_node_nested_in_graph_event(rec):
 @pytest.mark.parametrize("level", ["torch", "aten"])
 def test_generated_code_calls_each_interceptor_through_its_builtin(rec, level):
     """A graph's generated code calls every node's interceptor as a built-in function bound to it
-    (``Interceptor.builtin``: CPython calls its C function directly) and its forward is the
-    generated one from the start, not a stub that generates it and calls the module again."""
+    (``Interceptor.builtin``: CPython calls its C function directly), chained in calling order
+    (``_core.chain``), and its forward is the generated one from the start, not a stub that
+    generates it and calls the module again."""
     import types
 
     from dftrace_dynamo import _core
@@ -88,6 +89,9 @@ def test_generated_code_calls_each_interceptor_through_its_builtin(rec, level):
         assert {id(t) for t in targets} == set(called)
         assert all(type(v) is types.BuiltinFunctionType for v in called.values())
         assert not any(type(v) is _core.Interceptor for v in namespace.values())
+        # chained in the order the code calls them: each call prefetches the next one's objects
+        order = list(called.values())
+        assert [b.__self__.ahead for b in order] == [id(b) for b in order[1:]] + [None]
     assert len(ops(read_events(rec.path()))) == sum(len(executed_nodes(gm)) for gm, _ in seen)
     torch.testing.assert_close(compiled(x), model(x))
 

@@ -362,3 +362,31 @@ def test_builtin_calls_the_interceptor(tmp_path, site, bound):
     assert len(ops) == 2 * 8 and all(k == 7 for _, k, _ in ops)
     assert [f for _, _, f in ops[:8]] == [False] * 5 + [True] * 3
     assert sum(name == "a" for name, _, _ in shapes) == (16 if bound else 0)
+
+
+def test_chain_links_each_call_to_the_next(tmp_path, site):
+    """chain(): each interceptor (or its built-in) prefetches the next one's memory; calls and
+    events are unchanged, and a next one freed since costs nothing (only its address was kept)."""
+    import operator
+
+    ics = [_core.Interceptor(operator.add, site, None), _core.Interceptor(abs, site, None),
+           _core.Interceptor("upper", site, None, _core.METHOD)]
+    assert [ic.ahead for ic in ics] == [None] * 3
+    calls = [ics[0].builtin, ics[1], ics[2].builtin]
+    _core.chain(calls)
+    assert [ic.ahead for ic in ics] == [id(calls[1]), id(calls[2]), None]
+    with pytest.raises(TypeError, match="interceptors"):
+        _core.chain([ics[0], abs])
+    with pytest.raises(TypeError):
+        _core.chain(5)
+    last = _core.Interceptor(abs, site, None)
+    _core.chain([ics[1], last])
+    del last
+    gc.collect()
+
+    def run():
+        return calls[0](2, 3), ics[1](-4), calls[2]("x")
+
+    out, ev = recorded(tmp_path, run)
+    assert out == (5, 4, "X") and [e["name"] for e in ev] == ["op"] * 3
+

@@ -66,6 +66,35 @@ def test_full_ring_waits_instead_of_dropping(tmp_path):
     assert len(events(read_objects(path))) == n
 
 
+def test_ring_counters_count_pushes_past_half_full(tmp_path):
+    """ring_kicks counts the pushes that find their ring half full (each wakes the writer); a ring
+    that never fills that far counts none. Fresh threads: a ring is sized when its thread first records."""
+    site = _core.intern_site("op", "c")
+
+    def pushes(n, out):
+        t = _core.now_ns()
+        before = _core.stats()
+        for i in range(n):
+            _core.record(site, t + i, t + i + 1)
+        out.append({k: _core.stats()[k] - before[k] for k in ("recorded", "ring_kicks", "ring_waits")})
+
+    def in_thread(n):
+        out = []
+        th = threading.Thread(target=pushes, args=(n, out))
+        th.start()
+        th.join()
+        return out[0]
+
+    open_trace(tmp_path, 1, buffer_size=16 << 10)  # rings of 256 records: half full at 128
+    assert in_thread(100) == {"recorded": 100, "ring_kicks": 0, "ring_waits": 0}
+    got = in_thread(5000)
+    assert got["recorded"] == 5000 and got["ring_kicks"] >= 1  # the first at the 129th push
+    assert _core.close()["num_events"] == 5100
+    open_trace(tmp_path, 1, name="big", buffer_size=16 << 20)  # the default buffer: rings of 65,536 records
+    assert in_thread(20_000) == {"recorded": 20_000, "ring_kicks": 0, "ring_waits": 0}
+    assert _core.close()["num_events"] == 20_000
+
+
 def test_short_lived_threads(tmp_path):
     site = _core.intern_site("op", "c")
     path = open_trace(tmp_path, 0, buffer_size=64 << 10)

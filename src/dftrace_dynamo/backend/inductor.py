@@ -327,6 +327,7 @@ def instrument(compiled, gm: torch.fx.GraphModule, graph_id: int, cell, with_met
     for i, (name, target, site) in enumerate(kernels):
         namespace[name] = _core.Interceptor(target, site, cell, _core.CALL, _core.GRAD_INHERIT, name=name,
                                             boundary=folds.get(i))
+    _core.chain([namespace[name] for name, _, _ in kernels])  # in source order: each prefetches the next
     code = compile(ast.fix_missing_locations(ast.Module(body=[*subgraphs, call_def], type_ignores=[])),
                    func.__code__.co_filename, "exec")
     local: dict = {}

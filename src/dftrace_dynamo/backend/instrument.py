@@ -158,10 +158,17 @@ def instrument(gm: torch.fx.GraphModule, graph_id: int, cell, with_metadata: boo
 def direct_calls(namespace: dict) -> None:
     """The generated code in ``namespace`` calls each Interceptor through its ``builtin``: the
     interpreter calls a built-in function's C code directly, where calling the Interceptor object
-    takes its generic call path (a few ns more per op). Graph nodes keep the Interceptor."""
+    takes its generic call path (a few ns more per op). Graph nodes keep the Interceptor.
+
+    The built-ins are chained (``_core.chain``) in the order the code first names them, which is
+    the order it calls them: each op prefetches the next one's objects, so a graph of thousands of
+    ops, whose per-op objects outgrow the caches, costs per op what a short one does."""
+    calls = []
     for name, value in list(namespace.items()):
         if type(value) is _core.Interceptor:
             namespace[name] = value.builtin
+            calls.append(namespace[name])
+    _core.chain(calls)
 
 
 def _instrument_body(gm: torch.fx.GraphModule, node: torch.fx.Node, graph_id: int, cell, with_metadata: bool,
