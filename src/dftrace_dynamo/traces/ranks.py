@@ -162,9 +162,12 @@ def rows(con, kinds):
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
     # op time per process, step and module: what in a rank was slower than on its peers (in
     # integer ns, as the aggregate records sum it)
-    ops = module_rows(con.execute(f"""SELECT file, pid, step, module, sum(CAST(round(dur * 1000) AS BIGINT)) FROM ev
-        WHERE kind = {k['op']} AND step IS NOT NULL AND dur IS NOT NULL GROUP BY ALL""").fetchall()) \
+    # (as columns: a Python tuple per row cost seconds for millions of rows)
+    ops = _columns(con, f"""SELECT file, pid, step, module, CAST(sum(CAST(round(dur * 1000) AS BIGINT)) AS BIGINT)
+        AS ns FROM ev WHERE kind = {k['op']} AND step IS NOT NULL AND dur IS NOT NULL GROUP BY ALL""") \
         if _has_modules(con) else None
+    if ops is not None:
+        ops["dur"] = ops.pop("ns") / 1000
     # each event in the step whose slice holds it (per process: here, where its file is read)
     steps = _Steps(slices)
     comm["in_step"] = comm["step"] >= 0  # else made during an evaluation
