@@ -120,10 +120,15 @@ def _split(lo, hi, row, layer, start, end, layers):
 
 
 def _columns(con, sql):
-    """The result of ``sql`` as NumPy columns (file, pid and step as int64)."""
+    """The result of ``sql`` as NumPy columns (file, pid and step as int64; texts: one object per
+    distinct text, which keeps a partial sent from a worker small, as pickle sends each object once)."""
     out = {}
     for c, v in con.execute(sql).fetchnumpy().items():  # (tolist: None where a text is NULL)
-        out[c] = np.array(v.tolist(), object) if v.dtype == object else np.asarray(v)
+        if v.dtype == object:
+            texts = {}
+            out[c] = np.array([texts.setdefault(t, t) for t in v.tolist()], object)
+        else:
+            out[c] = np.asarray(v)
         out[c] = out[c].astype(np.int64) if c in ("file", "pid", "step") else out[c]
     return out
 
