@@ -3,6 +3,7 @@ records, over 8 rank files written by the C writer (tests/scripts/stepgen.py, as
 bench_summary.py's step traces).
 
     python benchmarks/bench_engines.py [--events 2000000] [--files 8] [--workers 2] [--repeat 3] [--dir DIR]
+    python benchmarks/bench_engines.py --traces 'DIR/ranks-10000000-of20-rank*.pfw.gz' --no-aggregates
 
 Times :func:`dftrace_dynamo.traces.summary.summarize` in this process (no interpreter start),
 wall time by ``time.perf_counter_ns()`` (its own cost is printed), after one warm-up call per
@@ -15,6 +16,7 @@ compare only rows measured at a similar load, and prefer the CPU column.
 """
 
 import argparse
+import glob
 import os
 import shutil
 import statistics
@@ -61,10 +63,14 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "dftrace-bench-engines"))
+    ap.add_argument("--traces", metavar="GLOB", help="these trace files instead of written ones (bench_summary.py's "
+                    "20 rank files: its --dir, ranks-*-of20-rank*.pfw.gz)")
+    ap.add_argument("--no-aggregates", action="store_true", help="leave out the aggregate-records variant")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    paths = [step_trace(a.events // a.files, a.dir, f"rank{r}", "--rank", str(r), "--seed", str(r))
-             for r in range(a.files)]
+    paths = sorted(glob.glob(a.traces)) if a.traces else [
+        step_trace(a.events // a.files, a.dir, f"rank{r}", "--rank", str(r), "--seed", str(r)) for r in range(a.files)]
+    a.files = len(paths)
     size = sum(os.path.getsize(p) for p in paths) / 2**20
     print(f"perf_counter_ns() cost: {timer_cost_ns():.0f} ns per call", file=sys.stderr)
     rows = []
@@ -78,6 +84,8 @@ def main():
         times, cpu, dask_ops = measure(paths, a.repeat, engine)
         rows.append((f"dask ({a.workers} worker processes), events", load, times, cpu))
     assert dask_ops == ops
+    if a.no_aggregates:
+        return table(rows)
     agg_dir = os.path.join(a.dir, "with-aggregates")
     os.makedirs(agg_dir, exist_ok=True)
     t0 = time.perf_counter_ns()
@@ -96,6 +104,11 @@ def main():
     print(f"{a.files} files, {size:.0f} MiB gzip, {ops:,} op events; Dask cluster start {start_s:.1f} s; "
           f"adding the aggregate records {write_s:.1f} s (0 s when cached), about {record_mib:.2f} MiB of "
           "JSON per record", file=sys.stderr)
+    table(rows)
+
+
+def table(rows):
+    """The rows as an RST table on standard output."""
     header = ("variant", "best wall s", "median wall s", "CPU s", "load avg")
     widths = [max(len(header[0]), *(len(r[0]) for r in rows)), 11, 13, 6, 8]
     line = " ".join("=" * w for w in widths)

@@ -3,6 +3,7 @@ traces, end to end (the command as a user runs it: interpreter start, the scan, 
 and the full scan's own rate (events per CPU second).
 
     python benchmarks/bench_summary.py [--ops 10000000] [--repeat 3] [--dir DIR] [--only NAME]
+    python benchmarks/bench_summary.py --only "20 rank" --stages [--cores 2]
 
 Traces are synthetic and cached in DIR. Without steps (tests/scripts/tracegen.py:
 the documented layout, ~245 bytes per op event, graph and compile events around
@@ -16,6 +17,14 @@ median wall time, CPU time of the command, its peak resident memory, load
 average), then, per variant, the scan alone in this process (the files into the
 event table) as CPU seconds and lines (events) read per CPU second, and
 the cost of one ``time.perf_counter_ns()`` call (the machine's load shows in it).
+
+``--stages``: instead, ``summary --source events`` of each variant's files in this process, the
+CPU seconds of each stage (the scan into the event table, the op views, the rank view's rows,
+the rank analysis, the rest) taken per thread from ``/proc/self/task`` (sampled every 20 ms, so
+threads that end are counted), and the wall time the stage would take on ``--cores`` free cores:
+its CPU over the cores, or its busiest thread's CPU when that is more (the work of one thread
+cannot be split). Wall time measured on a loaded machine says nothing; this does not depend on
+the load (beyond the noise the load puts in CPU seconds themselves).
 """
 import argparse
 import functools
@@ -141,13 +150,95 @@ def timer_cost_ns(n=200_000):
     return (time.perf_counter_ns() - t0) / n
 
 
+class Stages:
+    """CPU seconds per stage and per thread of this process (see ``--stages``)."""
+
+    def __init__(self):
+        import threading
+
+        self.tick, self.seen, self.marks, self.lock = os.sysconf("SC_CLK_TCK"), {}, [], threading.Lock()
+        threading.Thread(target=self._sampler, daemon=True).start()
+
+    def _sample(self):
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended
+                continue
+            self.seen[int(t)] = (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+
+    def _sampler(self):
+        while True:
+            with self.lock:
+                self._sample()
+            time.sleep(0.02)
+
+    def mark(self, label):
+        """Ends the stage named ``label`` (the time since the last mark)."""
+        with self.lock:
+            self._sample()
+            self.marks.append((label, dict(self.seen)))
+
+    def wrap(self, module, name, label):
+        """Marks the start and end of each call of ``module.name`` as stage ``label``."""
+        function = getattr(module, name)
+
+        @functools.wraps(function)
+        def wrapped(*args, **kwargs):
+            self.mark("the rest")
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.mark(label)
+        setattr(module, name, wrapped)
+
+    def table(self, cores):
+        """{stage: (CPU s, busiest thread's CPU s, projected wall s on ``cores`` cores)}."""
+        out = {}
+        for (_, a), (label, b) in zip(self.marks, self.marks[1:]):
+            used = [b[t] - a.get(t, 0) for t in b]
+            cpu, busiest = sum(used), max(used)
+            row = out.setdefault(label, [0.0, 0.0, 0.0])
+            row[0] += cpu
+            row[1] = max(row[1], busiest)
+            row[2] += max(cpu / cores, busiest)
+        return out
+
+
+def stages(paths, cores):
+    """:class:`Stages` of ``summary --source events`` of ``paths`` in this process."""
+    from dftrace_dynamo.traces import events, partials, ranks, summary
+
+    s = Stages()
+    for module, name, label in ((events, "_load", "scan into the event table"), (partials, "_groups", "op views"),
+                                (ranks, "rows", "rank view's rows"), (ranks, "analyse", "rank analysis")):
+        s.wrap(module, name, label)
+    s.mark("start")
+    summary.summarize(paths, source="events")
+    s.mark("the rest")
+    return s.table(cores)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=10_000_000, help="op events per variant")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=os.path.join("/tmp", "dftrace-bench-summary"))
     ap.add_argument("--only", metavar="TEXT", help="only the variants whose name holds TEXT")
+    ap.add_argument("--stages", action="store_true", help="CPU per stage of summary --source events, in process")
+    ap.add_argument("--cores", type=int, default=2, help="with --stages: the cores of the projected wall time")
     a = ap.parse_args()
+    if a.stages:
+        for name, (_, paths) in variants(a.ops, a.dir, a.only).items():
+            load = os.getloadavg()[0]
+            rows = [(stage, f"{cpu:.2f}", f"{busiest:.2f}", f"{wall:.2f}")
+                    for stage, (cpu, busiest, wall) in stages(paths, a.cores).items()]
+            rows.append(("total", f"{sum(float(r[1]) for r in rows):.2f}", "",
+                         f"{sum(float(r[3]) for r in rows):.2f}"))
+            print(f"\n{name}: CPU per stage, 1-minute load {load:.1f}\n")
+            table(("stage", "CPU s", "busiest thread CPU s", f"projected wall s on {a.cores} cores"), rows)
+        return
     rows, scans = [], []
     for name, (command, paths) in variants(a.ops, a.dir, a.only).items():
         size = sum(os.path.getsize(p) for p in paths) / 2**20

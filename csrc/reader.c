@@ -12,6 +12,11 @@
  * or overlong line) is written as it is to the fallback file, which the general JSON
  * reader reads: a line is never read two ways.
  *
+ * Without a fallback file (fallback_fd -1, text mode) nothing is parsed: the file's
+ * decoded text is handed back as it is (take_text), for the readers that need every
+ * line (validate, merge, convert, split): every command reads a file through the same
+ * inflater and the same handling of damaged members.
+ *
  * Numbers are converted exactly as a correctly rounded reader does: digits up to 2^53
  * divided by a power of ten (both exact doubles, one rounding), strtod otherwise.
  * A NULL integer is INT64_MIN (no accepted integer has 19 digits), a NULL double NaN
@@ -753,6 +758,8 @@ end:
 }
 
 static int fallback_flush(Scanner *s) {
+    if (s->fd < 0) /* text mode: the text waits for take_text() */
+        return 0;
     const char *p = s->fallback.p;
     size_t n = s->fallback.len;
     while (n && !s->write_errno) {
@@ -775,6 +782,12 @@ static int fallback_put(Scanner *s, const char *p, size_t n) {
         return -1;
     dft_buf_put(&s->fallback, p, n);
     return s->fallback.len >= FALLBACK_FLUSH ? fallback_flush(s) : 0;
+}
+
+/* Whether the caller should take what is held: max_rows rows, or in text mode FALLBACK_FLUSH
+ * bytes of text. */
+static inline int full(Scanner *s, size_t max_rows) {
+    return s->rows >= max_rows || (s->fd < 0 && s->fallback.len >= FALLBACK_FLUSH);
 }
 
 /* Whether the mark is still looked for. */
@@ -807,6 +820,10 @@ static int line(Scanner *s, const char *p, size_t n, int marked) {
 
 /* Text of the file, in order. */
 static int text(Scanner *s, const char *p, size_t n) {
+    if (s->fd < 0) { /* text mode: the text as it is, not split (blank lines cost nothing each) */
+        s->text_bytes += n;
+        return fallback_put(s, p, n);
+    }
     const char *e = p + n;
     /* the mark's first place in this text: one search (one per line would cost its set-up each time) */
     const char *hit = looking(s) ? memmem(p, n, s->mark, s->mark_len) : NULL;
@@ -941,7 +958,7 @@ static PyObject *Scanner_feed_gzip(Scanner *s, PyObject *args) {
         return NULL;
     size_t pos = start < 0 ? 0 : (size_t)start, n = (size_t)b.len;
     int rc = M_OK;
-    Py_BEGIN_ALLOW_THREADS while (pos < n && s->rows < (size_t)max_rows) {
+    Py_BEGIN_ALLOW_THREADS while (pos < n && !full(s, (size_t)max_rows)) {
         size_t used = 0;
         rc = member(s, (const unsigned char *)b.buf + pos, n - pos, &used);
         if (rc != M_OK)
@@ -1044,7 +1061,13 @@ static PyObject *Scanner_take(Scanner *s, PyObject *unused) {
     return r;
 }
 
+static PyObject *Scanner_take_text(Scanner *s, PyObject *unused) {
+    s->rows = 0;
+    return column(&s->fallback);
+}
+
 static PyObject *Scanner_get_rows(Scanner *s, void *c) { return PyLong_FromSize_t(s->rows); }
+static PyObject *Scanner_get_full(Scanner *s, void *c) { return PyBool_FromLong(full(s, (size_t)-1)); }
 static PyObject *Scanner_get_lines(Scanner *s, void *c) {
     return Py_BuildValue("KKK", (unsigned long long)s->lines, (unsigned long long)s->fast_lines,
                          (unsigned long long)s->fallback_lines);
@@ -1146,11 +1169,14 @@ static PyMethodDef Scanner_methods[] = {
     {"take", (PyCFunction)Scanner_take, METH_NOARGS,
      "take() -> (rows, new sites, site, pid, tid, ts, dur, step): the rows since the last take, as native columns "
      "(int32, int64, int64, float64, float64, int64; NULL: INT64_MIN or NaN)."},
+    {"take_text", (PyCFunction)Scanner_take_text, METH_NOARGS,
+     "take_text() -> bytes: in text mode (fallback_fd -1), the decoded text since the last take_text, as it is."},
     {NULL},
 };
 
 static PyGetSetDef Scanner_getset[] = {
     {"rows", (getter)Scanner_get_rows, NULL, "rows held since the last take()", NULL},
+    {"text_full", (getter)Scanner_get_full, NULL, "text mode: a megabyte of text or more is held", NULL},
     {"lines", (getter)Scanner_get_lines, NULL, "(lines, read here, sent to the fallback)", NULL},
     {"mark_line", (getter)Scanner_get_mark, NULL, "the first line holding the mark, or None", NULL},
     {"inflater", (getter)Scanner_get_inflater, NULL, "libdeflate or zlib", NULL},

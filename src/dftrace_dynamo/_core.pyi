@@ -87,6 +87,7 @@ class GraphCall:
 class Scanner:
     """One trace file's lines as columns (csrc/reader.c; traces/fullscan.py). Not for two threads at once."""
     rows: int  # rows held since the last take()
+    text_full: bool  # text mode (fallback_fd -1: nothing parsed): a megabyte of text or more is held
     lines: tuple[int, int, int]  # (lines, read here, sent to the fallback)
     mark_line: Optional[bytes]  # the first line holding ``mark`` within ``mark_limit`` bytes
     inflater: str  # "libdeflate" or "zlib"
@@ -98,3 +99,4 @@ class Scanner:
     def finish(self) -> None: ...
     # (rows, new sites, site int32, pid int64, tid int64, ts float64, dur float64, step int64) as bytes
     def take(self) -> tuple[int, list[tuple[Any, ...]], bytes, bytes, bytes, bytes, bytes, bytes]: ...
+    def take_text(self) -> bytes: ...  # text mode: the decoded text since the last call, as it is

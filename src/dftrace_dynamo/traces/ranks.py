@@ -120,10 +120,15 @@ def _split(lo, hi, row, layer, start, end, layers):
 
 
 def _columns(con, sql):
-    """The result of ``sql`` as NumPy columns (file, pid and step as int64)."""
+    """The result of ``sql`` as NumPy columns (file, pid and step as int64; texts: one object per
+    distinct text, which keeps a partial sent from a worker small, as pickle sends each object once)."""
     out = {}
     for c, v in con.execute(sql).fetchnumpy().items():  # (tolist: None where a text is NULL)
-        out[c] = np.array(v.tolist(), object) if v.dtype == object else np.asarray(v)
+        if v.dtype == object:
+            texts = {}
+            out[c] = np.array([texts.setdefault(t, t) for t in v.tolist()], object)
+        else:
+            out[c] = np.asarray(v)
         out[c] = out[c].astype(np.int64) if c in ("file", "pid", "step") else out[c]
     return out
 
@@ -162,9 +167,12 @@ def rows(con, kinds):
         AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
     # op time per process, step and module: what in a rank was slower than on its peers (in
     # integer ns, as the aggregate records sum it)
-    ops = module_rows(con.execute(f"""SELECT file, pid, step, module, sum(CAST(round(dur * 1000) AS BIGINT)) FROM ev
-        WHERE kind = {k['op']} AND step IS NOT NULL AND dur IS NOT NULL GROUP BY ALL""").fetchall()) \
+    # (as columns: a Python tuple per row cost seconds for millions of rows)
+    ops = _columns(con, f"""SELECT file, pid, step, module, CAST(sum(CAST(round(dur * 1000) AS BIGINT)) AS BIGINT)
+        AS ns FROM ev WHERE kind = {k['op']} AND step IS NOT NULL AND dur IS NOT NULL GROUP BY ALL""") \
         if _has_modules(con) else None
+    if ops is not None:
+        ops["dur"] = ops.pop("ns") / 1000
     # each event in the step whose slice holds it (per process: here, where its file is read)
     steps = _Steps(slices)
     comm["in_step"] = comm["step"] >= 0  # else made during an evaluation

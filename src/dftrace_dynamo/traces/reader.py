@@ -5,10 +5,11 @@ sequence of independent members (a zstd file, of frames): every complete
 member is used; a file cut inside a member (a crash, a copy in progress) gives
 what can be decoded up to the cut, and a :class:`Damage` note says what was lost.
 
-The full scan reads the events of a file through :func:`scan_text` (the C reader,
-``_core.Scanner``, see csrc/reader.c), which inflates whole gzip members itself
-(:data:`WINDOW` compressed bytes held at a time, one member of at most 64 MiB
-decoded) and falls back to the decoding here for what it cannot.
+Every command reads a file through :func:`scan_text` (the C reader, ``_core.Scanner``, see
+csrc/reader.c), which inflates whole gzip members itself (:data:`WINDOW` compressed bytes held
+at a time, one member of at most 64 MiB decoded) and falls back to the decoding here for what
+it cannot: the full scan takes the events as columns, the other readers (:func:`iter_chunks`,
+:class:`Lines`, :class:`EventLines`: validate, merge, convert, split) the text as it is.
 
 Memory does not grow with the file: it is decompressed :data:`FEED` bytes at
 a time (at most 1 MiB of gzip output, 32 MiB of zstd output per step), blank
@@ -27,6 +28,7 @@ import zlib
 import orjson
 import zstandard
 
+from .. import _core
 from ..schema import AGGREGATES_RECORD, CAT_DFTRACER
 
 CHUNK = 1 << 20
@@ -293,15 +295,13 @@ def tail_damage(path, kind, damage, window=16 << 20):
 
 
 def iter_chunks(path, damage=None):
-    """Decompressed content of one file as byte chunks."""
+    """Decompressed content of one file as byte chunks: the text the full scan reads, read the
+    same way (:func:`scan_text`, the C reader in text mode: it holds no rows)."""
     damage = damage if damage is not None else Damage(path)
-    kind = compression_of(path)
-    with open(path, "rb") as f:
-        if kind:
-            yield from _members(f, os.fstat(f.fileno()).st_size, damage, kind)
-        else:
-            while chunk := f.read(CHUNK):
-                yield chunk
+    scanner = _core.Scanner(-1, ())
+    for _ in scan_text(path, scanner, damage, 1 << 62):
+        if chunk := scanner.take_text():
+            yield chunk
 
 
 class _From:
@@ -319,7 +319,8 @@ class _From:
 
 def scan_text(path, scanner, damage, rows):
     """Feeds the text of ``path`` to ``scanner`` (a ``_core.Scanner``), yielding whenever it
-    holds ``rows`` rows (the caller takes them) and once at the end. The scanner inflates the
+    holds ``rows`` rows (in text mode: a megabyte of text; the caller takes them) and once at
+    the end. The scanner inflates the
     gzip members it can inflate whole; from the first one it cannot (cut, corrupt, larger than
     it takes) the file is decoded by :func:`_members`, which notes the damage in ``damage``
     exactly as for every other reader. zstd and plain files are decoded here."""
@@ -332,7 +333,7 @@ def scan_text(path, scanner, damage, rows):
             at, failed = 0, False
             while at < len(window) and not failed:
                 at, failed = scanner.feed_gzip(window, at, rows)
-                if scanner.rows >= rows:
+                if scanner.rows >= rows or scanner.text_full:
                     yield
             pos += at
             # a member cut by the window's end is read again from its start, once
@@ -343,7 +344,7 @@ def scan_text(path, scanner, damage, rows):
             chunks = _members(_From(f, pos), size, damage, kind, pos) if kind else iter(lambda: f.read(CHUNK), b"")
             for chunk in chunks:
                 scanner.feed(chunk)
-                if scanner.rows >= rows:
+                if scanner.rows >= rows or scanner.text_full:
                     yield
     scanner.finish()
     yield

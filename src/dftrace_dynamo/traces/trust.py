@@ -106,7 +106,7 @@ def _start_ts(path):
         head += chunk
         if len(head) >= HEAD_BYTES or b'"name":"start"' in head:
             break
-    at = head.find(b'"name":"start"')
+    at = head.find(b'"name":"start"', 0, HEAD_BYTES)  # (the chunks may hold more)
     if at < 0:
         return None
     line = head[head.rfind(b"\n", 0, at) + 1:head.find(b"\n", at) if head.find(b"\n", at) >= 0 else len(head)]
