@@ -40,3 +40,19 @@ def test_internal_material_pattern():
     # random seeds are no internal material; the project's notes are
     assert not INTERNAL.search("torch.manual_seed(0)")
     assert INTERNAL.search("the threshold of seed 004") and INTERNAL.search("see REFERENCE.md")
+
+
+def test_benchmark_results_parse_as_rst():
+    # results files are read on GitHub and by docutils: a table cell wider than
+    # its column turns the whole table into an error paragraph
+    import docutils.core
+    import docutils.utils
+
+    bad = []
+    for p in sorted((ROOT / "benchmarks").glob("*.rst")):
+        try:
+            docutils.core.publish_doctree(p.read_text(), source_path=str(p),
+                                          settings_overrides={"report_level": 5, "halt_level": 3})
+        except docutils.utils.SystemMessage as e:
+            bad.append(str(e))
+    assert bad == [], "\n".join(bad)
