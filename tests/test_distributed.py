@@ -14,6 +14,8 @@ from scripts.clitools import summary_json
 from tracefile import read_events, traces
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "dist_train.py"
+# the straggler's sleep a step: large against what two busy cores add to a step (tens of ms)
+DELAY_MS = 150
 
 
 def job(tmp_path, monkeypatch, nproc=2, **env):
@@ -30,11 +32,19 @@ def job(tmp_path, monkeypatch, nproc=2, **env):
 def assert_straggler(info, rank, tmp_path):
     """``rank`` slept before its collectives each step (the times tests/scripts/dist_train.py
     measured, in ``tmp_path / "slept.json"``: on busy cores a sleep ends late): each other rank
-    waits at least about that long for it, and at most that plus ``rank``'s own compute."""
-    assert info["straggler"]["rank"] == rank, info
+    waits for it that long, less what it did itself meanwhile, and at most what ``rank`` did a
+    step (the sleep, its compute and the Python between them): what each rank did a step is its
+    time not waiting, as the run measured it (busy cores stretch it by tens of ms), within a tenth
+    of the sleep."""
+    assert info["straggler"] is not None and info["straggler"]["rank"] == rank, info
     slept_us = statistics.median(json.loads((tmp_path / "slept.json").read_text())) * 1e6
-    compute = statistics.median(x["compute_us"] for x in info["rows"] if x["rank"] == rank)
-    assert 0.8 * slept_us <= info["straggler"]["wait_caused_median_us"] <= 1.2 * slept_us + compute, (slept_us, info)
+
+    def busy(r):
+        return statistics.median(sum(x[p] for p in ("comm_us", "data_us", "compute_us", "other_us"))
+                                 for x in info["rows"] if x["rank"] == r)
+    others = max(busy(r["rank"]) for r in info["ranks"] if r["rank"] != rank)
+    assert slept_us - others - 0.1 * slept_us <= info["straggler"]["wait_caused_median_us"] \
+        <= busy(rank) + 0.1 * slept_us, (slept_us, others, busy(rank), info)
 
 
 def comm_events(path, waits=False):
@@ -59,7 +69,7 @@ def test_eager_collectives_counts_and_bytes(tmp_path, monkeypatch):
         assert waits == [("wait all_reduce", "all_reduce", rank, s) for s in range(3)], waits
 
 
-@pytest.mark.parametrize("nproc,delay_ms", [(2, 30), (2, 0), (4, 30), (4, 0)])
+@pytest.mark.parametrize("nproc,delay_ms", [(2, DELAY_MS), (2, 0), (4, DELAY_MS), (4, 0)])
 def test_ddp_straggler(tmp_path, monkeypatch, nproc, delay_ms):
     files = job(tmp_path, monkeypatch, nproc, MODE="ddp", STEPS=8, DELAY_MS=delay_ms, SLEPT=tmp_path / "slept.json")
     for path in files:  # one bucket all-reduce per step, 17 * 4 floats
@@ -72,7 +82,7 @@ def test_ddp_straggler(tmp_path, monkeypatch, nproc, delay_ms):
         assert_straggler(info, "rank1", tmp_path)
         waits = {r["rank"]: statistics.median(x["wait_us"] for x in info["rows"] if x["rank"] == r["rank"])
                  for r in info["ranks"]}
-        assert all((w > 0.8 * 30e3) == (rank != "rank1") for rank, w in waits.items()), waits
+        assert all((w > 0.5 * delay_ms * 1e3) == (rank != "rank1") for rank, w in waits.items()), waits
     else:
         assert info["straggler"] is None, info
     assert info["threshold_us"] > 0 and info["skew"]["median_us"] is not None
@@ -150,11 +160,11 @@ def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(tmp_path, monkeyp
 def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypatch, lazy):
     """FSDP2 all-gathers and reduce-scatters through ``all_gather_single`` and
     ``reduce_scatter_single``: every step of every rank holds the same ones, and the rank that
-    sleeps 30 ms a step is the straggler. Two sharded Linears, resharded after the forward: 4
+    sleeps ``DELAY_MS`` a step is the straggler. Two sharded Linears, resharded after the forward: 4
     all-gathers and 2 reduce-scatters an iteration, the first all-gather (in the root module's
     pre-forward hook) before the first compiled call, which opens a lazily opened trace: it is
     in the first step all the same."""
-    files = job(tmp_path, monkeypatch, MODE="fsdp", STEPS=8, DELAY_MS=30, SLEPT=tmp_path / "slept.json",
+    files = job(tmp_path, monkeypatch, MODE="fsdp", STEPS=8, DELAY_MS=DELAY_MS, SLEPT=tmp_path / "slept.json",
                 **({"LAZY": 1} if lazy else {}))
     per_rank = []
     for path in files:
