@@ -26,7 +26,7 @@ import torch
 
 from .. import _core
 from ..schema import ARG_GRAPH, CAT_CUDA
-from ..session import config, hooks, logger
+from ..session import config, hooks, logger, threads
 
 
 DRAIN_TIMEOUT_S = 10.0
@@ -110,8 +110,7 @@ def _submit(call: _Call) -> None:
     with _idle:
         _outstanding += 1
     if _resolver is None:
-        _resolver = threading.Thread(target=_resolve_forever, name="dftrace-cuda", daemon=True)
-        _resolver.start()
+        _resolver = threads.start(_resolve_forever, "dftrace-cuda")
     _pending.put(call)
 
 

@@ -42,7 +42,7 @@ from typing import Optional
 
 from .. import _core
 from ..schema import ARG_HHASH, CAT_COMM
-from ..session import config, hooks, logger
+from ..session import config, hooks, logger, threads
 from . import comm
 
 GROUP = "flight"
@@ -132,12 +132,12 @@ def _record(name: str, cat: str, start_ns: int, end_ns: int, tid: int, args: dic
 
 def _stacks() -> dict:
     """Every thread's Python stack, innermost last, but the calling thread's (ours)."""
-    threads = {t.ident: t for t in threading.enumerate()}
+    by_ident = {t.ident: t for t in threading.enumerate()}
     out = {}
     for ident, frame in sys._current_frames().items():
         if ident == threading.get_ident():
             continue
-        t = threads.get(ident)
+        t = by_ident.get(ident)
         label = f"{t.name if t else 'thread'} (tid {t.native_id if t else '?'})"
         out[label] = [f"{f.filename}:{f.lineno} in {f.name}" + (f": {f.line}" if f.line else "")
                       for f in traceback.extract_stack(frame)]
@@ -336,7 +336,7 @@ def _on_open() -> None:
                 and signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL):
             hooks.install(f"{GROUP}-signal")
         _state.stop = threading.Event()
-        threading.Thread(target=_watch, args=(_state.stop, flight), name="dftrace-flight", daemon=True).start()
+        threads.start(_watch, "dftrace-flight", _state.stop, flight)
     except Exception as exc:
         _state.flight = None
         config.log.error("flight recorder is off: %s: %s", type(exc).__name__, exc)

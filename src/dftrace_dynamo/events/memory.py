@@ -24,7 +24,7 @@ from typing import Optional
 
 from .. import _core
 from ..schema import ARG_CUDA_PEAK, ARG_PEAK_RSS, ARG_RSS, CAT_MEMORY
-from ..session import config, logger
+from ..session import config, logger, threads
 
 PERIOD_S = 0.1  # at most ten counter samples a second
 samples = 0  # counter samples recorded by this process (steps leaves them out of its counts)
@@ -139,7 +139,7 @@ def _on_open() -> None:
             _state.clear_refs = _open("/proc/self/clear_refs", os.O_WRONLY)
         _reset_peak()
         _state.stop = threading.Event()
-        threading.Thread(target=_sample, args=(_state.stop,), name="dftrace memory", daemon=True).start()
+        threads.start(_sample, "dftrace memory", _state.stop)
     except Exception as exc:
         config.get()
         config.log.warning("memory sampling is off: %s: %s", type(exc).__name__, exc)

@@ -31,7 +31,7 @@ import orjson
 
 from .. import __version__, _core
 from ..schema import ARG_HHASH, ARG_RANK, ARG_RUN_ID, CAT_DFTRACER
-from . import config, hooks
+from . import config, hooks, threads
 
 _lock = threading.RLock()
 _prefix: Optional[str] = None  # set while this process (or its fork parent) traces
@@ -694,7 +694,7 @@ def _watch_sigterm(handler) -> None:
             time.sleep(0.05)
             signal.pthread_kill(main, signal.SIGTERM)
 
-    threading.Thread(target=watch, name="dftrace-sigterm", daemon=True).start()
+    threads.start(watch, "dftrace-sigterm")
 
 
 def _after_multiprocessing_fork() -> None:
