@@ -347,7 +347,8 @@ def test_region_as_decorator_and_log_event_times(tmp_path):
 
 def test_bind_signals_a_caught_ctrl_c_keeps_tracing_an_uncaught_one_finalizes(tmp_path):
     code = """
-        import os, signal, sys
+        import faulthandler, os, signal, sys
+        faulthandler.dump_traceback_later(100, exit=True)  # a hang (seen once under load) says where it is
         from dftrace_dynamo import dftracer, region
         dftracer.initialize_log("caught")
         for i in range(10):
