@@ -487,7 +487,7 @@ static int copy_line(const char *line, size_t len) {
 typedef struct {
     uint32_t tags, flags, tlen;
     char tcopy[64]; /* the tags' text: an owned tags id may be reused with other text */
-    int used, kind, kernel, bwd, copy, slice, compile, step_from_line;
+    int used, kind, kernel, bwd, copy, slice, compile, step_from_line, eager;
     uint32_t gid;
     int64_t step; /* the step the site or tags text gives (step_from_line) */
 } cls_t;
@@ -501,7 +501,7 @@ static struct {
 static int classify(const char *line, size_t len, cls_t *k) {
     const char *e = line + len;
     val_t t[4] = {{0}}, a[A_N] = {{0}};
-    k->kind = k->copy = 0;
+    k->kind = k->copy = k->eager = 0;
     k->step = NONE;
     if (fields(line, e, TOP, t, 4) < 0 || !IS(t[T_PH], "\"X\"") ||
         (t[T_ARGS].p && fields(t[T_ARGS].p, t[T_ARGS].p + t[T_ARGS].n, ARGS, a, A_N) < 0))
@@ -513,6 +513,12 @@ static int classify(const char *line, size_t len, cls_t *k) {
     k->bwd = IS(a[A_PHASE], "\"backward\"");
     k->slice = IS(c, "\"step\"");
     k->compile = IS(c, "\"dynamo_compile\"");
+    /* the step view's eager forward (traces/events.py EAGER_SQL): an eager module slice, or an
+     * eager op outside one, of phase forward or inference */
+    val_t ph = a[A_PHASE], m = a[A_MODULE];
+    k->eager = !present(a[A_GRAPH]) && (IS(ph, "\"forward\"") || IS(ph, "\"inference\"")) &&
+               !IS(a[A_RECOMPUTE], "true") &&
+               (IS(c, "\"module\"") || (IS(c, "\"dynamo\"") && (!present(m) || IS(m, "\"\""))));
     /* the events summary's other views read (traces/events.py load, ranks.FUNCTIONAL) */
     k->copy = (!op && (IS(c, "\"dynamo_graph\"") || k->compile || k->slice || IS(c, "\"data\"") ||
                        IS(c, "\"backward\"") || IS(c, "\"optimizer\"") || IS(c, "\"eval\"") ||
@@ -529,12 +535,46 @@ static int classify(const char *line, size_t len, cls_t *k) {
     return 0;
 }
 
+/* The eager forward events are copied as few as give the same union of intervals per step: a
+ * module slice is written after the slices inside it, and replaces those still at the end of the
+ * copied events (their offsets: tail). */
+#define TAIL_MAX 64
+static struct { uint32_t n; struct { size_t off, end; int64_t step; uint64_t a, b; } e[TAIL_MAX]; } tail;
+
+static int eager_copy(const char *line, size_t len, int64_t step, uint64_t ns) {
+    static const char *const key[] = {"\"ts\""};
+    val_t ts = {0};
+    uint64_t a = 0;
+    int ok = fields(line, line + len, key, &ts, 1) == 0 && ts.p && ts.n && ts.n < 20;
+    for (uint32_t i = 0; ok && i < ts.n; i++) { /* the integer µs the writer writes */
+        ok = ts.p[i] >= '0' && ts.p[i] <= '9';
+        a = a * 10 + (uint64_t)(ts.p[i] - '0');
+    }
+    a *= 1000;
+    if (tail.n && tail.e[tail.n - 1].end != A.copy.len) /* other events were copied since */
+        tail.n = 0;
+    while (ok && tail.n && tail.e[tail.n - 1].step == step && a <= tail.e[tail.n - 1].a &&
+           tail.e[tail.n - 1].b <= a + ns)
+        A.copy.len = tail.e[--tail.n].off;
+    size_t off = A.copy.len;
+    if (copy_line(line, len) < 0)
+        return -1;
+    if (!ok || A.copy.len == off) /* not a line of ours (copied as it is), or past COPY_MAX */
+        return 0;
+    if (tail.n == TAIL_MAX)
+        tail.n = 0;
+    tail.e[tail.n++] = (__typeof__(tail.e[0])){off, A.copy.len, step, a, a + ns};
+    return 0;
+}
+
 static inline __attribute__((always_inline)) int apply(const cls_t *k, const char *line, size_t len, int64_t step, uint64_t ns) {
-    if (!k->kind && !k->copy) /* nothing the record holds (a module slice, a logged region): no checkpoint for it */
+    if (!k->kind && !k->copy && !k->eager) /* nothing the record holds (a logged region): no checkpoint for it */
         return 0;
     A.dirty = 1;
     if (k->kind && add_event(k->kind, k->gid, k->bwd, step, ns) < 0)
         return -1;
+    if (k->eager)
+        return eager_copy(line, len, step, ns);
     if (!k->copy)
         return 0;
     if (copy_line(line, len) < 0)
@@ -646,6 +686,7 @@ out:
 }
 
 static void free_all(void) {
+    tail.n = 0;
     for (uint32_t i = 0; i < cache.cap; i++)
         free(cache.site[i]);
     free(cache.site);
@@ -658,6 +699,7 @@ static void free_all(void) {
 }
 
 void dft_agg_forget(void) {
+    tail.n = 0;
     memset(&cache, 0, sizeof cache);
     memset(&A, 0, sizeof A);
 }

@@ -14,9 +14,14 @@ STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
 # kinds, per step of the outermost optimizer event (its nested optimizer events: per their own step)
 IN_OPTIMIZER = {GRAPH: 12, BACKWARD: 13, OPTIMIZER: 14}
 INFERENCE_IN_OPTIMIZER = 15  # nested graph calls with phase inference (a compiled optimizer step)
+MODULE = 16  # eager module slices (module slices outside compiled graphs)
+# the time of the eager forward (eager module slices, eager ops outside them, phase forward or
+# inference) outside graph calls, data and backward events: outside optimizer events, and inside
+EAGER_FORWARD, EAGER_IN_OPTIMIZER = 17, 18
 KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops",
               IN_OPTIMIZER[GRAPH]: "graph in optimizer", IN_OPTIMIZER[BACKWARD]: "backward in optimizer",
-              IN_OPTIMIZER[OPTIMIZER]: "optimizer in optimizer", INFERENCE_IN_OPTIMIZER: "inference in optimizer"}
+              IN_OPTIMIZER[OPTIMIZER]: "optimizer in optimizer", INFERENCE_IN_OPTIMIZER: "inference in optimizer",
+              EAGER_FORWARD: "eager forward", EAGER_IN_OPTIMIZER: "eager forward in optimizer"}
 RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
               "optimizer": OPTIMIZER}
 RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # of ev, in version 1 aggregates

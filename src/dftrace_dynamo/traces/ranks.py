@@ -70,7 +70,7 @@ def _label(paths, file, pid, rank):
     return f"rank{rank}" if rank is not None else f"{paths[file].rsplit('/', 1)[-1].split('.')[0]} [pid {pid}]"
 
 
-def _split(lo, hi, row, layer, start, end, layers):
+def split_layers(lo, hi, row, layer, start, end, layers):
     """Per row r, the time of [lo[r], hi[r]] in each of ``layers`` layers (the intervals
     [start, end) of that row and layer), an instant counted in the first layer that holds
     it; the rest is the last column. The pieces between a row's consecutive distinct
@@ -314,7 +314,7 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     moved[:len(wq)] = False  # the waits are on the aligned clock already
     start[own & moved] -= shift[by[own & moved]]
     end[own & moved] -= shift[by[own & moved]]
-    split = _split(lo.ravel(), hi.ravel(), row[own], layer[own], start[own], end[own], len(LAYERS) - 1)
+    split = split_layers(lo.ravel(), hi.ravel(), row[own], layer[own], start[own], end[own], len(LAYERS) - 1)
     part = {name: split[:, LAYERS.index(name)] for name in LAYERS}
     part["compute"] = sum(part[name] for name in COMPUTE)
     part["forward"] = part["forward"] + part.pop("inference")

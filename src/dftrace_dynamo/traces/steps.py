@@ -7,14 +7,17 @@ Python over rows already aggregated by DuckDB (one row per step and
 category), so its cost does not grow with the number of events.
 
 Per step: wall time (the step slice), data, forward (forward/inference graph
-calls), backward (``backward`` events; the backward graph calls when a trace
+calls, and the eager forward: eager module slices and eager ops outside them,
+of phase forward or inference, where no graph call, data or ``backward``
+event holds them), backward (``backward`` events; the backward graph calls when a trace
 has no ``backward`` events), optimizer (``<Optimizer>.step`` and
 ``zero_grad``), other (wall time minus those four: loss, logging, Python
 between the phases, untraced code) and coverage (share of the wall time in
 the four). Phases nest and each millisecond counts once, in the innermost
 phase: the optimizer's time is its own, less the forward and backward of an
 optimizer closure and the optimizer events nested in its slices (``parts``
-rows of the kinds ``kinds.IN_OPTIMIZER``); a graph call of phase
+rows of the kinds ``kinds.IN_OPTIMIZER``, and the eager forward inside
+them); a graph call of phase
 inference nested in an optimizer slice (a compiled optimizer step) is
 optimizer time, not forward.
 
@@ -133,10 +136,11 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
             # each part's own time: what ran nested in an optimizer event is the closure's forward
             # and backward, or the optimizer's own (a compiled step's graph calls, zero_grad)
             nested = (got.get("forward in optimizer", 0.0) + got.get(f"{backward} in optimizer", 0.0)
-                      + got.get("optimizer in optimizer", 0.0))
+                      + got.get("optimizer in optimizer", 0.0) + got.get("eager forward in optimizer", 0.0))
+            eager = got.get("eager forward", 0.0) + got.get("eager forward in optimizer", 0.0)
             row = {"file": proc[0], "pid": proc[1], "step": s, "wall_us": wall[(*proc, s)],
                    "data_us": got.get("data", 0.0),
-                   "forward_us": max(got.get("forward", 0.0) - got.get("inference in optimizer", 0.0), 0.0),
+                   "forward_us": max(got.get("forward", 0.0) - got.get("inference in optimizer", 0.0), 0.0) + eager,
                    "backward_us": got.get(backward, 0.0),
                    "optimizer_us": max(got.get("optimizer", 0.0) - nested, 0.0), "ops_us": got.get("ops", 0.0),
                    "ops": got.get("op_count", 0),
