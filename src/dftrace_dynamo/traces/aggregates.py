@@ -74,6 +74,7 @@ def compute(path):
         "rank_rows": rank_rows,
         "clock": clock.record(path),  # the rank view then reads no file for it
         "nested_parts": True,  # parts holds the rows of the parts nested in optimizer events
+        "eager_parts": True,  # and those of the eager forward
     }
 
 

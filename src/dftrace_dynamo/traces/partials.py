@@ -164,6 +164,8 @@ def from_record(paths, index, record, views, module_depth=None, include_warmup=F
         return None
     if not record.get("nested_parts") and any(r[3] == OPTIMIZER for r in record["parts"]):
         return None  # made before the parts nested in optimizer events were kept apart: read the events
+    if not record.get("eager_parts") and record["slices"]:
+        return None  # made before the eager forward was a part: read the events
     i = index
     records = [dict(r, file=i) for r in record["records"]]
     slices = [(i, *r[1:]) for r in record["slices"]]
