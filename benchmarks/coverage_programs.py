@@ -5,6 +5,7 @@ wall time and the share ``summary`` leaves as ``other``, step and ``eval`` slice
 program's own iterations and evaluations.
 
     python benchmarks/coverage_programs.py [NAME ...] [--iters 6] [--dir DIR]
+    python benchmarks/coverage_programs.py --of RUN   # the same columns of another program's run
 
 Programs: ``lstm`` (a word-level LSTM language model: an embedding compiled, a graph break, then
 ``nn.LSTM``, which Dynamo leaves eager, the loss outside the compiled model), ``dcgan`` (D then G
@@ -321,10 +322,19 @@ def measure(name, iters, directory):
                                     capture_output=True, text=True).stdout)
     with open(truth) as f:
         marks = json.load(f)
+    evals, *times = coverage(doc)
+    return (name, len(doc["steps"]["rows"]), len(marks["iterations"]) - 1, evals, len(marks["evals"]), *times)
+
+
+def coverage(doc):
+    """Of a ``summary --format json`` document: the ``eval`` slices, the steady steps' mean wall
+    time (ms), their mean ``other`` over their mean wall time and the median step's ``other`` share
+    (%: a step that a loaded machine's scheduler paused is ``other`` far beyond the rest)."""
     steady = doc["steps"]["steady"]
-    evals = (doc.get("evaluation") or {}).get("count", 0)
-    return (name, len(doc["steps"]["rows"]), len(marks["iterations"]) - 1, evals, len(marks["evals"]),
-            steady["mean_us"] / 1e3, 100 * steady["other_mean_us"] / steady["mean_us"])
+    rows = [r for r in doc["steps"]["rows"] if r["recorded"] and not r["warmup"]]
+    shares = sorted(100 * r["other_us"] / r["wall_us"] for r in rows if r["wall_us"])
+    return ((doc.get("evaluation") or {}).get("count", 0), steady["mean_us"] / 1e3,
+            100 * steady["other_mean_us"] / steady["mean_us"], shares[len(shares) // 2] if shares else float("nan"))
 
 
 def main():
@@ -332,19 +342,27 @@ def main():
     p.add_argument("names", nargs="*", help=f"programs to run (default: all of {', '.join(PROGRAMS)})")
     p.add_argument("--iters", type=int, default=6)
     p.add_argument("--dir", default=None)
+    p.add_argument("--of", metavar="RUN", help="only print the steps, eval slices, steady step ms, other %% and "
+                   "median other %% of the traces of RUN (a directory or file of another program's run)")
     p.add_argument("--program", choices=sorted(PROGRAMS), help=argparse.SUPPRESS)
     p.add_argument("--truth", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.program:
         return program(args.program, args.iters, args.truth)
+    if args.of:
+        doc = json.loads(subprocess.run([sys.executable, "-m", "dftrace_dynamo", "summary", "--format", "json", args.of],
+                                        check=True, capture_output=True, text=True).stdout)
+        evals, *times = coverage(doc)
+        return print("steps {} evals {} steady step ms {:.1f} other % {:.1f} median other % {:.1f}".format(
+            len(doc["steps"]["rows"]), evals, *times))
     if set(args.names) - set(PROGRAMS):
         p.error(f"unknown program: {', '.join(sorted(set(args.names) - set(PROGRAMS)))}")
     directory = args.dir or tempfile.mkdtemp(prefix="coverage-")
-    rule = "=========  =====  ==========  =====  ===========  ==============  ======="
-    print(f"{rule}\nprogram    steps  iterations  evals  evaluations  steady step ms  other %\n{rule}")
+    rule = "=========  =====  ==========  =====  ===========  ==============  =======  ==============="
+    print(f"{rule}\nprogram    steps  iterations  evals  evaluations  steady step ms  other %  median other %\n{rule}")
     for name in args.names or PROGRAMS:
         row = measure(name, args.iters, directory)
-        print("{:<9}  {:>5}  {:>10}  {:>5}  {:>11}  {:>14.1f}  {:>7.1f}".format(*row), flush=True)
+        print("{:<9}  {:>5}  {:>10}  {:>5}  {:>11}  {:>14.1f}  {:>7.1f}  {:>15.1f}".format(*row), flush=True)
     print(rule)
     print(f"load average {os.getloadavg()[0]:.1f}; traces under {directory}")
 
