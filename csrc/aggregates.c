@@ -513,12 +513,11 @@ static int classify(const char *line, size_t len, cls_t *k) {
     k->bwd = IS(a[A_PHASE], "\"backward\"");
     k->slice = IS(c, "\"step\"");
     k->compile = IS(c, "\"dynamo_compile\"");
-    /* the step view's eager forward (traces/events.py EAGER_SQL): an eager module slice, or an
-     * eager op outside one, of phase forward or inference */
-    val_t ph = a[A_PHASE], m = a[A_MODULE];
+    /* the step view's eager forward (traces/events.py _EAGER): an eager module slice or op of
+     * phase forward or inference */
+    val_t ph = a[A_PHASE];
     k->eager = !present(a[A_GRAPH]) && (IS(ph, "\"forward\"") || IS(ph, "\"inference\"")) &&
-               !IS(a[A_RECOMPUTE], "true") &&
-               (IS(c, "\"module\"") || (IS(c, "\"dynamo\"") && (!present(m) || IS(m, "\"\""))));
+               !IS(a[A_RECOMPUTE], "true") && (IS(c, "\"module\"") || IS(c, "\"dynamo\""));
     /* the events summary's other views read (traces/events.py load, ranks.FUNCTIONAL) */
     k->copy = (!op && (IS(c, "\"dynamo_graph\"") || k->compile || k->slice || IS(c, "\"data\"") ||
                        IS(c, "\"backward\"") || IS(c, "\"optimizer\"") || IS(c, "\"eval\"") ||
@@ -536,9 +535,9 @@ static int classify(const char *line, size_t len, cls_t *k) {
 }
 
 /* The eager forward events are copied as few as give the same union of intervals per step: a
- * module slice is written after the slices inside it, and replaces those still at the end of the
- * copied events (their offsets: tail). */
-#define TAIL_MAX 64
+ * module slice is written after the ops and slices inside it, and replaces those still at the end
+ * of the copied events (their offsets: tail; past TAIL_MAX the older half stays as copied). */
+#define TAIL_MAX 1024
 static struct { uint32_t n; struct { size_t off, end; int64_t step; uint64_t a, b; } e[TAIL_MAX]; } tail;
 
 static int eager_copy(const char *line, size_t len, int64_t step, uint64_t ns) {
@@ -561,8 +560,10 @@ static int eager_copy(const char *line, size_t len, int64_t step, uint64_t ns) {
         return -1;
     if (!ok || A.copy.len == off) /* not a line of ours (copied as it is), or past COPY_MAX */
         return 0;
-    if (tail.n == TAIL_MAX)
-        tail.n = 0;
+    if (tail.n == TAIL_MAX) {
+        memmove(tail.e, tail.e + TAIL_MAX / 2, TAIL_MAX / 2 * sizeof tail.e[0]);
+        tail.n = TAIL_MAX / 2;
+    }
     tail.e[tail.n++] = (__typeof__(tail.e[0])){off, A.copy.len, step, a, a + ns};
     return 0;
 }

@@ -1,7 +1,7 @@
 """Every millisecond of a step has a name: the step view's forward holds the eager forward (eager
-module slices, the eager ops outside them such as a loss computed outside the compiled model),
-each instant counted once, and the writer's aggregate record gives the answer the events give.
-Ground truth: the program's own time marks around a known sleep in an eager module's forward."""
+module slices, eager ops such as a loss computed outside the compiled model), each instant counted
+once, and the writer's aggregate record gives the answer the events give. Ground truth: the
+program's own time marks around a known sleep in an ATen op of an eager module's forward."""
 
 import json
 
@@ -24,13 +24,18 @@ torch.set_num_threads(1)
 sleeps = []
 
 
+@torch.library.custom_op("coverage::nap", mutates_args=())
+def nap(x: torch.Tensor) -> torch.Tensor:  # an ATen op of known time: an eager op event
+    start = _core.now_ns()
+    time.sleep({SLEEP_S})
+    sleeps.append((start, _core.now_ns()))
+    return x.clone()
+
+
 class Sleep(nn.Module):  # a known time in a known eager module
     @torch.compiler.disable
     def forward(self, x):
-        start = _core.now_ns()
-        time.sleep({SLEEP_S})
-        sleeps.append((start, _core.now_ns()))
-        return x
+        return x + 0 * nap(x.detach())
 
 
 class Net(nn.Module):
@@ -75,8 +80,8 @@ PARTS = ("data_us", "forward_us", "backward_us", "optimizer_us")
 ROUNDING_US = 1.0  # per part
 
 
-def _run(directory, kind):
-    run_py(PROGRAM.replace("sys.argv[1]", repr(kind)), directory, ENV)
+def _run(directory, kind, env=None):
+    run_py(PROGRAM.replace("sys.argv[1]", repr(kind)), directory, {**ENV, **(env or {})})
     (path,) = traces(directory, "tr-*")
     return path, [(a / 1e3, b / 1e3) for a, b in json.loads((directory / "sleeps.json").read_text())]
 
@@ -89,6 +94,11 @@ def plain(tmp_path_factory):
 @pytest.fixture(scope="module")
 def closure(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("closure"), "closure")
+
+
+@pytest.fixture(scope="module")
+def no_slices(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("no_slices"), "plain", {"DFTRACER_MODULE_SLICES": "0"})
 
 
 def _steps(path, source):
@@ -156,3 +166,13 @@ def test_the_record_copies_the_eager_forward_and_not_the_ops_inside_module_slice
     assert {e["name"] for e in copied if e["cat"] == "module"} >= {"sleep", "rnn"}
     assert all(e["cat"] == "module" or not e["args"].get("module") for e in copied)
     assert all(e["args"].get("phase") in ("forward", "inference") for e in copied)
+
+
+@pytest.mark.parametrize("source", ["events", "auto"])
+def test_without_module_slices_the_eager_ops_in_modules_are_forward(no_slices, source):
+    path, sleeps = no_slices
+    rows = _steps(path, source)
+    for r, slept in zip(rows, _slept_per_step(rows, sleeps, path)):
+        assert slept >= 0.9 * SLEEP_S * 1e6, "a sleep per step"
+        assert r["forward_us"] >= slept, r
+        assert sum(r[k] for k in PARTS) <= r["wall_us"] + len(PARTS) * ROUNDING_US, r

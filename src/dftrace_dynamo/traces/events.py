@@ -179,10 +179,10 @@ _NESTED_SQL = f"""
     FROM outer_step WHERE nested GROUP BY ALL""".replace("ROWS_", _THREAD)
 
 
-# The eager forward: eager module slices, and eager ops outside them (no graph, no module path),
-# of phase forward or inference: the events the C writer's aggregate record copies for it
-_EAGER = (f"(kind = {MODULE} OR (kind = {OP} AND graph = '?' AND module = '(top level)' AND extra IS NULL)) "
-          "AND phase IN ('forward', 'inference')")
+# The eager forward: eager module slices and eager ops (no graph), of phase forward or inference:
+# the events the C writer's aggregate record copies for it (an op inside a module slice, its
+# slice only: the same union of intervals; the ops count where module slices are off)
+_EAGER = f"(kind = {MODULE} OR (kind = {OP} AND graph = '?' AND extra IS NULL)) AND phase IN ('forward', 'inference')"
 # per step (its longest slice: row r), the spans that split its time: layer 0 graph calls, data and
 # backward events, 1 optimizer events, 2 the eager forward
 _LAYERS_SQL = f"""

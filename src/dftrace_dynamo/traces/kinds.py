@@ -15,7 +15,7 @@ STEP_KINDS = dict(zip(STEP_STRUCTURE, (STEP, DATA, BACKWARD, OPTIMIZER)))
 IN_OPTIMIZER = {GRAPH: 12, BACKWARD: 13, OPTIMIZER: 14}
 INFERENCE_IN_OPTIMIZER = 15  # nested graph calls with phase inference (a compiled optimizer step)
 MODULE = 16  # eager module slices (module slices outside compiled graphs)
-# the time of the eager forward (eager module slices, eager ops outside them, phase forward or
+# the time of the eager forward (eager module slices and eager ops of phase forward or
 # inference) outside graph calls, data and backward events: outside optimizer events, and inside
 EAGER_FORWARD, EAGER_IN_OPTIMIZER = 17, 18
 KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops",

@@ -7,9 +7,9 @@ Python over rows already aggregated by DuckDB (one row per step and
 category), so its cost does not grow with the number of events.
 
 Per step: wall time (the step slice), data, forward (forward/inference graph
-calls, and the eager forward: eager module slices and eager ops outside them,
-of phase forward or inference, where no graph call, data or ``backward``
-event holds them), backward (``backward`` events; the backward graph calls when a trace
+calls, and the eager forward: eager module slices and eager ops of phase
+forward or inference, where no graph call, data or ``backward`` event holds
+them), backward (``backward`` events; the backward graph calls when a trace
 has no ``backward`` events), optimizer (``<Optimizer>.step`` and
 ``zero_grad``), other (wall time minus those four: loss, logging, Python
 between the phases, untraced code) and coverage (share of the wall time in
