@@ -350,8 +350,8 @@ def main():
     if args.program:
         return program(args.program, args.iters, args.truth)
     if args.of:
-        doc = json.loads(subprocess.run([sys.executable, "-m", "dftrace_dynamo", "summary", "--format", "json", args.of],
-                                        check=True, capture_output=True, text=True).stdout)
+        cli = [sys.executable, "-m", "dftrace_dynamo", "summary", "--format", "json", args.of]
+        doc = json.loads(subprocess.run(cli, check=True, capture_output=True, text=True).stdout)
         evals, *times = coverage(doc)
         return print("steps {} evals {} steady step ms {:.1f} other % {:.1f} median other % {:.1f}".format(
             len(doc["steps"]["rows"]), evals, *times))

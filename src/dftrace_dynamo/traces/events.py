@@ -187,12 +187,14 @@ _EAGER = f"(kind = {MODULE} OR (kind = {OP} AND graph = '?' AND extra IS NULL)) 
 # backward events, 1 optimizer events, 2 the eager forward
 _LAYERS_SQL = f"""
     WITH s AS (SELECT file, pid, step, arg_max(a, ns) AS a, max(ns) AS ns
-               FROM (SELECT file, pid, step, {_SPAN} FROM ev WHERE kind = {STEP} AND step IS NOT NULL AND dur IS NOT NULL)
+               FROM (SELECT file, pid, step, {_SPAN} FROM ev
+                     WHERE kind = {STEP} AND step IS NOT NULL AND dur IS NOT NULL)
                GROUP BY ALL),
          r AS (SELECT *, row_number() OVER (ORDER BY file, pid, step) - 1 AS r FROM s),
          sp AS (SELECT file, pid, step, CASE WHEN kind = {OPTIMIZER} THEN 1 WHEN {_EAGER} THEN 2 ELSE 0 END AS layer,
                        {_SPAN} FROM ev
-                WHERE step IS NOT NULL AND dur IS NOT NULL AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}) OR {_EAGER}))
+                WHERE step IS NOT NULL AND dur IS NOT NULL
+                      AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}) OR {_EAGER}))
     SELECT r.r, r.file, r.pid, r.step, r.a AS lo, r.a + r.ns AS hi, sp.layer, sp.a, sp.a + sp.ns AS b
     FROM r LEFT JOIN sp USING (file, pid, step) ORDER BY r.r"""
 
@@ -217,8 +219,9 @@ def _eager_parts(con):
                                b[no_optimizer], 2)[:, 1]
     outside = ranks.split_layers(lo, hi, row, layer, a, b, 3)[:, 2]
     count = np.bincount(row[layer == 2], minlength=len(lo))
-    return [(*key, kind, False, float(ns) / 1000, int(n)) for key, n, out, all_ in zip(keys, count, outside, eager)
-            if n for kind, ns in ((EAGER_FORWARD, out), (EAGER_IN_OPTIMIZER, all_ - out)) if ns or kind == EAGER_FORWARD]
+    return [(*key, kind, False, float(ns) / 1000, int(n))
+            for key, n, out, all_ in zip(keys, count, outside, eager) if n
+            for kind, ns in ((EAGER_FORWARD, out), (EAGER_IN_OPTIMIZER, all_ - out)) if ns or kind == EAGER_FORWARD]
 
 
 def _run(con, sql, params, progress):
