@@ -122,15 +122,19 @@ def _slept_per_step(rows, sleeps, path):
     return out
 
 
+def _forward_holds_the_sleeps(rows, sleeps, path, calls=1):
+    """Each step's forward holds its sleeps (``calls`` of them at least), and no instant counts twice."""
+    for r, slept in zip(rows, _slept_per_step(rows, sleeps, path), strict=True):
+        assert slept >= calls * 0.9 * SLEEP_S * 1e6, "the forward's sleeps in each step"
+        assert r["forward_us"] >= slept, r
+        assert sum(r[k] for k in PARTS) <= r["wall_us"] + len(PARTS) * ROUNDING_US, r
+    return rows
+
+
 @pytest.mark.parametrize("source", ["events", "auto"])
 def test_the_forward_holds_the_sleep_in_an_eager_module_and_other_is_what_no_event_names(plain, source):
     path, sleeps = plain
-    rows = _steps(path, source)
-    for r, slept in zip(rows, _slept_per_step(rows, sleeps, path)):
-        assert slept >= 0.9 * SLEEP_S * 1e6, "a sleep per step"
-        assert r["forward_us"] >= slept, r
-        # no instant counted twice
-        assert sum(r[k] for k in PARTS) <= r["wall_us"] + len(PARTS) * ROUNDING_US, r
+    rows = _forward_holds_the_sleeps(_steps(path, source), sleeps, path)
     # what stays other: Python between the phases, Dynamo's entry into the compiled model (a
     # loaded machine's preemptions land there too: the median step)
     shares = sorted(r["other_us"] / r["wall_us"] for r in rows)
@@ -139,25 +143,20 @@ def test_the_forward_holds_the_sleep_in_an_eager_module_and_other_is_what_no_eve
 
 def test_a_closures_eager_forward_is_forward_inside_the_optimizer_slice(closure):
     path, sleeps = closure
-    rows = _steps(path, "events")
-    for r, slept in zip(rows, _slept_per_step(rows, sleeps, path)):
-        assert slept >= 2 * 0.9 * SLEEP_S * 1e6, "LBFGS calls the closure more than once per step"
-        assert r["forward_us"] >= slept, r
-        assert r["optimizer_us"] < 0.5 * slept, r  # the sleep is not the optimizer's own time
-        assert sum(r[k] for k in PARTS) <= r["wall_us"] + len(PARTS) * ROUNDING_US, r
+    rows = _forward_holds_the_sleeps(_steps(path, "events"), sleeps, path, calls=2)  # LBFGS: closure called twice
+    for r in rows:
+        assert r["optimizer_us"] < 0.9 * SLEEP_S * 1e6, r  # the sleeps are not the optimizer's own time
 
 
 @pytest.mark.parametrize("kind", ["plain", "closure"])
 def test_the_writers_record_gives_the_eager_forward_the_events_give(plain, closure, kind):
     path, sleeps = plain if kind == "plain" else closure
-    rows = _steps(path, "auto")
-    assert rows == _steps(path, "events")
-    assert all(r["forward_us"] >= slept for r, slept in zip(rows, _slept_per_step(rows, sleeps, path)))
+    assert _forward_holds_the_sleeps(_steps(path, "auto"), sleeps, path) == _steps(path, "events")
 
 
 def test_the_record_copies_the_eager_forward_and_not_the_ops_inside_module_slices(plain):
     """Of the eager events, the writer's record holds those of the eager forward only: module
-    slices and ops outside them, not the ops inside a module slice or those of the backward."""
+    slices and ops outside them (those inside a slice replaced by it), no backward ops."""
     from dftrace_dynamo.traces import aggregates
     path, _ = plain
     events = aggregates.read(path)["events"]
@@ -171,8 +170,4 @@ def test_the_record_copies_the_eager_forward_and_not_the_ops_inside_module_slice
 @pytest.mark.parametrize("source", ["events", "auto"])
 def test_without_module_slices_the_eager_ops_in_modules_are_forward(no_slices, source):
     path, sleeps = no_slices
-    rows = _steps(path, source)
-    for r, slept in zip(rows, _slept_per_step(rows, sleeps, path)):
-        assert slept >= 0.9 * SLEEP_S * 1e6, "a sleep per step"
-        assert r["forward_us"] >= slept, r
-        assert sum(r[k] for k in PARTS) <= r["wall_us"] + len(PARTS) * ROUNDING_US, r
+    _forward_holds_the_sleeps(_steps(path, source), sleeps, path)
