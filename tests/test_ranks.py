@@ -117,7 +117,7 @@ def test_split_equals_adding_the_pieces_one_by_one():
         start = base + rng.integers(-5, 45, m) * unit
         args = (bounds[:, 0], bounds[:, 1], rng.integers(0, n, m), rng.integers(0, 4, m), start,
                 start + rng.integers(-3, 20, m) * unit, 4)
-        assert ranks._split(*args).tobytes() == _split_one_by_one(*args).tobytes(), args
+        assert ranks.split_layers(*args).tobytes() == _split_one_by_one(*args).tobytes(), args
 
 
 
