@@ -1,7 +1,7 @@
 """The events of trace files, as a DuckDB table: the *source* stage of ``summary`` when the files'
 aggregate records cannot answer (see docs/design.rst, "Trace analysis").
 
-The files' events are read into an in-memory table ``ev`` of the events the views need, one
+The files' events are read into ``ev``, in memory (a view over :mod:`.fullscan`'s tables), the events the views need, one
 row each. Files in the line layout are read by :mod:`.fullscan` (the C reader: no Python code
 runs per event, one thread per file); the lines it does not take (``[``/``]``, a cut last line,
 forms of other writers) and JSON array files are parsed by DuckDB's JSON reader
@@ -320,7 +320,7 @@ def _load(con, paths, indices, module_depth, progress, tmpdir, same_layout=None)
             break
         source_sql, params = _source_sql(sources)
         try:
-            _run(con, f"INSERT INTO ev BY NAME {classify(source_sql)}", params, None if lines else progress)
+            _run(con, f"INSERT INTO {fullscan.OTHER} BY NAME {classify(source_sql)}", params, None if lines else progress)
             break
         except (duckdb.IOException, duckdb.InvalidInputException) as e:
             if "maximum_object_size" in str(e) and (err := reader.oversized_error([paths[i] for i in indices])):
@@ -342,7 +342,7 @@ def _check_types(con, paths):
         if err := reader.wrong_type_error(paths[index]):
             raise err
     if files:
-        con.execute("DELETE FROM ev WHERE kind IS NULL")
+        con.execute(f"DELETE FROM {fullscan.OTHER} WHERE kind IS NULL")  # (the C reader keeps none)
 
 
 def load(paths, indices, module_depth=None, include_warmup=False, progress=None, rank_rows=True, analyse=True,

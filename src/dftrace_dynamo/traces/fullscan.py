@@ -5,8 +5,11 @@ Each file is read in its own thread (the reader releases the GIL), :data:`ROWS` 
 time: numeric columns (pid, tid, ts, dur, args.step) and per event a *site*, the
 combination of its text fields (ph, cat, name and the args fields the views read), which
 the reader keeps once. Each new site is classified once by the caller's SQL (the same SQL
-that classifies the events of every other source), and the events join their site's
-classification into the table. The lines the reader does not take (``[``/``]``, a cut last
+that classifies the events of every other source) into table ``site_info``; the events of
+sites with a kind are stored as their numbers and site id (table :data:`LINES`, about 53 bytes
+an event), and table ``ev`` is a view joining them with their sites (a site's texts are not
+copied into each row), in a union with table :data:`OTHER`, where the caller puts the events
+DuckDB's reader reads. The lines the reader does not take (``[``/``]``, a cut last
 line, other writers' forms it does not decode, wrong types) go, as they are, to a fallback
 file per input that the caller reads with DuckDB's JSON reader: no line is read two ways.
 
@@ -34,6 +37,7 @@ ROWS = 1 << 18  # events per batch (11 MiB; a statement per batch costs about a 
 # (each query costs tens of milliseconds), at the end or once this many events or sites wait.
 DEFER_ROWS, DEFER_SITES = 1 << 14, 1 << 12
 MARK = f'"{ARG_CLOCK_OFFSET}"'.encode()  # the clock record (clock.record: the first line holding it)
+LINES, OTHER = "ev_lines", "ev_other"  # the tables under view ev: events read here; by DuckDB's reader
 _NULL = np.iinfo(np.int64).min  # the reader's NULL integer (NaN: NULL double)
 _NUMERIC = ("pid", "tid", "ts", "dur", "step")
 _TYPES = (np.int32, np.int64, np.int64, np.float64, np.float64, np.int64)
@@ -59,10 +63,17 @@ class _Sites:
         columns = ", ".join(f'a{i} {"VARCHAR[]" if i == self.listed else "VARCHAR"}' for i in range(len(fields)))
         con.execute(f"CREATE TEMP TABLE new_sites (site INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, {columns})")
         con.execute(f"CREATE TEMP TABLE site_info AS {self.sql} LIMIT 0")
-        # the columns a site gives each of its events (the others are the event's own)
-        self.columns = [c for (c,) in con.execute("SELECT column_name FROM (DESCRIBE site_info)").fetchall()
-                        if c not in ("site", *_NUMERIC)]
-        con.execute(f"CREATE TEMP TABLE IF NOT EXISTS ev AS {classify(source)} LIMIT 0")
+        self.kept = np.zeros(0, bool)  # per site id: classified with a kind (its events are kept)
+        # (copying the site's texts into every row cost a quarter of the scan's CPU)
+        con.execute(f"CREATE TEMP TABLE {OTHER} AS {classify(source)} LIMIT 0")
+        types = dict(con.execute(f"SELECT column_name, column_type FROM (DESCRIBE {OTHER})").fetchall())
+        con.execute(f"CREATE TEMP TABLE {LINES} (site INTEGER, "
+                    + ", ".join(f"{c} {types[c]}" for c in ("file", *_NUMERIC)) + ")")
+        own = ("file", *_NUMERIC)
+        select = ", ".join(f"n.{c}" if c in own else "false AS suspect" if c == "suspect" else f"s.{c}"
+                           for c in types)
+        con.execute(f"CREATE TEMP VIEW ev AS SELECT {select} FROM {LINES} n JOIN site_info s ON s.site = n.site "
+                    f"UNION ALL SELECT * FROM {OTHER}")
 
     def remap(self, sites):
         """Global ids for a scanner's new sites (tuples); the unseen ones wait in ``pending``."""
@@ -88,6 +99,8 @@ class _Sites:
         self.con.execute("INSERT INTO new_sites SELECT " + ", ".join(f"unnest(${i + 1}::{t}[])" for i, t in
                                                                      enumerate(types)), columns)
         self.con.execute(f"INSERT INTO site_info {self.sql}")
+        self.kept = np.zeros(len(self.ids), bool)
+        self.kept[[s for (s,) in self.con.execute("SELECT site FROM site_info").fetchall()]] = True
         self.known = len(self.ids)
         self.pending = []
 
@@ -184,12 +197,13 @@ def _release(con, sites, deferred):
 
 
 def _insert(con, sites, index, site, pid, tid, ts, dur, step):
-    """Adds a batch of events of input ``index`` to table ``ev``, each with its site's classification."""
+    """Adds a batch of events of input ``index`` to table :data:`LINES`: those whose site has a kind."""
+    keep = sites.kept[site]
+    if not keep.all():
+        site, pid, tid, ts, dur, step = (c[keep] for c in (site, pid, tid, ts, dur, step))
     con.register("batch", {"site": site, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "step": step})
-    try:  # a column list, not BY NAME: a third less time
-        con.execute(f"""INSERT INTO ev ({", ".join(sites.columns)}, file, pid, tid, ts, dur, step, suspect)
-            SELECT {", ".join("s." + c for c in sites.columns)}, {int(index)}, coalesce(nullif(b.pid, {_NULL}), -1),
-                   nullif(b.tid, {_NULL}), b.ts, b.dur, nullif(b.step, {_NULL}), false
-            FROM batch b JOIN site_info s ON s.site = b.site""")
+    try:
+        con.execute(f"""INSERT INTO {LINES} SELECT b.site, {int(index)}, coalesce(nullif(b.pid, {_NULL}), -1),
+            nullif(b.tid, {_NULL}), b.ts, b.dur, nullif(b.step, {_NULL}) FROM batch b""")
     finally:
         con.unregister("batch")
