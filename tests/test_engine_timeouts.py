@@ -60,3 +60,22 @@ def test_dask_with_aggregates_says_it_read_them_here(tmp_path, rank_files):
     p = cli("summary", *rank_files, "--engine", "dask", "--workers", "1", "--format", "json")
     assert p.returncode == 0, p.stderr
     assert "here and not on Dask" in p.stderr and '"source": "aggregates"' in p.stdout
+
+
+def test_dask_with_aggregates_starts_no_cluster(monkeypatch, rank_files, capsys):
+    """When the aggregate records answer, summary and diff with --engine dask --workers N say they
+    read them here and start no local cluster (it took seconds to start, for nothing)."""
+    import dask.distributed
+
+    from dftrace_dynamo.cli import main
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a local cluster was started")
+    monkeypatch.setattr(dask.distributed, "LocalCluster", no_cluster)
+    assert main(["summary", "--engine", "dask", "--workers", "2", "--format", "json", *rank_files]) == 0
+    out = capsys.readouterr()
+    assert "here and not on Dask" in out.err and '"source": "aggregates"' in out.out
+    assert main(["diff", "--engine", "dask", "--workers", "2", "--format", "json", *rank_files[:2]]) in (0, 1)
+    assert "here and not on Dask" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="a local cluster was started"):  # the events are scanned on Dask
+        main(["summary", "--engine", "dask", "--workers", "2", "--source", "events", *rank_files])

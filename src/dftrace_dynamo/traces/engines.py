@@ -61,26 +61,36 @@ class Local:
 class Dask:
     """Scans on a Dask cluster: an existing one (``scheduler``: its address), a ``client``
     already made, or a local cluster of ``workers`` worker processes started here
-    (``processes=False``: threads of this process). No wait is unbounded: connecting, each
+    (``processes=False``: threads of this process), started when first used: not at all when
+    the files' aggregate records answer (they are read here). No wait is unbounded: connecting, each
     answer of the scheduler and a cluster without workers give up after ``timeout`` seconds
     with a :class:`TraceError` (a task that is running may take as long as it needs)."""
 
     def __init__(self, scheduler=None, workers=None, client=None, processes=True, timeout=TIMEOUT_S):
         try:
-            from dask.distributed import Client, LocalCluster
+            from dask.distributed import Client
         except ImportError:
             raise TraceError(f"--engine dask needs Dask's distributed scheduler: {INSTALL}") from None
         self._own, self.timeout, self.where = [], timeout, scheduler or "the local cluster"
-        if client is None:
-            if scheduler:
-                client = _connect(Client, scheduler, timeout)
-            else:
-                cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
-                                       dashboard_address=None)
-                client = Client(cluster)
-                self._own.append(cluster)
-            self._own.insert(0, client)
-        self.client = client
+        self._local = (workers, processes)
+        if client is None and scheduler:
+            client = _connect(Client, scheduler, timeout)
+            self._own.append(client)
+        self._client = client
+
+    @property
+    def client(self):
+        """The Dask client; the local cluster is started here, on first use."""
+        if self._client is None:
+            from dask.distributed import Client, LocalCluster
+
+            workers, processes = self._local
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
+                                   dashboard_address=None)
+            self._own.append(cluster)
+            self._client = Client(cluster)
+            self._own.insert(0, self._client)
+        return self._client
 
     def map(self, paths, source, options, progress=None):
         """:func:`.partials.of_files` of each of ``paths``, one task per file, in input order."""
