@@ -111,7 +111,8 @@ static const double pow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9,
  * must go to the fallback ---------------------------------------------------------- */
 
 static inline const char *ws(const char *p, const char *e) {
-    while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+    /* (one comparison for the usual case: no space, at a byte above it) */
+    while (p < e && (unsigned char)*p <= ' ' && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
         p++;
     return p;
 }

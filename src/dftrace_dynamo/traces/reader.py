@@ -327,9 +327,10 @@ def scan_text(path, scanner, damage, rows):
     kind = compression_of(path)
     with open(path, "rb") as f:
         size, pos = os.fstat(f.fileno()).st_size, 0
+        wanted = min(CHUNK, WINDOW)  # at first (a reader of the first lines stops early), then WINDOW
         while kind == "gzip" and pos < size:
             f.seek(pos)
-            window = f.read(WINDOW)
+            window = f.read(wanted)
             at, failed = 0, False
             while at < len(window) and not failed:
                 at, failed = scanner.feed_gzip(window, at, rows)
@@ -337,8 +338,9 @@ def scan_text(path, scanner, damage, rows):
                     yield
             pos += at
             # a member cut by the window's end is read again from its start, once
-            if failed and (at == 0 or len(window) < WINDOW):
+            if failed and (at == 0 or len(window) < wanted) and not (len(window) == wanted < WINDOW):
                 break
+            wanted = WINDOW
         if pos < size:
             f.seek(pos)
             chunks = _members(_From(f, pos), size, damage, kind, pos) if kind else iter(lambda: f.read(CHUNK), b"")
