@@ -79,3 +79,28 @@ def test_dask_with_aggregates_starts_no_cluster(monkeypatch, rank_files, capsys)
     assert "here and not on Dask" in capsys.readouterr().err
     with pytest.raises(AssertionError, match="a local cluster was started"):  # the events are scanned on Dask
         main(["summary", "--engine", "dask", "--workers", "2", "--source", "events", *rank_files])
+
+
+def test_the_local_cluster_starts_once_for_both_sides_of_diff(monkeypatch):
+    """diff maps both sides on the engine at once: the cluster it starts on first use is one."""
+    import threading
+
+    import dask.distributed
+
+    started = []
+
+    def cluster(**kwargs):
+        started.append(kwargs)
+        time.sleep(0.5)  # (a start takes seconds: both sides ask meanwhile)
+        return object()
+    monkeypatch.setattr(dask.distributed, "LocalCluster", cluster)
+    monkeypatch.setattr(dask.distributed, "Client", lambda c: ("client of", c))
+    engine = engines.Dask(workers=2)
+    clients = []
+    sides = [threading.Thread(target=lambda: clients.append(engine.client)) for _ in range(2)]
+    for t in sides:
+        t.start()
+    for t in sides:
+        t.join()
+    assert len(started) == 1 and clients[0] is clients[1]
+    engine._own = []  # (nothing real to close)

@@ -72,7 +72,7 @@ class Dask:
         except ImportError:
             raise TraceError(f"--engine dask needs Dask's distributed scheduler: {INSTALL}") from None
         self._own, self.timeout, self.where = [], timeout, scheduler or "the local cluster"
-        self._local = (workers, processes)
+        self._local, self._starting = (workers, processes), threading.Lock()  # (diff maps both sides at once)
         if client is None and scheduler:
             client = _connect(Client, scheduler, timeout)
             self._own.append(client)
@@ -81,15 +81,16 @@ class Dask:
     @property
     def client(self):
         """The Dask client; the local cluster is started here, on first use."""
-        if self._client is None:
-            from dask.distributed import Client, LocalCluster
+        with self._starting:
+            if self._client is None:
+                from dask.distributed import Client, LocalCluster
 
-            workers, processes = self._local
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
-                                   dashboard_address=None)
-            self._own.append(cluster)
-            self._client = Client(cluster)
-            self._own.insert(0, self._client)
+                workers, processes = self._local
+                cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
+                                       dashboard_address=None)
+                self._own.append(cluster)
+                self._client = Client(cluster)
+                self._own.insert(0, self._client)
         return self._client
 
     def map(self, paths, source, options, progress=None):
