@@ -1,7 +1,10 @@
 """The origin of a wait (traces.origin): torchrun jobs on gloo where one rank is late by a known
 sleep in a known place, and the others wait for it through chains of collectives and
 point-to-point operations. The rank view names the rank where the delay began, what each
-rank it delays loses per step, and what in it was slower than on its peers."""
+rank it delays loses per step, and what in it was slower than on its peers.
+
+The scenarios of one world size run one after another in one torchrun job, each traced into its
+own run directory (tests/scripts/dist_origin.py): the ranks start and import torch once."""
 
 import json
 import pathlib
@@ -15,8 +18,7 @@ from scripts.clitools import cli, summary_json
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "dist_origin.py"
 
-
-@pytest.mark.parametrize("topology, nproc, late, where, sleep_ms, second", [
+CHARGED = [
     ("gather", 3, 2, "module", 50, None),  # the root waits in the gather, then arrives last at the all_reduce
     ("chain", 3, 0, "module", 60, None),  # stage 0 late: stage 2 waits for stage 1, which waited for 0
     # the last stage late: stage 0 waits for gradients through stage 1 (150 ms: the peers' eager code,
@@ -31,16 +33,50 @@ SCRIPT = pathlib.Path(__file__).parent / "scripts" / "dist_origin.py"
     ("barrier", 3, 1, "module", 100, None),
     # mixed: rank 0's data 80 ms late, rank 1's forward 20 ms: rank 1 waits 60, rank 2 80, both for rank 0
     ("all_reduce", 3, 0, "data", 80, (1, 20)),
-])
-def test_the_wait_is_charged_where_the_delay_began(tmp_path, monkeypatch, topology, nproc, late, where, sleep_ms,
-                                                   second):
-    env = dict(TOPOLOGY=topology, LATE=late, WHERE=where, SLEEP_MS=sleep_ms, STEPS=8)
-    if second:
-        env["SECOND"] = f"{second[0]}:{second[1]}"
-    for key, value in env.items():
-        monkeypatch.setenv(key, str(value))
-    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job", nproc=nproc)
-    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+]
+ASYNC = dict(topology="async", late=1, where="eager", sleep_ms=80, overlap_ms=40)  # 2 ranks
+RECOMPILE = dict(topology="all_reduce", late=1, where="module", sleep_ms=40, recompile=(0, 4))  # 2 ranks
+
+
+def _charged_name(case):
+    return "-".join(map(str, case[:5])) + (f"-second{case[5][0]}{case[5][1]}" if case[5] else "")
+
+
+# name -> (world size, scenario)
+SCENARIOS = {_charged_name(c): (c[1], dict(topology=c[0], late=c[2], where=c[3], sleep_ms=c[4],
+                                            **({"second": c[5]} if c[5] else {}))) for c in CHARGED}
+SCENARIOS.update({"async": (2, ASYNC), "recompile": (2, RECOMPILE)})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """``run_dir(name)``: the directory scenario ``name`` ran in (its traces in ``run/``); the first
+    call for a world size runs every scenario of that size in one job."""
+    base, failed = tmp_path_factory.mktemp("origin"), {}
+
+    def get(name):
+        nproc = SCENARIOS[name][0]
+        if nproc not in failed:
+            failed[nproc] = "the job failed (see the first test of this world size)"
+            batch = {n: s for n, (w, s) in SCENARIOS.items() if w == nproc}
+            for n in batch:
+                (base / n).mkdir()
+            # (the glob: a rerun after gloo's teardown abort starts every scenario afresh)
+            with pytest.MonkeyPatch.context() as m:
+                m.setenv("SCENARIOS", json.dumps([dict(s, out=str(base / n)) for n, s in batch.items()]))
+                run_torchrun(SCRIPT, base, base / "*" / "run" / "job", nproc=nproc, timeout=300 + 120 * len(batch))
+            failed[nproc] = None
+        assert failed[nproc] is None, failed[nproc]
+        return base / name
+
+    return get
+
+
+@pytest.mark.parametrize("topology, nproc, late, where, sleep_ms, second", CHARGED,
+                         ids=[_charged_name(c) for c in CHARGED])
+def test_the_wait_is_charged_where_the_delay_began(run_dir, topology, nproc, late, where, sleep_ms, second):
+    run = run_dir(_charged_name((topology, nproc, late, where, sleep_ms, second))) / "run"
+    info = summary_json(run, "--by", "rank")[0]["ranks"]
     s = info["straggler"]
     assert s is not None and s["rank"] == f"rank{late}", info
     # every other rank loses the delay to it, each (not the sum over them): the median over them
@@ -62,23 +98,19 @@ def test_the_wait_is_charged_where_the_delay_began(tmp_path, monkeypatch, topolo
     # small waits its own compute causes downstream)
     caused = {r["rank"]: r["wait_caused_median_us"] for r in info["ranks"]}
     assert all(v < 0.5 * sleep_ms * 1e3 for r, v in caused.items() if r != f"rank{late}"), caused
-    line = next(x for x in cli("summary", tmp_path / "run", "--by", "rank").stdout.splitlines()
+    line = next(x for x in cli("summary", run, "--by", "rank").stdout.splitlines()
                 if x.startswith("straggler:"))
     each = "the rank it delays waits" if nproc == 2 else f"each of the {nproc - 1} ranks it delays waits"
     assert line.startswith(f"straggler: rank{late}, {each}"), line
     assert f"slower than its peers in {slower['phase']}" in line, line
 
 
-def test_an_async_collectives_wait_is_the_time_blocked_in_wait(tmp_path, monkeypatch):
+def test_an_async_collectives_wait_is_the_time_blocked_in_wait(run_dir):
     """Both ranks issue an async all_reduce, rank 1 80 ms late; rank 0 works 40 ms, then both
     ``wait()``. Rank 0 is blocked 40 ms (not the 80 ms from its issue to the completion), rank 1
     not at all; rank 0's all_reduce is in flight during its 40 ms of work (overlap)."""
-    sleep_ms, overlap_ms = 80, 40
-    for key, value in dict(TOPOLOGY="async", LATE=1, WHERE="eager", SLEEP_MS=sleep_ms, OVERLAP_MS=overlap_ms,
-                           STEPS=8).items():
-        monkeypatch.setenv(key, str(value))
-    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job", nproc=2)
-    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+    sleep_ms, overlap_ms = ASYNC["sleep_ms"], ASYNC["overlap_ms"]
+    info = summary_json(run_dir("async") / "run", "--by", "rank")[0]["ranks"]
     wait = {r: statistics.median(x["wait_us"] for x in info["rows"] if x["rank"] == r) for r in ("rank0", "rank1")}
     overlap = {r["rank"]: r["overlap_us"] for r in info["ranks"]}
     expected = (sleep_ms - overlap_ms) * 1e3
@@ -102,20 +134,16 @@ def test_charges_follow_the_chain_of_waits():
     assert origin.per_neighbour(origin.charges(chain), range(3)) == {0: (40, 2), 1: (2, 1), 2: (0.0, 0)}
 
 
-def test_waits_for_another_ranks_compile_are_warm_up(tmp_path, monkeypatch):
+def test_waits_for_another_ranks_compile_are_warm_up(run_dir):
     """Rank 1 is 40 ms late every step; rank 0 recompiles the model at step 4 (a batch of another
     shape), and rank 1 waits for that compile in the all_reduce, far longer than 40 ms. That
     step is warm-up for every rank: the rank table's mean waits are those of the steady steps
     (rank 0 waits 40 ms for rank 1, rank 1 nothing), not raised by the compile."""
-    sleep_ms, step = 40, 4
-    for key, value in dict(TOPOLOGY="all_reduce", LATE=1, WHERE="module", SLEEP_MS=sleep_ms, STEPS=8,
-                           RECOMPILE=f"0:{step}").items():
-        monkeypatch.setenv(key, str(value))
-    run_torchrun(SCRIPT, tmp_path, tmp_path / "run" / "job", nproc=2)
+    sleep_ms, step = RECOMPILE["sleep_ms"], RECOMPILE["recompile"][1]
     # the wait for the compile is real: rank 1 sat in that all_reduce far longer than the delay
-    blocked = json.loads((tmp_path / "times-1.json").read_text())
+    blocked = json.loads((run_dir("recompile") / "times-1.json").read_text())
     assert blocked[step] > 3 * sleep_ms / 1e3, blocked
-    info = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]
+    info = summary_json(run_dir("recompile") / "run", "--by", "rank")[0]["ranks"]
     assert step not in {r["step"] for r in info["rows"]}, info["rows"]
     mean = {r["rank"]: r["wait_us"] for r in info["ranks"]}
     assert 0.8 * sleep_ms * 1e3 <= mean["rank0"] <= 1.2 * sleep_ms * 1e3, mean
