@@ -148,7 +148,9 @@ def _member_with_record(path):
 def test_a_killed_process_keeps_its_last_checkpoint(tmp_path):
     """SIGKILL after several step ends: the file is not closed, yet its last checkpoint answers,
     and equals the full scan of the file up to that checkpoint."""
-    proc = subprocess.Popen([sys.executable, STEPGEN, str(tmp_path / "k"), "--steps", "1000000", "--layers", "2",
+    # 32 layers: a checkpoint is due once the events since the last are many times its record's
+    # text, which grows with the steps; with many events per step the second comes in seconds
+    proc = subprocess.Popen([sys.executable, STEPGEN, str(tmp_path / "k"), "--steps", "1000000", "--layers", "32",
                              "--sleep-ms", "100"], env=clean_env({"DFTRACER_ENABLE": "1"}),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
