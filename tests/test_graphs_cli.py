@@ -56,6 +56,14 @@ def bert_json(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def bert_profile_nodes(bert_json):
+    """The nodes of ``profile --runs 0 --format json`` of the tiny BERT (one run, read by two tests)."""
+    p = cli("profile", bert_json, "--seq-len", "8", "--runs", "0", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["nodes"]
+
+
+@pytest.fixture(scope="module")
 def custom_module(tmp_path_factory):
     directory = tmp_path_factory.mktemp("pkg")
     (directory / "gated_model.py").write_text(CUSTOM)
@@ -204,10 +212,8 @@ def test_gpt2_explore_shows_ops_not_parameters(capsys):
     assert "parameter/buffer inputs, unnumbered (folded into their ops" in p.stdout
 
 
-def test_profile_numbers_find_the_node_in_explore(bert_json):
-    p = cli("profile", bert_json, "--seq-len", "8", "--runs", "0", "--format", "json")
-    assert p.returncode == 0, p.stderr
-    query = next(n for n in json.loads(p.stdout)["nodes"] if n["module"] == "encoder.layer.0.attention.self.query")
+def test_profile_numbers_find_the_node_in_explore(bert_json, bert_profile_nodes):
+    query = next(n for n in bert_profile_nodes if n["module"] == "encoder.layer.0.attention.self.query")
     e = cli("explore", bert_json, "--seq-len", "8", "--around", query["index"], "--context", "0")
     assert e.returncode == 0, e.stderr
     assert re.search(rf"^>>\s+{query['index']}\. \[call_function\] {query['label']} = torch.nn.functional.linear",
@@ -215,10 +221,8 @@ def test_profile_numbers_find_the_node_in_explore(bert_json):
     assert "module: encoder.layer.0.attention.self.query (Linear)" in e.stdout
 
 
-def test_nodes_are_numbered_from_0_without_gaps(bert_json):
-    p = cli("profile", bert_json, "--seq-len", "8", "--runs", "0", "--format", "json")
-    assert p.returncode == 0, p.stderr
-    indices = [n["index"] for n in json.loads(p.stdout)["nodes"]]
+def test_nodes_are_numbered_from_0_without_gaps(bert_json, bert_profile_nodes):
+    indices = [n["index"] for n in bert_profile_nodes]
     e = cli("explore", bert_json, "--seq-len", "8")
     assert e.returncode == 0, e.stderr
     listed = [int(n) for n in re.findall(r"^(?:>>|  )\s*(\d+)\. ", e.stdout, re.M)]
