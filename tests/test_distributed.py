@@ -1,5 +1,8 @@
 """Distributed runs (torchrun, gloo, CPU): collectives as events, who waits for whom, compile
-divergence across ranks and memory per step."""
+divergence across ranks and memory per step.
+
+Most jobs run as scenarios of one torchrun job per world size (tests/scripts/dist_train.py
+SCENARIOS), each traced into its own run directory: the ranks start and import torch once."""
 
 import json
 import os
@@ -29,6 +32,54 @@ def job(tmp_path, monkeypatch, nproc=2, **env):
     return files
 
 
+# name -> (world size, settings) of the jobs run as scenarios of one job per world size; SLEPT:
+# the file of the sleeps' times is written in the scenario's directory. Those that mark steps
+# with step() come last (the others count steps by the optimizer).
+SHARED = {
+    **{f"ddp-{n}-{ms}": (n, dict(MODE="ddp", STEPS=8, DELAY_MS=ms, SLEPT=1)) for n in (2, 4) for ms in (DELAY_MS, 0)},
+    **{f"pipeline-{n}-{late}-{batch}": (n, dict(MODE="pipeline", STEPS=8, DELAY_MS=30, DELAY_RANK=late,
+                                                  **({"BATCH": 1} if batch else {})))
+       for n, late, batch in ((2, 0, False), (3, 1, False), (2, 0, True))},
+    "fsdp": (2, dict(MODE="fsdp", STEPS=8, DELAY_MS=DELAY_MS, SLEPT=1)),
+    **{f"eval-{everyone}-{marked}": (2, dict(MODE="eval", STEPS=8, EVAL_MS=150, **({"EVAL_ALL": 1} if everyone else {}),
+                                             **({"MARK": 1} if marked else {})))
+       for everyone, marked in ((False, False), (True, False), (False, True))},
+    "eager": (2, dict(MODE="eager", STEPS=3)),
+    "functional": (2, dict(MODE="functional", STEPS=3)),
+    "recompile": (2, dict(MODE="recompile", STEPS=5)),
+}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """``shared(name)``: (the directory the scenario ran in, its trace files by rank); the first
+    call for a world size runs every scenario of that size in one job."""
+    base, failed = tmp_path_factory.mktemp("dist"), {}
+
+    def get(name):
+        nproc = SHARED[name][0]
+        if nproc not in failed:
+            failed[nproc] = "the job failed (see the first test of this world size)"
+            batch = {n: dict(env, OUT=base / n) for n, (w, env) in SHARED.items() if w == nproc}
+            scenarios = []
+            for n, env in batch.items():
+                env["OUT"].mkdir()
+                if "SLEPT" in env:
+                    env["SLEPT"] = env["OUT"] / "slept.json"
+                scenarios.append({k: str(v) for k, v in env.items()})
+            # (the glob: a rerun after gloo's teardown abort starts every scenario afresh)
+            with pytest.MonkeyPatch.context() as m:
+                m.setenv("SCENARIOS", json.dumps(scenarios))
+                run_torchrun(SCRIPT, base, base / "*" / "run" / "job", nproc=nproc, timeout=300 + 120 * len(batch))
+            failed[nproc] = None
+        assert failed[nproc] is None, failed[nproc]
+        files = traces(base / name / "run")
+        assert len(files) == nproc, files
+        return base / name, files
+
+    return get
+
+
 def assert_straggler(info, rank, tmp_path):
     """``rank`` slept before its collectives each step (the times tests/scripts/dist_train.py
     measured, in ``tmp_path / "slept.json"``: on busy cores a sleep ends late): each other rank
@@ -53,8 +104,8 @@ def comm_events(path, waits=False):
     return [e for e in read_events(path) if e.get("cat") == "comm" and e["name"].startswith("wait ") == waits]
 
 
-def test_eager_collectives_counts_and_bytes(tmp_path, monkeypatch):
-    for rank, path in enumerate(job(tmp_path, monkeypatch, MODE="eager", STEPS=3)):
+def test_eager_collectives_counts_and_bytes(shared):
+    for rank, path in enumerate(shared("eager")[1]):
         got = {}
         for e in comm_events(path):
             a = e["args"]
@@ -70,8 +121,8 @@ def test_eager_collectives_counts_and_bytes(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("nproc,delay_ms", [(2, DELAY_MS), (2, 0), (4, DELAY_MS), (4, 0)])
-def test_ddp_straggler(tmp_path, monkeypatch, nproc, delay_ms):
-    files = job(tmp_path, monkeypatch, nproc, MODE="ddp", STEPS=8, DELAY_MS=delay_ms, SLEPT=tmp_path / "slept.json")
+def test_ddp_straggler(shared, nproc, delay_ms):
+    tmp_path, files = shared(f"ddp-{nproc}-{delay_ms}")
     for path in files:  # one bucket all-reduce per step, 17 * 4 floats
         buckets = [e for e in comm_events(path) if "bucket" in e["args"]]
         assert len(buckets) == 8 and {e["args"]["bytes"] for e in buckets} == {17 * 4 * 4}, buckets
@@ -89,17 +140,15 @@ def test_ddp_straggler(tmp_path, monkeypatch, nproc, delay_ms):
 
 
 @pytest.mark.parametrize("everyone, marked", [(False, False), (True, False), (False, True)])
-def test_a_barrier_after_one_ranks_evaluation_is_a_wait_of_the_others(tmp_path, monkeypatch, everyone, marked):
+def test_a_barrier_after_one_ranks_evaluation_is_a_wait_of_the_others(shared, everyone, marked):
     """Rank 0 evaluates after every 4th step and the ranks then meet at a barrier: rank 1 waits
     there for the evaluation, in its step, and rank 0 is charged with it (its barrier is in no
     step: it counts in the step rank 1 waits in, the one the evaluation follows; where
     ``step()`` after ``optimizer.step()`` marks the steps, the one it precedes, which rank 1's
     barrier after the mark is in). When rank 1 evaluates too and waits in its own evaluation (a
     metric's all-reduce), that wait is in no step: nobody is charged."""
-    eval_us = 150e3
-    job(tmp_path, monkeypatch, MODE="eval", STEPS=8, EVAL_MS=eval_us / 1e3, **({"EVAL_ALL": 1} if everyone else {}),
-        **({"MARK": 1} if marked else {}))
-    rows = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]["rows"]
+    eval_us = SHARED["eval-False-False"][1]["EVAL_MS"] * 1e3
+    rows = summary_json(shared(f"eval-{everyone}-{marked}")[0] / "run", "--by", "rank")[0]["ranks"]["rows"]
     by = {(r["rank"], r["step"]): r for r in rows}
     steps = sorted({r["step"] for r in rows})
     waited_in = 4 if marked else 3
@@ -112,8 +161,8 @@ def test_a_barrier_after_one_ranks_evaluation_is_a_wait_of_the_others(tmp_path, 
             assert waited < eval_us / 2 and caused < eval_us / 2, (s, by[("rank1", s)], by[("rank0", s)])
 
 
-def test_functional_collectives_in_a_graph(tmp_path, monkeypatch):
-    for rank, path in enumerate(job(tmp_path, monkeypatch, MODE="functional", STEPS=3)):
+def test_functional_collectives_in_a_graph(shared):
+    for rank, path in enumerate(shared("functional")[1]):
         events = read_events(path)
         assert not [e for e in events if "_c10d_functional" in e.get("name", "") and e.get("cat") != "comm"]
         got = {}
@@ -129,15 +178,14 @@ def test_functional_collectives_in_a_graph(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("nproc, late, batch", [(2, 0, False), (3, 1, False), (2, 0, True)])
-def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(tmp_path, monkeypatch, nproc, late, batch):
+def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(shared, nproc, late, batch):
     """One stage per rank, ``send``/``recv`` between neighbours, or ``isend``/``irecv`` through
     ``batch_isend_irecv`` (which checks its ``P2POp``s against ``torch.distributed.isend`` by
     identity; gloo's works have no future: their events end at ``wait()``); stage ``late`` sleeps
     30 ms a step before sending on. Each receive is matched with its send (not with the other
     ranks' receives): the neighbours wait for the late stage, which is the straggler. A receive
     between ``zero_grad()`` and the forward is in the step it begins, where the trace shows it."""
-    files = job(tmp_path, monkeypatch, nproc, MODE="pipeline", STEPS=8, DELAY_MS=30, DELAY_RANK=late,
-                **({"BATCH": 1} if batch else {}))
+    tmp_path, files = shared(f"pipeline-{nproc}-{late}-{batch}")
     send, recv = ("isend", "irecv") if batch else ("send", "recv")
     for rank, path in enumerate(files):
         events = read_events(path)
@@ -157,15 +205,18 @@ def test_a_late_pipeline_stage_is_waited_for_by_its_neighbours(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("lazy", [False, True])
-def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypatch, lazy):
+def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypatch, shared, lazy):
     """FSDP2 all-gathers and reduce-scatters through ``all_gather_single`` and
     ``reduce_scatter_single``: every step of every rank holds the same ones, and the rank that
     sleeps ``DELAY_MS`` a step is the straggler. Two sharded Linears, resharded after the forward: 4
     all-gathers and 2 reduce-scatters an iteration, the first all-gather (in the root module's
     pre-forward hook) before the first compiled call, which opens a lazily opened trace: it is
     in the first step all the same."""
-    files = job(tmp_path, monkeypatch, MODE="fsdp", STEPS=8, DELAY_MS=DELAY_MS, SLEPT=tmp_path / "slept.json",
-                **({"LAZY": 1} if lazy else {}))
+    if lazy:  # (a lazily opened trace cannot be one scenario of many)
+        files = job(tmp_path, monkeypatch, MODE="fsdp", STEPS=8, DELAY_MS=DELAY_MS, SLEPT=tmp_path / "slept.json",
+                    LAZY=1)
+    else:
+        tmp_path, files = shared("fsdp")
     per_rank = []
     for path in files:
         counts = {}
@@ -185,9 +236,8 @@ def test_fsdp2_collectives_are_recorded_and_explain_the_wait(tmp_path, monkeypat
     assert_straggler(summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"], "rank1", tmp_path)
 
 
-def test_recompile_divergence(tmp_path, monkeypatch):
-    job(tmp_path, monkeypatch, MODE="recompile", STEPS=5)
-    div = summary_json(tmp_path / "run", "--by", "rank")[0]["ranks"]["divergence"]
+def test_recompile_divergence(shared):
+    div = summary_json(shared("recompile")[0] / "run", "--by", "rank")[0]["ranks"]["divergence"]
     assert div is not None and div["rank0"]["recompile_steps"] == [] and div["rank1"]["recompile_steps"] == [3], div
 
 
