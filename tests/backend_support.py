@@ -3,6 +3,7 @@
 import contextlib
 import gc
 import glob
+import json
 import os
 import textwrap
 
@@ -131,6 +132,33 @@ def run_torchrun(script, cwd, log_prefix, timeout=600, nproc=2, args=()):
     first = proc.stderr.find("Traceback")
     assert proc.returncode == 0, (proc.stderr[first:first + 4000] if first >= 0 else "") + proc.stderr[-3000:]
     return proc
+
+
+class TorchrunBatches:
+    """Scenarios ``{name: (world size, settings)}`` of ``script``, run as one torchrun job per world
+    size, the first time one of them is asked for: ``script`` reads the JSON list SCENARIOS (the
+    settings of each, with ``dir(name)`` as ``out``) and traces each into ``<out>/run/job``."""
+
+    def __init__(self, script, base, scenarios):
+        self.script, self.base, self.scenarios, self.failed = script, base, scenarios, {}
+
+    def dir(self, name):
+        """The directory scenario ``name`` ran in (its traces in ``run/``), after running its job."""
+        nproc = self.scenarios[name][0]
+        if nproc not in self.failed:
+            self.failed[nproc] = "the job failed (see the first test of this world size)"
+            batch = [dict(settings, out=str(self.base / n)) for n, (w, settings) in self.scenarios.items()
+                     if w == nproc]
+            for settings in batch:
+                os.mkdir(settings["out"])
+            # (the glob: a rerun after gloo's teardown abort starts every scenario afresh)
+            with pytest.MonkeyPatch.context() as m:
+                m.setenv("SCENARIOS", json.dumps(batch))
+                run_torchrun(self.script, self.base, self.base / "*" / "run" / "job", nproc=nproc,
+                             timeout=300 + 120 * len(batch))
+            self.failed[nproc] = None
+        assert self.failed[nproc] is None, self.failed[nproc]
+        return self.base / name
 
 
 def run_py(code, cwd, env=None, timeout=300):

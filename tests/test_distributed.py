@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from backend_support import inside, run_py, run_python, run_torchrun
+from backend_support import TorchrunBatches, inside, run_py, run_python, run_torchrun
 from scripts.clitools import summary_json
 from tracefile import read_events, traces
 
@@ -32,15 +32,15 @@ def job(tmp_path, monkeypatch, nproc=2, **env):
     return files
 
 
-# name -> (world size, settings) of the jobs run as scenarios of one job per world size; SLEPT:
-# the file of the sleeps' times is written in the scenario's directory. Those that mark steps
-# with step() come last (the others count steps by the optimizer).
+# name -> (world size, settings) of the jobs run as scenarios of one job per world size (the
+# sleeps' times go to slept.json in the scenario's directory). Those that mark steps with step()
+# come last (the others count steps by the optimizer).
 SHARED = {
-    **{f"ddp-{n}-{ms}": (n, dict(MODE="ddp", STEPS=8, DELAY_MS=ms, SLEPT=1)) for n in (2, 4) for ms in (DELAY_MS, 0)},
+    **{f"ddp-{n}-{ms}": (n, dict(MODE="ddp", STEPS=8, DELAY_MS=ms)) for n in (2, 4) for ms in (DELAY_MS, 0)},
     **{f"pipeline-{n}-{late}-{batch}": (n, dict(MODE="pipeline", STEPS=8, DELAY_MS=30, DELAY_RANK=late,
                                                   **({"BATCH": 1} if batch else {})))
        for n, late, batch in ((2, 0, False), (3, 1, False), (2, 0, True))},
-    "fsdp": (2, dict(MODE="fsdp", STEPS=8, DELAY_MS=DELAY_MS, SLEPT=1)),
+    "fsdp": (2, dict(MODE="fsdp", STEPS=8, DELAY_MS=DELAY_MS)),
     **{f"eval-{everyone}-{marked}": (2, dict(MODE="eval", STEPS=8, EVAL_MS=150, **({"EVAL_ALL": 1} if everyone else {}),
                                              **({"MARK": 1} if marked else {})))
        for everyone, marked in ((False, False), (True, False), (False, True))},
@@ -52,30 +52,14 @@ SHARED = {
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    """``shared(name)``: (the directory the scenario ran in, its trace files by rank); the first
-    call for a world size runs every scenario of that size in one job."""
-    base, failed = tmp_path_factory.mktemp("dist"), {}
+    """``shared(name)``: (the directory the scenario ran in, its trace files by rank)."""
+    batches = TorchrunBatches(SCRIPT, tmp_path_factory.mktemp("dist"), SHARED)
 
     def get(name):
-        nproc = SHARED[name][0]
-        if nproc not in failed:
-            failed[nproc] = "the job failed (see the first test of this world size)"
-            batch = {n: dict(env, OUT=base / n) for n, (w, env) in SHARED.items() if w == nproc}
-            scenarios = []
-            for n, env in batch.items():
-                env["OUT"].mkdir()
-                if "SLEPT" in env:
-                    env["SLEPT"] = env["OUT"] / "slept.json"
-                scenarios.append({k: str(v) for k, v in env.items()})
-            # (the glob: a rerun after gloo's teardown abort starts every scenario afresh)
-            with pytest.MonkeyPatch.context() as m:
-                m.setenv("SCENARIOS", json.dumps(scenarios))
-                run_torchrun(SCRIPT, base, base / "*" / "run" / "job", nproc=nproc, timeout=300 + 120 * len(batch))
-            failed[nproc] = None
-        assert failed[nproc] is None, failed[nproc]
-        files = traces(base / name / "run")
-        assert len(files) == nproc, files
-        return base / name, files
+        directory = batches.dir(name)
+        files = traces(directory / "run")
+        assert len(files) == SHARED[name][0], files
+        return directory, files
 
     return get
 

@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from backend_support import run_torchrun
+from backend_support import TorchrunBatches
 from dftrace_dynamo.traces import origin
 from scripts.clitools import cli, summary_json
 
@@ -50,26 +50,8 @@ SCENARIOS.update({"async": (2, ASYNC), "recompile": (2, RECOMPILE)})
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """``run_dir(name)``: the directory scenario ``name`` ran in (its traces in ``run/``); the first
-    call for a world size runs every scenario of that size in one job."""
-    base, failed = tmp_path_factory.mktemp("origin"), {}
-
-    def get(name):
-        nproc = SCENARIOS[name][0]
-        if nproc not in failed:
-            failed[nproc] = "the job failed (see the first test of this world size)"
-            batch = {n: s for n, (w, s) in SCENARIOS.items() if w == nproc}
-            for n in batch:
-                (base / n).mkdir()
-            # (the glob: a rerun after gloo's teardown abort starts every scenario afresh)
-            with pytest.MonkeyPatch.context() as m:
-                m.setenv("SCENARIOS", json.dumps([dict(s, out=str(base / n)) for n, s in batch.items()]))
-                run_torchrun(SCRIPT, base, base / "*" / "run" / "job", nproc=nproc, timeout=300 + 120 * len(batch))
-            failed[nproc] = None
-        assert failed[nproc] is None, failed[nproc]
-        return base / name
-
-    return get
+    """``run_dir(name)``: the directory scenario ``name`` ran in (its traces in ``run/``)."""
+    return TorchrunBatches(SCRIPT, tmp_path_factory.mktemp("origin"), SCENARIOS).dir
 
 
 @pytest.mark.parametrize("topology, nproc, late, where, sleep_ms, second", CHARGED,

@@ -5,9 +5,10 @@ own evaluation (with MARK, steps marked with step()), a pipeline of one stage pe
 (MODE), with rank DELAY_RANK sleeping DELAY_MS a step (in ddp and fsdp, the time each sleep
 really took goes to the JSON file SLEPT: on busy cores a sleep ends late). With LAZY, the trace
 opens at the first compile, not at the start.
-With SCENARIOS (a JSON list of {variable: value}, each with OUT), the job runs them one after
-another, each traced into ``OUT/run/job`` (none LAZY), as jobs of their own would (the ranks
-start, import torch and join the group once)."""
+
+With SCENARIOS (a JSON list of {variable: value}, each with ``out``), the job runs them one
+after another, each traced into ``<out>/run/job`` (none LAZY; SLEPT is ``<out>/slept.json``), as
+jobs of their own would (the ranks start, import torch and join the group once)."""
 import json
 import os
 import time
@@ -24,7 +25,7 @@ OWN_ENV = {key for scenario in SCENARIOS for key in scenario}
 
 
 def prefix(scenario):
-    return os.path.join(scenario["OUT"], "run", "job") if "OUT" in scenario else None
+    return os.path.join(scenario["out"], "run", "job") if "out" in scenario else None
 
 
 if not os.environ.get("LAZY"):  # else the trace opens at the first compile (DFTRACER_ENABLE=1)
@@ -147,7 +148,9 @@ def train():
 for scenario in SCENARIOS:
     for key in OWN_ENV:
         os.environ.pop(key, None)
-    os.environ.update({key: str(value) for key, value in scenario.items()})
+    os.environ.update({key: str(value) for key, value in scenario.items() if key != "out"})
+    if "out" in scenario:
+        os.environ["SLEPT"] = os.path.join(scenario["out"], "slept.json")
     if len(SCENARIOS) > 1:
         torch._dynamo.reset()
         dftrace_dynamo.initialize_log(prefix(scenario))  # (the first one is open already)
