@@ -18,7 +18,7 @@ from dftrace_dynamo.traces.reader import TraceError, compression_of
 from dftrace_dynamo.traces.writer import compress
 from dftrace_dynamo.traces.summary import summarize
 from scripts.clitools import assert_bad_input, cli
-from test_engines import assert_same, rank_files, training  # noqa: F401 (fixtures)
+from test_engines import assert_same, rank_files  # noqa: F401 (fixture)
 from tracefile import dftracer_validate, read_bytes
 
 

@@ -37,15 +37,6 @@ def rank_files(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def training(tmp_path_factory):
-    """A real traced training loop at level inductor: steps, module slices, kernel events."""
-    d = tmp_path_factory.mktemp("train")
-    run_python([os.path.join(SCRIPTS, "difftrain.py"), str(d / "train"), "--steps", "5", "--level", "inductor"],
-               env={"DFTRACER_ENABLE": "1"}, timeout=600)
-    return sorted(str(p) for p in d.glob("train-*.pfw*"))
-
-
-@pytest.fixture(scope="module")
 def engine():
     """Two workers as threads of this process (a 2-core machine shared with other jobs)."""
     with Dask(workers=2, processes=False) as e:

@@ -23,7 +23,7 @@ from dftrace_dynamo.traces.reader import compression_of
 from dftrace_dynamo.traces.summary import summarize
 from subproc import clean_env, run_py, run_python
 from test_aggregates import OPTIONS
-from test_engines import SCRIPTS, assert_same, rank_files, training, write_ranks  # noqa: F401 (fixtures)
+from test_engines import SCRIPTS, assert_same, rank_files, write_ranks  # noqa: F401 (fixture)
 from tracefile import dftracer_validate, read_bytes, read_events
 
 STEPGEN = os.path.join(SCRIPTS, "stepgen.py")
