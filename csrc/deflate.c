@@ -384,15 +384,18 @@ static ALWAYS_INLINE void put_match(enc_t *w, size_t m, unsigned dist, dist_t *d
         d->bits = (dc & 0xffff) | (uint64_t)(v - dist_base[code]) << (dc >> 16);
         d->n = (dc >> 16) + dist_extra[code];
     }
-    for (;;) {
-        size_t l = m <= 258 ? m : m < 261 ? m - 3 : 258; /* leave no remainder below 3 */
+    while (m > 258) {
+        size_t l = m < 261 ? m - 3 : 258; /* leave no remainder below 3 */
         w->nlit[257 + mlen_sym[l]]++;
         w->ndist[d->code]++;
         put_bits(w, w->c->mlen_bits[l], w->c->mlen_n[l]);
         put_bits(w, d->bits, d->n);
-        if (!(m -= l))
-            return;
+        m -= l;
     }
+    w->nlit[257 + mlen_sym[m]]++;
+    w->ndist[d->code]++;
+    put_bits(w, w->c->mlen_bits[m], w->c->mlen_n[m]);
+    put_bits(w, d->bits, d->n);
 }
 
 /* Equal leading bytes of a and b, at most max, up to and with a newline
@@ -576,9 +579,11 @@ static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i,
     }
     const unsigned char *e = memchr(s + i, '\n', n - i);
     size_t end = e ? (size_t)(e - s) + 1 : n;
-    if (end - i >= LZ_MIN)
-        put_lz(w, s, i, end);
-    else
+    if (end - i >= LZ_MIN) {
+        enc_t t = *w; /* a copy: w's address escapes no further, it stays in registers */
+        put_lz(&t, s, i, end);
+        *w = t;
+    } else
         put_lits(w, s + i, end - i);
     return end;
 }
@@ -850,7 +855,9 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
     const dft_line_hint *h = d->h, *he = h ? h + d->nh : NULL;
     for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next) {
         if (pos + 1 == d->rec) {
-            next = put_record(&e, s, pos, n);
+            enc_t t = e; /* a copy: e's address escapes not, e stays in registers */
+            next = put_record(&t, s, pos, n);
+            e = t;
             continue;
         }
         while (h < he && h->at < pos)
