@@ -756,7 +756,7 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
     uint64_t *fslot = &d->hfam[(kf >> 40) & (DFT_DEFLATE_KEYS - 1)], self = tag + (uint64_t)(h - d->h) + 1;
     uint64_t *cslot = &d->hcls[(kc >> 40) & (DFT_DEFLATE_KEYS - 1)];
     const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
-    const dft_line_hint *rc = in_reach(d, *cslot, h);
+    const uint64_t cls_last = *cslot; /* looked at only where neither key nor fam has a line in reach */
     *slot = self;
     *cslot = self;
     size_t la = h->len - f[5];
@@ -769,6 +769,7 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
     }
     r = in_reach(d, *fslot, h);
     *fslot = self;
+    const dft_line_hint *rc = r ? NULL : in_reach(d, cls_last, h);
     if (!r && !(r = rc))
         return 0;
     pair_t *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
@@ -787,8 +788,11 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
         c->p = (uint16_t)prefix_in(a + f[5], b + g[5], mn);
         c->q = c->p == la && la == lb ? 0 : (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
     }
-    if (!c->same)
+    if (!c->same) {
+        if (!rc)
+            rc = in_reach(d, cls_last, h);
         return rc ? put_line(w, s, h->at, n, rc->at) : 0;
+    }
     return put_against(w, s, h, r, c);
 }
 
