@@ -855,9 +855,13 @@ static int record(dft_buf *b) {
             p = dft_fmt_i64(LIT(p, ","), (int64_t)v[j]);
         p = LIT(fmt_sq(LIT(p, ","), s->sq), ",[");
         int bf = 1;
-        for (uint32_t j = 0; j < s->nb; j++) {
-            if (j + 4 <= s->nb && !(s->b[j] | s->b[j + 1] | s->b[j + 2] | s->b[j + 3])) {
-                j += 3; /* most buckets are empty: four at a time */
+        /* the buckets in use lie between those of the shortest and the longest duration (none
+         * below a zero one's: it has no bucket); most of the rest are empty, skipped four at a time */
+        int64_t j0 = s->nb && s->min && s->min != UINT64_MAX ? bucket_fast(s->min) - s->lo : 0;
+        int64_t j1 = s->nb && s->max ? bucket_fast(s->max) - s->lo + 1 : (int64_t)s->nb;
+        for (uint32_t j = j0 > 0 ? (uint32_t)j0 : 0, je = j1 < (int64_t)s->nb ? (uint32_t)j1 : s->nb; j < je; j++) {
+            if (j + 4 <= je && !(s->b[j] | s->b[j + 1] | s->b[j + 2] | s->b[j + 3])) {
+                j += 3;
                 continue;
             }
             if (s->b[j]) {
