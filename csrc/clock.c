@@ -120,16 +120,33 @@ void dft_clock_init(void) {
 #endif
 }
 
-uint64_t dft_clock_ns(uint64_t tick) {
+/* The newest model that had begun by tick, from the k-th published on (before the oldest kept:
+ * the oldest); its number. */
 #if DFT_HAVE_TSC
-    /* the newest model that had begun by then (before the oldest kept: the oldest) */
-    uint64_t k = hist_n, oldest = hist_n > N_HIST ? hist_n - N_HIST : 0;
+static inline uint64_t model_at(uint64_t tick, uint64_t k) {
+    uint64_t oldest = hist_n > N_HIST ? hist_n - N_HIST : 0;
     while (k > oldest + 1 && tick < hist[(k - 1) % N_HIST].tick0)
         k--;
+    return k;
+}
+#endif
+
+void dft_clock_ns(uint64_t *start, uint64_t *end) {
+#if DFT_HAVE_TSC
+    /* the end's model first: a start no later than it is on that model or an earlier one. Events
+     * come in nearly in order, drained a few models after they were read: the last event's model
+     * is tried first (it holds the end that falls between its first tick and the next's). */
+    static uint64_t last;
+    uint64_t k = last;
+    if (!(k && k <= hist_n && k + N_HIST > hist_n && *end >= hist[(k - 1) % N_HIST].tick0 &&
+          (k == hist_n || *end < hist[k % N_HIST].tick0)))
+        last = k = model_at(*end, hist_n);
     const dft_tsc_seg *m = &hist[(k - 1) % N_HIST].m;
-    return (uint64_t)dft_tsc_to_ns(m->base, m->mult, tick);
-#else
-    return tick;
+    uint64_t e = (uint64_t)dft_tsc_to_ns(m->base, m->mult, *end);
+    k = model_at(*start, *start <= *end ? k : hist_n);
+    m = &hist[(k - 1) % N_HIST].m;
+    *start = (uint64_t)dft_tsc_to_ns(m->base, m->mult, *start);
+    *end = e;
 #endif
 }
 

@@ -352,8 +352,9 @@ static inline uint64_t dft_tick(void) {
 #endif
     return dft_now();
 }
-/* ns on the epoch timeline of a tick read while a file was open; writer thread only. */
-uint64_t dft_clock_ns(uint64_t tick);
+/* ns on the epoch timeline of an event's start and end ticks, read while a file was open;
+ * writer thread only. */
+void dft_clock_ns(uint64_t *start, uint64_t *end);
 
 /* ---- output sink (sink.c) ---------------------------------------------- */
 #include <zlib.h>

@@ -384,15 +384,18 @@ static ALWAYS_INLINE void put_match(enc_t *w, size_t m, unsigned dist, dist_t *d
         d->bits = (dc & 0xffff) | (uint64_t)(v - dist_base[code]) << (dc >> 16);
         d->n = (dc >> 16) + dist_extra[code];
     }
-    for (;;) {
-        size_t l = m <= 258 ? m : m < 261 ? m - 3 : 258; /* leave no remainder below 3 */
+    while (m > 258) {
+        size_t l = m < 261 ? m - 3 : 258; /* leave no remainder below 3 */
         w->nlit[257 + mlen_sym[l]]++;
         w->ndist[d->code]++;
         put_bits(w, w->c->mlen_bits[l], w->c->mlen_n[l]);
         put_bits(w, d->bits, d->n);
-        if (!(m -= l))
-            return;
+        m -= l;
     }
+    w->nlit[257 + mlen_sym[m]]++;
+    w->ndist[d->code]++;
+    put_bits(w, w->c->mlen_bits[m], w->c->mlen_n[m]);
+    put_bits(w, d->bits, d->n);
 }
 
 /* Equal leading bytes of a and b, at most max, up to and with a newline
@@ -576,9 +579,11 @@ static ALWAYS_INLINE size_t put_line(enc_t *w, const unsigned char *s, size_t i,
     }
     const unsigned char *e = memchr(s + i, '\n', n - i);
     size_t end = e ? (size_t)(e - s) + 1 : n;
-    if (end - i >= LZ_MIN)
-        put_lz(w, s, i, end);
-    else
+    if (end - i >= LZ_MIN) {
+        enc_t t = *w; /* a copy: w's address escapes no further, it stays in registers */
+        put_lz(&t, s, i, end);
+        *w = t;
+    } else
         put_lits(w, s + i, end - i);
     return end;
 }
@@ -751,7 +756,7 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
     uint64_t *fslot = &d->hfam[(kf >> 40) & (DFT_DEFLATE_KEYS - 1)], self = tag + (uint64_t)(h - d->h) + 1;
     uint64_t *cslot = &d->hcls[(kc >> 40) & (DFT_DEFLATE_KEYS - 1)];
     const dft_line_hint *r = *slot >> PASS_SHIFT == d->pass ? d->h + (*slot - tag) - 1 : NULL;
-    const dft_line_hint *rc = in_reach(d, *cslot, h);
+    const uint64_t cls_last = *cslot; /* looked at only where neither key nor fam has a line in reach */
     *slot = self;
     *cslot = self;
     size_t la = h->len - f[5];
@@ -764,6 +769,7 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
     }
     r = in_reach(d, *fslot, h);
     *fslot = self;
+    const dft_line_hint *rc = r ? NULL : in_reach(d, cls_last, h);
     if (!r && !(r = rc))
         return 0;
     pair_t *c = &d->pairs[(k >> 40) & (DFT_DEFLATE_KEYS - 1)];
@@ -782,8 +788,11 @@ static ALWAYS_INLINE size_t put_hinted(dft_deflate *d, enc_t *w, const unsigned 
         c->p = (uint16_t)prefix_in(a + f[5], b + g[5], mn);
         c->q = c->p == la && la == lb ? 0 : (uint16_t)suffix_in(a + h->len, b + r->len, mn - c->p);
     }
-    if (!c->same)
+    if (!c->same) {
+        if (!rc)
+            rc = in_reach(d, cls_last, h);
         return rc ? put_line(w, s, h->at, n, rc->at) : 0;
+    }
     return put_against(w, s, h, r, c);
 }
 
@@ -850,7 +859,9 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
     const dft_line_hint *h = d->h, *he = h ? h + d->nh : NULL;
     for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next) {
         if (pos + 1 == d->rec) {
-            next = put_record(&e, s, pos, n);
+            enc_t t = e; /* a copy: e's address escapes not, e stays in registers */
+            next = put_record(&t, s, pos, n);
+            e = t;
             continue;
         }
         while (h < he && h->at < pos)

@@ -683,8 +683,7 @@ static void drain_ring(dft_ring *r) {
                 dft_flight_tag = x->step;
             }
             if (x->flags & DFT_FLAG_TICKS) {
-                x->start = dft_clock_ns(x->start);
-                x->end = dft_clock_ns(x->end);
+                dft_clock_ns(&x->start, &x->end);
                 x->flags &= ~DFT_FLAG_TICKS;
             }
             if (dft_w.failed || emit_event(r, x) < 0)

@@ -193,7 +193,7 @@ def test_a_killed_process_keeps_its_last_checkpoint(tmp_path):
 
 def test_no_checkpoint_for_events_the_record_does_not_hold(tmp_path):
     """An op, then seconds of events that no aggregate counts (a logged region of a category of
-    its own: 2.5 MB of text, far past the cadence's 32 times the record): the record would be the
+    its own: 2.5 MB of text, far past the cadence's 64 times the record): the record would be the
     same again, so the only checkpoint is the first (at three seconds) and the last record at
     close; both hold the one op."""
     p = run_py(f"""
