@@ -765,9 +765,6 @@ static void emit_end(uint64_t dropped) {
 }
 
 static void *writer_main(void *arg) {
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to Python's main thread */
     prctl(PR_SET_NAME, "dftrace-writer");
     for (;;) {
         pthread_mutex_lock(&dft_w.mu);
@@ -837,7 +834,14 @@ int dft_writer_start(void) {
     if (dft_w.sink.dfl) /* and for its gzip member */
         (void)dft_buf_reserve(&dft_w.sink.out, dft_gzip_bound(MEMBER_BYTES + (64u << 10)));
     dft_w.last_member_ns = dft_mono();
-    if (pthread_create(&dft_w.thread, NULL, writer_main, NULL) != 0)
+    /* signals belong to Python's main thread: the writer is born with all of them blocked,
+     * with no instant (before its first instruction runs) in which it could take one */
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &previous);
+    int failed = pthread_create(&dft_w.thread, NULL, writer_main, NULL) != 0;
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    if (failed)
         return -1;
     pthread_mutex_lock(&dft_w.mu);
     dft_w.running = 1;

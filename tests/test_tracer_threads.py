@@ -1,7 +1,11 @@
 """The tracer's own threads take no signal: one sent to the process reaches the program's threads."""
 
+import shutil
 import signal
+import subprocess
 import textwrap
+
+import pytest
 
 from subproc import python
 
@@ -28,3 +32,50 @@ def test_the_tracers_threads_block_signals(tmp_path):
     rows = [line.rsplit(" ", 2) for line in p.stdout.splitlines()]
     assert "dftrace memory" in {name for name, _, _ in rows}, p.stdout
     assert all(sigint == sigterm == "True" for _, sigint, sigterm in rows), p.stdout
+
+
+# Each thread the process creates writes, as its very first action, whether it is born with SIGINT
+# blocked ("born <0|1>"): a thread that blocks signals itself once it runs has a window first.
+BIRTH_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+struct start { void *(*fn)(void *); void *arg; };
+static void *born(void *p) {
+    struct start s = *(struct start *)p;
+    free(p);
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, NULL, &now);
+    char line[16];
+    int n = snprintf(line, sizeof line, "born %d\n", sigismember(&now, SIGINT));
+    (void)!write(2, line, (size_t)n);
+    return s.fn(s.arg);
+}
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg) {
+    static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    if (!real)
+        real = dlsym(RTLD_NEXT, "pthread_create");
+    struct start *s = malloc(sizeof *s);
+    s->fn = fn;
+    s->arg = arg;
+    return real(t, a, born, s);
+}
+"""
+
+
+def test_the_writer_thread_is_born_with_signals_blocked(tmp_path):
+    if not shutil.which("gcc"):
+        pytest.skip("needs gcc to build the thread-birth shim")
+    (tmp_path / "birth.c").write_text(BIRTH_SHIM)
+    shim = tmp_path / "birth.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "birth.c"), "-ldl"],
+                   check=True)
+    code = "from dftrace_dynamo import dftracer\nprint('open', flush=True)\ndftracer.initialize_log('w').finalize()\n"
+    p = python(["-c", code], tmp_path, {"LD_PRELOAD": str(shim), "DFTRACER_ENABLE": "1"}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    births = [line for line in p.stderr.splitlines() if line.startswith("born ")]
+    assert births and set(births) == {"born 1"}, p.stderr
