@@ -77,7 +77,9 @@ static void eager_record(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, 
     dft_push(site, s, e, flags, tags, NULL);
 }
 
-static _Atomic int compiling;  /* compiles in flight (Dynamo's start/end callbacks) */
+/* this thread's compiles in flight (Dynamo's start/end callbacks run on the compiling thread):
+ * another thread's compile leaves this thread's ops and module calls recorded */
+static _Thread_local int compiling;
 static _Atomic uint64_t seen;  /* top-level ops seen (recorded or not) */
 static _Atomic uint64_t missed; /* names with "::" that had no site (first sight per thread and table) */
 static pthread_mutex_t miss_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -182,7 +184,7 @@ static void itt_begin(const void *domain, itt_id id, itt_id parent, void *handle
     atomic_fetch_add_explicit(&seen, 1, memory_order_relaxed);
     /* not in a compiled graph (a GraphCall sets a phase), no compile, a ring to push to */
     if (!dft_ops_recording() || (dft_tls.ctx & DFT_PHASE_MASK) ||
-        atomic_load_explicit(&compiling, memory_order_relaxed) || !dft_tls.buf)
+        compiling || !dft_tls.buf)
         return;
     et.site_now = site;
     et.tags_now = et.mod_tags;
@@ -311,14 +313,15 @@ static PyObject *py_eager_missed(PyObject *m, PyObject *unused) {
     return out;
 }
 
-/* eager_compiling(delta): compiles in flight go up (1) or down (-1) */
+/* eager_compiling(delta): this thread's compiles in flight go up (1) or down (-1); 0: none
+ * (torch._dynamo.reset() drops the end callbacks of compiles in flight) */
 static PyObject *py_eager_compiling(PyObject *m, PyObject *o) {
     long delta = PyLong_AsLong(o);
     if (delta == -1 && PyErr_Occurred())
         return NULL;
-    int now = atomic_fetch_add(&compiling, (int)delta) + (int)delta;
-    if (now < 0)
-        atomic_store(&compiling, 0);
+    compiling = delta ? compiling + (int)delta : 0;
+    if (compiling < 0)
+        compiling = 0;
     Py_RETURN_NONE;
 }
 
@@ -397,8 +400,11 @@ static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ss
     }
     PyObject *module = args[0];
     uint32_t tags = 0, site = 0;
-    if (dft_tls.eager == 1 && !mod_entry(module, mods.n ? mods.v[mods.n - 1].module : Py_None, &tags, &site, 1))
-        PyErr_Clear(); /* an observed thread, outside GraphCalls; no entry: the caller's path */
+    /* an observed thread, outside GraphCalls and compiles (AOTAutograd calls FX GraphModules);
+     * no entry: the caller's path */
+    if (dft_tls.eager == 1 && !compiling &&
+        !mod_entry(module, mods.n ? mods.v[mods.n - 1].module : Py_None, &tags, &site, 1))
+        PyErr_Clear();
     mod_call *c = &mods.v[mods.n++];
     c->module = module;
     c->tags = tags ? tags : et.mod_tags;
