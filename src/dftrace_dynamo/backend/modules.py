@@ -190,7 +190,8 @@ def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> 
     unnamed root's own path is its name (a loss module). A ``torch.compile`` wrapper is no call
     of its own; the module it wraps is a compiled frame's root: its slice (if any) is the
     compiled one's, and it is registered by its compile. A module whose frame Dynamo compiles
-    (:func:`frame_slices`) has its slice from those hooks. No slices with DFTRACER_MODULE_SLICES=0."""
+    (:func:`frame_slices`) has its slice from those hooks; one whose ``forward`` is itself compiled
+    has none. No slices with DFTRACER_MODULE_SLICES=0."""
     if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
         return None, False, True
     wrapped = isinstance(caller, torch._dynamo.eval_frame.OptimizedModule) and caller._orig_mod is module
@@ -204,7 +205,9 @@ def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> 
         if wrapped:
             return None, False, True
         path = sites.root_name(module)
-    return path, not wrapped and module not in _framed and config.get().module_slices, True
+    # a forward compiled itself (``torch.compile`` on the method) is a compiled frame's: no slice, as wrapped
+    compiled = getattr(getattr(module, "forward", None), "_torchdynamo_orig_callable", None) is not None
+    return path, not (wrapped or compiled) and module not in _framed and config.get().module_slices, True
 
 
 eager.set_module_resolver(eager_module)
