@@ -5,7 +5,8 @@ a forked child (tests/scripts/eager_robust.py), against the same program run unt
 import json
 import os
 
-from backend_support import eager_ops, inside, ops, run_python
+from backend_support import eager_ops, inside, ops
+from subproc import python
 from scripts.eager_robust import ITERS, RAISE_AT, RESET_AT
 from tracefile import read_events, traces
 
@@ -13,9 +14,11 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "eager_robust.py")
 
 
 def test_threads_workers_fork_reset_and_exceptions_with_eager_ops_on(tmp_path):
-    run_python([SCRIPT, str(tmp_path / "plain.json")], tmp_path, {"DFTRACER_ENABLE": "0"}, timeout=600)
-    run_python([SCRIPT, str(tmp_path / "traced.json"), "--trace", str(tmp_path / "tr")], tmp_path, {},
-               timeout=600)  # DFTRACER_EAGER_OPS unset: the default
+    # a crash shows its stacks and signal (a SIGSEGV's stderr is empty otherwise)
+    for name, env in (("plain", {"DFTRACER_ENABLE": "0"}), ("traced", {})):  # traced: DFTRACER_EAGER_OPS unset
+        argv = [SCRIPT, str(tmp_path / f"{name}.json")] + (["--trace", str(tmp_path / "tr")] if name == "traced" else [])
+        proc = python(argv, tmp_path, {**env, "PYTHONFAULTHANDLER": "1"}, timeout=600)
+        assert proc.returncode == 0, (name, proc.returncode, proc.stderr[-6000:])
     plain, traced = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("plain", "traced"))
     assert traced == {**plain, "thread_calls": traced["thread_calls"]}  # bit-identical numerics
     assert traced["failed_at"] == RAISE_AT and traced["child_status"] == 0 and traced["thread_ok"]

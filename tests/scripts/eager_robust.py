@@ -6,6 +6,12 @@ processes, a second thread calling the models while the loop runs, an exception 
 nested eager module's forward (caught by the loop), ``torch._dynamo.reset()`` halfway (the model
 compiled again) and an ``os.fork()`` child that runs the models. Writes the losses, the final
 parameters' sums, what the child and the thread computed, and the exception's iteration.
+
+Dynamo is not thread-safe: a frame looked up on one thread while another compiles or resets
+crashes the process with SIGSEGV (in ``lookup``, its cache list or a guard check), untraced as
+well (1 of 11 runs without the tracer, 3 of 29 with it, on a loaded machine). So the two threads
+never run compiled models at once (``dynamo``); all else (loss, backward, the optimizer, eager
+module calls) runs concurrently with the other thread's calls and compiles.
 """
 
 import argparse
@@ -91,24 +97,28 @@ def main():
     loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=2,
                                          multiprocessing_context="fork")
     probe = torch.randn(5, 8, generator=torch.Generator().manual_seed(99))
-    stop, seen = threading.Event(), []
+    stop, seen, dynamo = threading.Event(), [], threading.Lock()
 
     def other_thread():
         while not stop.is_set():
             with torch.no_grad():
-                seen.append(compiled(probe).shape[0] + model(probe).shape[0])
+                with dynamo:
+                    out = compiled(probe)
+                seen.append(out.shape[0] + model(probe).shape[0])
 
     thread = threading.Thread(target=other_thread)
     thread.start()
     losses, failed_at = [], None
     for i, (x, y) in enumerate(loader):
-        if i == RESET_AT:
-            torch._dynamo.reset()
-            compiled = torch.compile(model, backend=backend)
         opt.zero_grad()
         FAIL[0] = i == RAISE_AT
         try:
-            loss = criterion(compiled(x), y)
+            with dynamo:
+                if i == RESET_AT:
+                    torch._dynamo.reset()
+                    compiled = torch.compile(model, backend=backend)
+                out = compiled(x)
+            loss = criterion(out, y)
         except ValueError:
             failed_at = i
             FAIL[0] = False

@@ -273,6 +273,7 @@ def _flush(count: Optional[int] = None) -> None:
     count = len(_state.deferred) if count is None else count
     deferred, _state.deferred = _state.deferred[:count], _state.deferred[count:]
     for name, cat, start, end, args, timed, windowed in deferred:
+        _core.eager_release(_state.ops, end)  # the eager ops that ended before it first (see _ahead)
         if name is not None and (_state.ops or not windowed) and _core.log(name, cat, start, end, args, timed=timed):
             logger.note_arg_issues()
     if not _state.deferred:
@@ -917,6 +918,8 @@ def _wrap_backward(original):
         finally:
             _local.backward = 0
             _slice("backward", CAT_BACKWARD, start)
+            if original.__name__ == "backward":  # what follows (gradient clipping) is no forward (events.eager)
+                _core.set_eager_phase(_core.PHASE_NONE)
 
     return traced
 
