@@ -40,6 +40,7 @@ for x, y in loader:
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
     c1 = _core.now_ns()
     opt.step()
+    torch.ones(3).sum()  # after the step, before the next batch: the step's own
     marks.append([t0, t1, c0, c1])
 n0 = _core.now_ns()
 with torch.no_grad():
@@ -50,14 +51,17 @@ json.dump({{"marks": marks, "no_grad": [n0, n1]}}, open(sys.argv[2], "w"))
 """
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("eager_steps")
+def train(tmp, env=None):
     proc = run_py(PROGRAM.replace("sys.argv[1]", repr(str(tmp / "tr"))).replace("sys.argv[2]", repr(str(tmp / "m.json"))),
-                  tmp, timeout=600)
+                  tmp, env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (path,) = traces(tmp, "tr-*")
     return json.loads((tmp / "m.json").read_text()), read_events(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("eager_steps"))
 
 
 def within(e, start_ns, end_ns):
@@ -121,3 +125,13 @@ def test_gradient_clipping_after_backward_is_not_forward(trained):
         assert any("norm" in e["name"] for e in clip), clip
         assert all("phase" not in e["args"] for e in clip), clip
         assert not any(inside(e, s) for e in clip for s in slices)
+
+
+def test_step_windows_keep_only_their_steps_eager_ops(tmp_path):
+    """With steps 2-3 selected, eager ops are those of steps 2 and 3 only: the op after step 1's
+    optimizer step (before the next batch, while op-level events are already on for step 2) is
+    step 1's and not recorded; steps 2 and 3 each have theirs."""
+    _, events = train(tmp_path, {"DFTRACER_STEPS": "2-3"})
+    eager = eager_ops(events)
+    assert {e["args"].get("step") for e in eager} == {2, 3}
+    assert sorted(e["args"]["step"] for e in eager if e["name"] == "aten::ones") == [2, 3]

@@ -241,6 +241,8 @@ def _arm_next() -> None:
     them off again when it ends a step into one that is not)."""
     following = _state.number + 1 if _state.following is None else _state.following
     _core.set_ops_on(_state.ops or config.step_selected(_state.windows, following))
+    if not _state.ops and config.step_selected(_state.windows, following):
+        _core.eager_hold()  # eager ops from here: this step's (dropped) until its end is known, or the next's
 
 
 def _write(number: int, start: int, end: int) -> None:
@@ -254,6 +256,7 @@ def _finish(end: int) -> None:
     if not _state.joined:
         for key, n in _state.stepped.items():
             _state.most[key] = max(_state.most.get(key, 0), n)
+    _core.eager_release(_state.ops, end)  # eager ops held since it completed (_arm_next) that ended in it
     _write(_state.number, _state.start_ns, end)
     _state.ended = True
     _state.number = _state.number + 1 if _state.following is None else _state.following
