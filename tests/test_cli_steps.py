@@ -121,10 +121,9 @@ def test_traced_training_loop_with_a_slow_module_in_steps_3_to_5(tmp_path):
             assert rows[n]["other_us"] < 0.5 * sleep_s * 1e6, rows[n]
         assert rows[n]["forward_us"] > 0 and rows[n]["backward_us"] > 0 and rows[n]["optimizer_us"] > 0
     assert steps["steady"]["steps"] == 9 and steps["steady"]["max_us"] >= sleep_s * 1e6
-    # the op views leave step 0 out; op events are the graphs' ops and the eager ops (the loss's, SGD's)
-    ops = [e for e in read_events(path) if e.get("cat") == "dynamo" and e.get("ph") == "X"]
-    assert {"node" in e["args"] for e in ops} == {True, False}
-    assert result["op_events"] == len([e for e in ops if e["args"].get("step") != 0]) > 0
+    # the op views leave step 0 out
+    ops = [e for e in read_events(path) if e.get("cat") == "dynamo" and "node" in e.get("args", {})]
+    assert result["op_events"] == len([e for e in ops if e["args"]["step"] != 0]) > 0
     with_warmup = summary_json("--include-warmup", path)[0]
     assert with_warmup["op_events"] == len(ops) and with_warmup["steps"]["steady"]["steps"] == 10
 

@@ -1,4 +1,4 @@
-"""Eager ops (on by default) never break the program: DataLoader worker processes, a second
+"""Eager ops never break the program: DataLoader worker processes, a second
 thread calling the same models, an exception raised inside a module's forward, a Dynamo reset and
 a forked child (tests/scripts/eager_robust.py), against the same program run untraced."""
 
@@ -15,7 +15,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "eager_robust.py")
 
 def test_threads_workers_fork_reset_and_exceptions_with_eager_ops_on(tmp_path):
     # a crash shows its stacks and signal (a SIGSEGV's stderr is empty otherwise)
-    for name, env in (("plain", {"DFTRACER_ENABLE": "0"}), ("traced", {})):  # traced: DFTRACER_EAGER_OPS unset
+    for name, env in (("plain", {"DFTRACER_ENABLE": "0"}), ("traced", {"DFTRACER_EAGER_OPS": "1"})):
         argv = [SCRIPT, str(tmp_path / f"{name}.json")] + (["--trace", str(tmp_path / "tr")] if name == "traced" else [])
         proc = python(argv, tmp_path, {**env, "PYTHONFAULTHANDLER": "1"}, timeout=600)
         assert proc.returncode == 0, (name, proc.returncode, proc.stderr[-6000:])

@@ -1,4 +1,4 @@
-"""Eager ops in training steps, with eager ops on by default (no DFTRACER_EAGER_OPS): an
+"""Eager ops in training steps (DFTRACER_EAGER_OPS=1): an
 uncompiled model with a known sleep in a known module, trained from a DataLoader, its gradients
 clipped between backward and the optimizer step, then run without grad. The program takes its
 own time marks around the forward, the clipping and the no-grad call."""
@@ -53,7 +53,7 @@ json.dump({{"marks": marks, "no_grad": [n0, n1]}}, open(sys.argv[2], "w"))
 
 def train(tmp, env=None):
     proc = run_py(PROGRAM.replace("sys.argv[1]", repr(str(tmp / "tr"))).replace("sys.argv[2]", repr(str(tmp / "m.json"))),
-                  tmp, env, timeout=600)
+                  tmp, {"DFTRACER_EAGER_OPS": "1", **(env or {})}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (path,) = traces(tmp, "tr-*")
     return json.loads((tmp / "m.json").read_text()), read_events(path)

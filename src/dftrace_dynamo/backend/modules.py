@@ -206,7 +206,9 @@ def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> 
             return None, False, True
         path = sites.root_name(module)
     # a forward compiled itself (``torch.compile`` on the method) is a compiled frame's: no slice, as wrapped
-    compiled = getattr(getattr(module, "forward", None), "_torchdynamo_orig_callable", None) is not None
+    forward = getattr(module, "forward", None)  # (torch.compiler.disable marks its wrapper too, as disabled)
+    compiled = getattr(forward, "_torchdynamo_orig_callable", None) is not None and not getattr(
+        forward, "_torchdynamo_disable", False)
     return path, not (wrapped or compiled) and module not in _framed and config.get().module_slices, True
 
 
