@@ -46,6 +46,7 @@ typedef struct {
     uint32_t site_now;    /* site of the open top-level op, 0: not recorded */
     uint32_t tags_now;    /* its module's tags */
     uint32_t mod_tags;    /* tags of the innermost eager module call (eager_module_enter/exit) */
+    uint32_t grad;        /* the open top-level op ran with grad enabled */
     uint64_t start;
     struct held_rec *held; /* records kept back while a step's end is undecided (eager_hold) */
     uint32_t held_n, held_cap, hold;
@@ -77,14 +78,17 @@ static void eager_record(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, 
     dft_push(site, s, e, flags, tags, NULL);
 }
 
-static _Atomic int compiling;  /* compiles in flight (Dynamo's start/end callbacks) */
+/* this thread's compiles in flight (Dynamo's start/end callbacks run on the compiling thread):
+ * another thread's compile leaves this thread's ops and module calls recorded */
+static _Thread_local int compiling;
 static _Atomic uint64_t seen;  /* top-level ops seen (recorded or not) */
 static _Atomic uint64_t missed; /* names with "::" that had no site (first sight per thread and table) */
 static pthread_mutex_t miss_mu = PTHREAD_MUTEX_INITIALIZER;
 #define MISS_MAX 64
 static char *miss_names[MISS_MAX];
 static uint32_t miss_n;
-/* the phase of top-level ops outside autograd's engine, per thread (set_eager_phase) */
+/* the phase of top-level ops outside autograd's engine, per thread (set_eager_phase: none inside an
+ * optimizer step and after a backward, until a module is called or the optimizer step ends) */
 static _Thread_local uint32_t phase_now = 1u << DFT_PHASE_SHIFT;
 
 /* Eager module calls of this thread, innermost last (GIL held: the hooks run with it). */
@@ -152,6 +156,9 @@ static uint32_t site_of(const char *name) {
     return site;
 }
 
+/* c10::GradMode::is_enabled() (found by eager_install): the thread's grad mode, no GIL needed */
+static _Bool (*grad_mode)(void);
+
 /* __itt_string_handle_create: the handle is the name itself */
 static void *itt_handle(const char *name) { return (void *)name; }
 
@@ -182,10 +189,11 @@ static void itt_begin(const void *domain, itt_id id, itt_id parent, void *handle
     atomic_fetch_add_explicit(&seen, 1, memory_order_relaxed);
     /* not in a compiled graph (a GraphCall sets a phase), no compile, a ring to push to */
     if (!dft_ops_recording() || (dft_tls.ctx & DFT_PHASE_MASK) ||
-        atomic_load_explicit(&compiling, memory_order_relaxed) || !dft_tls.buf)
+        compiling || !dft_tls.buf)
         return;
     et.site_now = site;
     et.tags_now = et.mod_tags;
+    et.grad = grad_mode();
     et.start = dft_tick();
 }
 
@@ -200,7 +208,10 @@ static void itt_end(const void *domain) {
         if (et.site_now) {
             uint64_t end = dft_tick();
             uint32_t phase = et.bwd_depth ? DFT_PHASE_BACKWARD << DFT_PHASE_SHIFT : phase_now;
-            eager_record(et.site_now, et.start, end, phase | dft_hot.ticks, et.tags_now);
+            if (!et.grad && phase == DFT_PHASE_FORWARD << DFT_PHASE_SHIFT) /* as a graph's ops */
+                phase = DFT_PHASE_INFERENCE << DFT_PHASE_SHIFT;
+            eager_record(et.site_now, et.start, end, phase | (et.grad ? DFT_FLAG_GRAD : 0) | dft_hot.ticks,
+                         et.tags_now);
             et.site_now = 0;
         }
     } else if (d == et.bwd_depth) {
@@ -232,11 +243,13 @@ static PyObject *py_eager_install(PyObject *m, PyObject *arg) {
             Py_RETURN_FALSE;
         }
     void *rf = dlsym(lib, "_ZN2at20enableRecordFunctionEb"); /* at::enableRecordFunction(bool) */
-    if (!rf) {
+    void *gm = dlsym(lib, "_ZN3c108GradMode10is_enabledEv"); /* in libc10, a dependency */
+    if (!rf || !gm) {
         dlclose(lib);
         Py_RETURN_FALSE;
     }
     *(void **)&dft_rf_enable = rf;
+    *(void **)&grad_mode = gm;
     *ptr[0] = (void *)itt_handle;
     *ptr[1] = (void *)itt_begin;
     *ptr[2] = (void *)itt_end;
@@ -311,14 +324,15 @@ static PyObject *py_eager_missed(PyObject *m, PyObject *unused) {
     return out;
 }
 
-/* eager_compiling(delta): compiles in flight go up (1) or down (-1) */
+/* eager_compiling(delta): this thread's compiles in flight go up (1) or down (-1); 0: none
+ * (torch._dynamo.reset() drops the end callbacks of compiles in flight) */
 static PyObject *py_eager_compiling(PyObject *m, PyObject *o) {
     long delta = PyLong_AsLong(o);
     if (delta == -1 && PyErr_Occurred())
         return NULL;
-    int now = atomic_fetch_add(&compiling, (int)delta) + (int)delta;
-    if (now < 0)
-        atomic_store(&compiling, 0);
+    compiling = delta ? compiling + (int)delta : 0;
+    if (compiling < 0)
+        compiling = 0;
     Py_RETURN_NONE;
 }
 
@@ -397,8 +411,13 @@ static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ss
     }
     PyObject *module = args[0];
     uint32_t tags = 0, site = 0;
-    if (dft_tls.eager == 1 && !mod_entry(module, mods.n ? mods.v[mods.n - 1].module : Py_None, &tags, &site, 1))
-        PyErr_Clear(); /* an observed thread, outside GraphCalls; no entry: the caller's path */
+    /* an observed thread, outside GraphCalls and compiles (AOTAutograd calls FX GraphModules);
+     * no entry: the caller's path */
+    if (dft_tls.eager == 1 && !compiling &&
+        !mod_entry(module, mods.n ? mods.v[mods.n - 1].module : Py_None, &tags, &site, 1))
+        PyErr_Clear();
+    if (phase_now == DFT_PHASE_NONE << DFT_PHASE_SHIFT) /* forward work again after a backward */
+        phase_now = DFT_PHASE_FORWARD << DFT_PHASE_SHIFT;
     mod_call *c = &mods.v[mods.n++];
     c->module = module;
     c->tags = tags ? tags : et.mod_tags;
@@ -461,18 +480,49 @@ static PyObject *py_eager_hold(PyObject *m, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* eager_release(keep): the records held on this thread are pushed now, in the current step
- * (keep false: dropped, the step decided is outside the step windows) */
-static PyObject *py_eager_release(PyObject *m, PyObject *o) {
-    int keep = PyObject_IsTrue(o);
+/* ns of a held record's time (dft_now's model: a held record is at most seconds old) */
+static uint64_t held_ns(uint64_t t, uint32_t flags) {
+#if DFT_HAVE_TSC
+    uint64_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_acquire);
+    if (flags & DFT_FLAG_TICKS && seq) {
+        const dft_tsc_seg *g = &dft_hot.seg[seq & 1];
+        return (uint64_t)dft_tsc_to_ns(__atomic_load_n(&g->base, __ATOMIC_RELAXED),
+                                       __atomic_load_n(&g->mult, __ATOMIC_RELAXED), t);
+    }
+#endif
+    (void)flags;
+    return t;
+}
+
+/* eager_release(keep[, until]): the records held on this thread are pushed now, in the current
+ * step (keep false: dropped, the step decided is outside the step windows). With until (ns),
+ * only those that ended by then, and holding goes on: the writer places a thread's events in
+ * the order they end, so a held slice ending at until is recorded after them. */
+static PyObject *py_eager_release(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2)
+        return PyErr_Format(PyExc_TypeError, "eager_release(keep[, until])");
+    int keep = PyObject_IsTrue(args[0]);
     if (keep < 0)
         return NULL;
-    et.hold = 0;
-    for (uint32_t i = 0; keep && i < et.held_n; i++) {
+    uint64_t until = UINT64_MAX;
+    if (nargs == 2) {
+        until = PyLong_AsUnsignedLongLong(args[1]);
+        if (until == (uint64_t)-1 && PyErr_Occurred())
+            return NULL;
+    } else {
+        et.hold = 0;
+    }
+    uint32_t n = 0;
+    while (n < et.held_n && (until == UINT64_MAX || held_ns(et.held[n].e, et.held[n].flags) <= until))
+        n++;
+    for (uint32_t i = 0; keep && i < n; i++) {
         struct held_rec *r = &et.held[i];
         dft_push(r->site, r->s, r->e, r->flags, r->tags, NULL);
     }
-    et.held_n = 0;
+    if (n) {
+        memmove(et.held, et.held + n, (et.held_n - n) * sizeof *et.held);
+        et.held_n -= n;
+    }
     Py_RETURN_NONE;
 }
 
@@ -494,6 +544,6 @@ PyMethodDef dft_eager_methods[] = {
     {"eager_module_exit", (PyCFunction)(void (*)(void))py_eager_module_exit, METH_FASTCALL, NULL},
     {"set_eager_modules", py_set_eager_modules, METH_VARARGS, NULL},
     {"eager_hold", py_eager_hold, METH_NOARGS, NULL},
-    {"eager_release", py_eager_release, METH_O, NULL},
+    {"eager_release", (PyCFunction)(void (*)(void))py_eager_release, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -81,7 +81,19 @@ class Enc(nn.Module):
 
 
 def ops(events, cat="dynamo"):
-    return [e for e in events if e.get("cat") == cat and e.get("ph") == "X"]
+    """The complete events of ``cat``; of ``"dynamo"``: the compiled graphs' op events (eager ops,
+    ``args.level == "eager"``, are :func:`eager_ops`)."""
+    return [e for e in events if e.get("cat") == cat and e.get("ph") == "X"
+            and not (cat == "dynamo" and is_eager(e))]
+
+
+def is_eager(e):
+    return e.get("args", {}).get("level") == "eager"
+
+
+def eager_ops(events):
+    """The op events of ops that ran outside compiled graphs."""
+    return [e for e in events if e.get("cat") == "dynamo" and e.get("ph") == "X" and is_eager(e)]
 
 
 def inside(e, s):

@@ -24,7 +24,7 @@ from tracefile import dftracer_validate, read_events, traces
 CHAINS_SQL = """
 select s.name, s.category cat, s.depth, extract_arg(s.arg_set_id, 'args.module') module,
        extract_arg(s.arg_set_id, 'args.phase') phase, extract_arg(s.arg_set_id, 'args.module_type') module_type,
-       extract_arg(s.arg_set_id, 'args.failed') failed,
+       extract_arg(s.arg_set_id, 'args.failed') failed, extract_arg(s.arg_set_id, 'args.level') level,
        (select group_concat(name, '|') from (select name from ancestor_slice(s.id) order by depth)) chain
 from slice s where s.category in ('dynamo', 'kernel', 'module') order by s.ts, s.depth
 """
@@ -32,12 +32,16 @@ from slice s where s.category in ('dynamo', 'kernel', 'module') order by s.ts, s
 
 def chains(path):
     """Perfetto's view of ``path`` (which must load with zero error stats): one dict per op,
-    kernel or module slice, with ``modules``, the module slices between its graph slice and it."""
+    kernel or module slice of a compiled graph, with ``modules``, the module slices between its
+    graph slice and it. Outside graphs are only eager ops and eager modules' slices."""
     assert perfetto_tp.error_stats(path) == []
     result = []
     for row in perfetto_tp.rows(path, CHAINS_SQL):
-        chain = row.pop("chain").split("|")
-        graph = next(i for i, name in enumerate(chain) if name.startswith("graph "))
+        chain = (row.pop("chain") or "").split("|")
+        graph = next((i for i, name in enumerate(chain) if name.startswith("graph ")), None)
+        if graph is None:
+            assert row["level"] == "eager" or row["cat"] == "module", row
+            continue
         result.append(dict(row, graph=chain[graph], modules=chain[graph + 1:], rel_depth=len(chain) - graph))
     return result
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from backend_support import inside, ops, run_py, run_python
+from backend_support import eager_ops, inside, ops, run_py, run_python
 from scripts.eager_modules import ITERS
 from tracefile import read_events, traces
 
@@ -35,7 +35,7 @@ def broken(tmp_path_factory):
 
 
 def eager(events):
-    return [e for e in ops(events) if e["args"].get("level") == "eager"]
+    return eager_ops(events)
 
 
 def marked(e, marks):
@@ -167,7 +167,7 @@ def test_a_dynamo_reset_during_the_trace_keeps_graphs_whole(tmp_path):
     events = read_events(path)
     calls = ops(events, "dynamo_graph")
     assert len(calls) == 3, [g["name"] for g in calls]
-    in_graphs = [e for e in ops(events) if e["args"].get("level") != "eager"]
+    in_graphs = ops(events)
     assert {e["args"].get("module") for e in in_graphs} == {"0", "1", "2"}
     compiles = ops(events, "dynamo_compile")
     assert not [e for e in eager(events) if any(inside(e, c) for c in compiles)]

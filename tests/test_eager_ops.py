@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 
-from backend_support import inside, ops, run_py, run_python
+from backend_support import eager_ops, inside, ops, run_py, run_python
 from scripts.eager_ops import ITERS, SLEEP_S
 from tracefile import read_events, traces
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "eager_ops.py")
-EAGER = {"DFTRACER_EAGER_OPS": "1"}  # off by default
+EAGER = {"DFTRACER_EAGER_OPS": "1"}
 
 
 def run(tmp_path, shape, *mode, env=None):
@@ -29,7 +29,7 @@ def traced(tmp_path, shape, env=None):
 
 
 def eager(events):
-    return [e for e in ops(events) if e["args"].get("level") == "eager"]
+    return eager_ops(events)
 
 
 def per_step(events):
@@ -137,8 +137,7 @@ def test_compiled_optimizer_step_is_a_graph_not_eager_ops(tmp_path):
     steady = [e for e in eager(events) if 0 < e["args"]["step"] < ITERS - 1]
     assert steady and graph_calls  # the forward, loss and backward ran eagerly
     assert not [e for e in steady if e["name"].startswith("aten::_foreach_")]
-    in_graphs = [e for e in ops(events) if e["args"].get("level") != "eager"
-                 and 0 < e["args"].get("step", -1) < ITERS - 1 and any(inside(e, g) for g in graph_calls)]
+    in_graphs = [e for e in ops(events) if 0 < e["args"].get("step", -1) < ITERS - 1 and any(inside(e, g) for g in graph_calls)]
     assert in_graphs
 
 

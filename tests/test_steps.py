@@ -206,10 +206,12 @@ def test_bert_training_step_nests_under_the_step_and_keeps_numerics(rec):
     last = len(steps) - 1
     assert [(r["parent"], r["depth"], r["step"]) for r in fwd] == [(steps[-1], 1, last)]
     assert [(r["parent"], r["depth"], r["step"]) for r in bwd] == [("backward", 2, last)]
-    # the deepest forward op: step > graph > the module slices of its nn.Module path > op
+    # the deepest forward op of the graph: step > graph > the module slices of its nn.Module path > op
+    # (the eager run's ops, eager ops, nest in its eager module slices under its step)
     deepest = perfetto_tp.rows(path, "select s.id from slice s join args a using(arg_set_id) "
                                "where s.category = 'dynamo' and a.key = 'args.phase' "
-                               "and a.string_value = 'forward' order by s.depth desc limit 1")[0]["id"]
+                               "and a.string_value = 'forward' and coalesce(extract_arg(s.arg_set_id, "
+                               "'args.level'), '') != 'eager' order by s.depth desc limit 1")[0]["id"]
     chain = perfetto_tp.rows(path, f"select name, category from ancestor_slice({deepest}) order by depth")
     assert [r["category"] for r in chain[:2]] == ["step", "dynamo_graph"]
     modules = [r["name"] for r in chain[2:]]

@@ -348,7 +348,8 @@ def _register_modules(compiling: types.FrameType, f_locals) -> None:
     callers = []
     frame = compiling.f_back
     while frame is not None:
-        owner = _receiver(frame.f_code, frame.f_locals) if not _in_torch(frame.f_code.co_filename) else None
+        # torch's frames and ours (a compiled module's call, events.eager) run no user's module
+        owner = _receiver(frame.f_code, frame.f_locals) if not hooks.not_user(frame.f_code.co_filename) else None
         if isinstance(owner, torch.nn.Module):
             callers.append(owner)
         frame = frame.f_back

@@ -46,7 +46,7 @@ import torch.fx
 from .. import _core
 from ..events import eager
 from ..schema import ARG_GRAPH, ARG_MODULE_TYPE, CAT_MODULE
-from ..session import hooks
+from ..session import config, hooks
 from . import sites
 
 Frame = tuple[str, str, str]  # (call key, module path, module type), as sites.module_stack gives
@@ -190,7 +190,8 @@ def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> 
     unnamed root's own path is its name (a loss module). A ``torch.compile`` wrapper is no call
     of its own; the module it wraps is a compiled frame's root: its slice (if any) is the
     compiled one's, and it is registered by its compile. A module whose frame Dynamo compiles
-    (:func:`frame_slices`) has its slice from those hooks."""
+    (:func:`frame_slices`) has its slice from those hooks; one whose ``forward`` is itself compiled
+    has none. No slices with DFTRACER_MODULE_SLICES=0."""
     if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
         return None, False, True
     wrapped = isinstance(caller, torch._dynamo.eval_frame.OptimizedModule) and caller._orig_mod is module
@@ -204,7 +205,11 @@ def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> 
         if wrapped:
             return None, False, True
         path = sites.root_name(module)
-    return path, not wrapped and module not in _framed, True
+    # a forward compiled itself (``torch.compile`` on the method) is a compiled frame's: no slice, as wrapped
+    forward = getattr(module, "forward", None)  # (torch.compiler.disable marks its wrapper too, as disabled)
+    compiled = getattr(forward, "_torchdynamo_orig_callable", None) is not None and not getattr(
+        forward, "_torchdynamo_disable", False)
+    return path, not (wrapped or compiled) and module not in _framed and config.get().module_slices, True
 
 
 eager.set_module_resolver(eager_module)

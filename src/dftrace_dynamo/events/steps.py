@@ -241,6 +241,8 @@ def _arm_next() -> None:
     them off again when it ends a step into one that is not)."""
     following = _state.number + 1 if _state.following is None else _state.following
     _core.set_ops_on(_state.ops or config.step_selected(_state.windows, following))
+    if not _state.ops and config.step_selected(_state.windows, following):
+        _core.eager_hold()  # eager ops from here: this step's (dropped) until its end is known, or the next's
 
 
 def _write(number: int, start: int, end: int) -> None:
@@ -254,6 +256,7 @@ def _finish(end: int) -> None:
     if not _state.joined:
         for key, n in _state.stepped.items():
             _state.most[key] = max(_state.most.get(key, 0), n)
+    _core.eager_release(_state.ops, end)  # eager ops held since it completed (_arm_next) that ended in it
     _write(_state.number, _state.start_ns, end)
     _state.ended = True
     _state.number = _state.number + 1 if _state.following is None else _state.following
@@ -273,6 +276,7 @@ def _flush(count: Optional[int] = None) -> None:
     count = len(_state.deferred) if count is None else count
     deferred, _state.deferred = _state.deferred[:count], _state.deferred[count:]
     for name, cat, start, end, args, timed, windowed in deferred:
+        _core.eager_release(_state.ops, end)  # the eager ops that ended before it first (see _ahead)
         if name is not None and (_state.ops or not windowed) and _core.log(name, cat, start, end, args, timed=timed):
             logger.note_arg_issues()
     if not _state.deferred:
@@ -917,6 +921,8 @@ def _wrap_backward(original):
         finally:
             _local.backward = 0
             _slice("backward", CAT_BACKWARD, start)
+            if original.__name__ == "backward":  # what follows (gradient clipping) is no forward (events.eager)
+                _core.set_eager_phase(_core.PHASE_NONE)
 
     return traced
 
