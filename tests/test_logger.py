@@ -347,8 +347,10 @@ def test_region_as_decorator_and_log_event_times(tmp_path):
 
 def test_bind_signals_a_caught_ctrl_c_keeps_tracing_an_uncaught_one_finalizes(tmp_path):
     code = """
-        import faulthandler, os, signal, sys
-        faulthandler.dump_traceback_later(100, exit=True)  # a hang (seen once under load) says where it is
+        import os, signal, sys
+        # a foreground program's Ctrl-C: a job started in the background (`cmd &`, nohup) inherits
+        # SIGINT ignored, and an ignored signal stays ignored (test_bind_signals_leaves_ignored_signals)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from dftrace_dynamo import dftracer, region
         dftracer.initialize_log("caught")
         for i in range(10):
@@ -379,6 +381,25 @@ def test_bind_signals_a_caught_ctrl_c_keeps_tracing_an_uncaught_one_finalizes(tm
         names = [e["name"] for e in events if e.get("cat") == "region"]
         assert names == ["before"] * 10 + ["after"] * 100
         assert events[-1]["name"] == "end" and read_lines(path)[-1] == "]"
+
+
+def test_bind_signals_leaves_ignored_signals_ignored(tmp_path):
+    """A program started with SIGINT ignored (a background job, nohup) keeps ignoring it."""
+    code = """
+        import os, signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from dftrace_dynamo import dftracer, region
+        dftracer.initialize_log("ignored")
+        os.kill(os.getpid(), signal.SIGINT)
+        with region("after"):
+            pass
+        print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+    """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
+                       env=clean_env({"DFTRACER_BIND_SIGNALS": "1"}), capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout) == (0, "True\n"), p.stderr
+    (path,) = traces(tmp_path)
+    assert [e["name"] for e in read_events(path) if e.get("cat") == "region"] == ["after"]
 
 
 def test_secret_options_are_redacted_from_the_command_line(tmp_path):
