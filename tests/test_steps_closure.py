@@ -24,7 +24,7 @@ opt, closure = lbfgs_closure()
 marks = []
 for _ in range(4):
     start = _core.now_ns()
-    opt.step(closure)
+    opt.step(lambda: (time.sleep(0.02), closure())[1])  # steps of 40 ms or more: load's few ms are noise
     marks.append((start, _core.now_ns()))
     time.sleep(0.01)
 json.dump(marks, open("marks.json", "w"))
@@ -44,7 +44,10 @@ def test_every_step_of_a_closure_loop_has_its_optimizer_slice_when_the_trace_ope
     for s, e, (start, end) in zip(steps, lbfgs, marks, strict=True):
         assert inside(e, s)
         assert start - 1 <= e["ts"] and e["ts"] + e["dur"] <= end + 1
-        assert e["dur"] >= 0.9 * (end - start) - 50  # the optimizer's step, its closure inside
+        assert e["ts"] <= start + 5000  # from the call on: the trace opens (first compile) 20 ms later
+        # the optimizer's step, its closure inside (a slice opened late, at the trace's opening, would
+        # miss the compile's hundreds of ms); a busy machine's pause between mark and slice is allowed for
+        assert e["dur"] >= 0.9 * (end - start) - 5000
         forwards = [g for g in ops(events, "dynamo_graph") if g["name"].endswith("forward")]
         assert [g for g in forwards if start <= g["ts"] <= end] and all(inside(g, e) for g in forwards
                                                                         if start <= g["ts"] <= end)
