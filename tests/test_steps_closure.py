@@ -44,7 +44,8 @@ def test_every_step_of_a_closure_loop_has_its_optimizer_slice_when_the_trace_ope
     for s, e, (start, end) in zip(steps, lbfgs, marks, strict=True):
         assert inside(e, s)
         assert start - 1 <= e["ts"] and e["ts"] + e["dur"] <= end + 1
-        assert e["ts"] <= start + 5000  # from the call on: the trace opens (first compile) 20 ms later
+        # from the call on, a busy machine's pause allowed for: the trace opens (first compile) after 20 ms
+        assert e["ts"] <= start + 15000
         # the optimizer's step, its closure inside (a slice opened late, at the trace's opening, would
         # miss the compile's hundreds of ms); a busy machine's pause between mark and slice is allowed for
         assert e["dur"] >= 0.9 * (end - start) - 5000
