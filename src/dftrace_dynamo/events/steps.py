@@ -515,9 +515,11 @@ def _defer(entry: tuple, behind: bool = False) -> bool:
 
 def _ahead() -> None:
     """A data or ``zero_grad`` slice (or ``model.eval()``) on the step's thread while the step is
-    complete: the eager ops from here until what follows is decided (the slice's own too) are held
-    back in the core and recorded after the held slices (:func:`_flush`), in what they are."""
-    if _state.mode == COMPLETE and not _state.going and threading.get_ident() == _state.thread:
+    complete, evaluation runs, or after a mark (the trace's start) before training work: the eager
+    ops from here until what follows is decided (the slice's own too) are held back in the core and recorded with the held
+    slices in the order they end (:func:`_flush`; the writer places a thread's events in that
+    order), in what they are."""
+    if _state.mode != TRAIN and not _state.going and threading.get_ident() == _state.thread:
         _core.eager_hold()
 
 
