@@ -73,7 +73,8 @@ def traces_under(directory):
 
 
 def op_events(events):
-    return [e for e in events if e.get("cat") == "dynamo" and e.get("ph") == "X"]
+    """The compiled graphs' op events (not the eager ops)."""
+    return [e for e in events if e.get("cat") == "dynamo" and e.get("ph") == "X" and e["args"].get("level") != "eager"]
 
 
 def test_steps_100_to_110(tmp_path):
