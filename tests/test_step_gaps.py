@@ -70,10 +70,13 @@ if sys.argv[1] == "hooked":  # a hook of the user's on the wrapper: torch's own 
 opt = torch.optim.SGD([*netG.parameters(), *netD.parameters()], lr=0.01)
 z = torch.randn(4, 8)
 for _ in range(8):
-    opt.zero_grad()
+    if sys.argv[1] != "tail":
+        opt.zero_grad()
     loss = F.binary_cross_entropy(call("netD", netD, call("netG", netG, z)), torch.ones(4, 1))
     loss.backward()
     opt.step()
+    if sys.argv[1] == "tail":  # at the end of the body: the next step begins with the model's call
+        opt.zero_grad()
 log.finalize()
 json.dump(marks, open("marks.json", "w"))
 """
@@ -86,7 +89,7 @@ def _run(directory, kind):
     return path, json.loads((directory / "marks.json").read_text())
 
 
-@pytest.fixture(scope="module", params=["plain", "hooked"])
+@pytest.fixture(scope="module", params=["plain", "hooked", "tail"])
 def traced(request, tmp_path_factory):
     return _run(tmp_path_factory.mktemp(request.param), request.param)
 
@@ -123,6 +126,17 @@ def test_each_compiled_models_call_is_its_slice_holding_what_dynamo_ran_outside_
                   and e["args"].get("phase") == "forward" and any(_inside((e["ts"], e["ts"]), c) for c in calls)]
         assert graphs and all(any(_inside(gr, s) for s in spans) for gr in graphs[-5:]), name
 
+
+
+def test_a_step_holds_the_whole_call_of_each_compiled_model_it_runs(traced):
+    path, _ = traced
+    events = read_events(path)
+    steps = {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step"}
+    slices = [e for e in events if e.get("cat") == "module" and e["name"] in ("netG", "netD")
+              and "graph" not in e["args"]]
+    assert len(slices) >= 2 * (len(steps) - 1)
+    for e in slices:  # never across a step's start: the step begins where the model's call did
+        assert _inside((e["ts"], e["ts"] + e["dur"]), steps[e["args"]["step"]]), e
 
 
 @pytest.mark.parametrize("source", ["events", "auto"])
