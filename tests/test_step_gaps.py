@@ -153,10 +153,8 @@ def test_the_sleeps_dynamo_skips_in_a_compiled_models_call_are_forward_not_other
         assert sum(r[k] for k in ("data_us", "forward_us", "backward_us", "optimizer_us")) <= r["wall_us"] + 4, r
     shares = sorted(r["other_us"] / r["wall_us"] for r in rows)  # the median step: a loaded machine's pauses
     assert shares[len(shares) // 2] <= 0.05, shares
+    if source == "auto":  # the writer's aggregate record gives the steps the events give
+        for by_record, by_events in zip(rows, _steady(path, "events"), strict=True):
+            for key in ("step", "wall_us", "forward_us", "other_us", "optimizer_us", "backward_us"):
+                assert by_record[key] == pytest.approx(by_events[key], abs=1.0), key
 
-
-def test_the_writers_record_gives_the_steps_the_events_give(traced):
-    path, _ = traced
-    for by_events, by_record in zip(_steady(path, "events"), _steady(path, "auto"), strict=True):
-        for key in ("step", "wall_us", "forward_us", "other_us", "optimizer_us", "backward_us"):
-            assert by_record[key] == pytest.approx(by_events[key], abs=1.0), key
