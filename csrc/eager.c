@@ -494,6 +494,15 @@ static uint64_t held_ns(uint64_t t, uint32_t flags) {
     return t;
 }
 
+/* eager_open_since() -> ns: when the outermost eager module call of this thread that records a
+ * slice began (a compiled model's call), 0 if none is open: a step ending inside it ends there */
+static PyObject *py_eager_open_since(PyObject *m, PyObject *unused) {
+    for (uint32_t i = 0; i < mods.n; i++)
+        if (mods.v[i].start)
+            return PyLong_FromUnsignedLongLong(held_ns(mods.v[i].start, dft_hot.ticks));
+    return PyLong_FromLong(0);
+}
+
 /* eager_release(keep[, until]): the records held on this thread are pushed now, in the current
  * step (keep false: dropped, the step decided is outside the step windows). With until (ns),
  * only those that ended by then, and holding goes on: the writer places a thread's events in
@@ -540,6 +549,7 @@ PyMethodDef dft_eager_methods[] = {
     {"set_eager_phase", py_set_eager_phase, METH_O, NULL},
     {"set_eager_observing", py_set_eager_observing, METH_O, NULL},
     {"eager_stats", py_eager_stats, METH_NOARGS, NULL},
+    {"eager_open_since", py_eager_open_since, METH_NOARGS, NULL},
     {"eager_module_enter", (PyCFunction)(void (*)(void))py_eager_module_enter, METH_FASTCALL, NULL},
     {"eager_module_exit", (PyCFunction)(void (*)(void))py_eager_module_exit, METH_FASTCALL, NULL},
     {"set_eager_modules", py_set_eager_modules, METH_VARARGS, NULL},

@@ -146,8 +146,8 @@ GROUP = "module slices"
 def frame_slices(module: torch.nn.Module, path: str, cell) -> None:
     """Writes ``module``'s slice around each of its calls, eager parts included (forward pre and
     post hooks, installed once per module)."""
-    name = f"module slice {path} {id(module):x}"
-    if hooks.installed(name):
+    name = _hook_name(module, path)
+    if hooks.installed(name) or module in _wrapped:
         return
     site = _core.intern_site(path, CAT_MODULE, {ARG_MODULE_TYPE: type(module).__name__})
     starts: list = []  # one per call in progress (a module may call itself)
@@ -181,19 +181,25 @@ class _Handles:
 
 
 _framed: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # modules with frame_slices hooks
+_wrapped: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # modules whose slice is their wrapper's call
 
 
-def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> tuple[Optional[str], bool, bool]:
+def _hook_name(module: torch.nn.Module, path: str) -> str:
+    return f"module slice {path} {id(module):x}"
+
+
+def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> tuple[Optional[str], object, bool]:
     """``(path, slice, keep)`` of an eager call of ``module`` from ``caller``'s (see
     :func:`..events.eager.set_module_resolver`). A module first seen here is a model's root
     (:func:`sites.register`, named from the user's frames), as it would be at its compile. An
-    unnamed root's own path is its name (a loss module). A ``torch.compile`` wrapper is no call
-    of its own; the module it wraps is a compiled frame's root: its slice (if any) is the
-    compiled one's, and it is registered by its compile. A module whose frame Dynamo compiles
-    (:func:`frame_slices`) has its slice from those hooks; one whose ``forward`` is itself compiled
-    has none. No slices with DFTRACER_MODULE_SLICES=0."""
+    unnamed root's own path is its name (a loss module). A ``torch.compile`` wrapper's call is
+    the compiled model's slice (:func:`compiled_slice`); its ops keep the caller's path. The
+    module it wraps is a compiled frame's root: its slice is the wrapper's, and it is registered
+    by its compile. A module whose frame Dynamo compiles (:func:`frame_slices`) has its slice from
+    those hooks; one whose ``forward`` is itself compiled has none. No slices with
+    DFTRACER_MODULE_SLICES=0."""
     if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
-        return None, False, True
+        return compiled_slice(module._orig_mod)
     wrapped = isinstance(caller, torch._dynamo.eval_frame.OptimizedModule) and caller._orig_mod is module
     path = sites.path_of(module)
     if path is None:
@@ -210,6 +216,26 @@ def eager_module(module: torch.nn.Module, caller: Optional[torch.nn.Module]) -> 
     compiled = getattr(forward, "_torchdynamo_orig_callable", None) is not None and not getattr(
         forward, "_torchdynamo_disable", False)
     return path, not (wrapped or compiled) and module not in _framed and config.get().module_slices, True
+
+
+def compiled_slice(model: torch.nn.Module) -> tuple[None, object, bool]:
+    """``(None, slice, keep)`` of a call of ``torch.compile(model)``: the whole call is ``model``'s
+    slice, ``(name, module type)``, so the time Dynamo spends in it outside graphs (guards, each
+    frame's set-up, resume functions after graph breaks, the return) is the model's forward. It
+    replaces the slice :func:`frame_slices` gives a model with a path (a compiled submodule, a
+    root named to tell it from another model), which begins only after Dynamo's entry. Not
+    before ``model``'s compile has registered it (asked again at the next call); none with
+    DFTRACER_MODULE_SLICES=0."""
+    path = sites.path_of(model)
+    if path is None:
+        return None, False, False
+    if not config.get().module_slices:
+        return None, False, True
+    _wrapped.add(model)
+    if model in _framed:
+        hooks.remove_one(_hook_name(model, path))
+        _framed.discard(model)
+    return None, (path or sites.root_name(model), type(model).__name__), True
 
 
 eager.set_module_resolver(eager_module)

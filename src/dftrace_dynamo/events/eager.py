@@ -204,7 +204,9 @@ _WRAPPER_WARNING = r"Using `torch\.compile\(module\)` when there are global hook
 def set_module_resolver(resolver) -> None:
     """``resolver(module, caller) -> (path, slice, keep)``: the path the ops of an eager call of
     ``module`` (called from ``caller``'s call, None at the top) carry (None: the caller's), whether
-    the call is a module slice, whether the answer holds for the module's later calls."""
+    the call is a module slice (or its ``(name, module type)`` where they are not the path and
+    ``module``'s class: a ``torch.compile`` wrapper's call is the compiled model's), whether the
+    answer holds for the module's later calls."""
     _state.resolver = resolver
 
 
@@ -216,18 +218,18 @@ def forget(module) -> None:
 def _resolve(module, caller):
     try:
         path, has_slice, keep = _state.resolver(module, None if caller is None else caller)
-        if path is None:
+        key = has_slice if isinstance(has_slice, tuple) else (path, type(module).__name__)
+        if key[0] is None:
             entry = (weakref.ref(module), 0, 0)
         else:
-            tags = _state.tags.get(path)
+            tags = 0 if path is None else _state.tags.get(path)  # 0: the caller's path
             if tags is None:
                 tags = _state.tags[path] = _core.intern_tags({schema.ARG_MODULE: path})
             site = 0
             if has_slice:
-                key = (path, type(module).__name__)
                 site = _state.slice_sites.get(key)
                 if site is None:
-                    site = _state.slice_sites[key] = _core.intern_site(path, schema.CAT_MODULE,
+                    site = _state.slice_sites[key] = _core.intern_site(key[0], schema.CAT_MODULE,
                                                                        {schema.ARG_MODULE_TYPE: key[1]})
             entry = (weakref.ref(module), tags, site)
         if keep:

@@ -266,8 +266,12 @@ def _finish(end: int) -> None:
 
 def _boundary(now: int) -> int:
     """Where a complete step (or an evaluation) ends when training work starts at ``now``: at the
-    first slice held back since, which belongs to what follows."""
-    return _state.deferred[0][2] if _state.deferred else now
+    first slice held back since, which belongs to what follows; else at ``now``, or where the
+    compiled model's call that ``now`` is in began (its slice is what follows)."""
+    if _state.deferred:
+        return _state.deferred[0][2]
+    since = _core.eager_open_since()
+    return min(now, since) if since else now
 
 
 def _flush(count: Optional[int] = None) -> None:
@@ -494,8 +498,8 @@ def _held(name: str, cat: str, start: int, end: int, args: Optional[dict] = None
     the complete step's iteration (which, if it is the last, ends after it)."""
     if tail:
         _state.complete_ns = end
-        if not _state.deferred:
-            _core.eager_release(_state.ops)  # the iteration's own (see _ahead)
+        if not _state.deferred:  # the iteration's own (see _ahead); those after it wait for the next
+            _core.eager_release(_state.ops, end)  # step's start, which may come before its first graph call
     elif _state.mode != TRAIN and _defer((name, cat, start, end, args, False, True)):
         return
     if _state.ops:
