@@ -160,6 +160,14 @@ def _start() -> None:
             return
         cfg, scopes = _profiler_config()
         _enable_profiler(cfg, set(), scopes)
+        # torch's observers miss the first op call that begins after they are enabled on a
+        # thread (the program's first op, or the outer op of its first nested ones): an op of
+        # ours takes that place, recorded as none (as a compile's)
+        _core.eager_compiling(1)
+        try:
+            torch.empty(0)
+        finally:
+            _core.eager_compiling(-1)
         _core.set_eager_observing(True)
         _state.thread = threading.get_ident()
         _modules_on()
