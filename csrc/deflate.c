@@ -151,6 +151,25 @@ struct dft_deflate {
     size_t nh;
     size_t rec;                       /* its aggregate record's offset + 1, 0: none (dft_deflate_record) */
     uint32_t rec_crc;                 /* the CRC-32 of the text before it */
+    dft_record_copy cp;               /* the record's copied events; len 0: none */
+    int ended;                        /* put_record ended the member's last block */
+    /* the copied events of the file's records so far as deflate blocks of fixed codes, none the
+     * last, matched only within the copied events: each record starts with the same text, so
+     * they are sent again as they are, not encoded again */
+    struct {
+        uint32_t *w;    /* whole 32-bit words of bits */
+        size_t nw, cap; /* their count; room */
+        uint64_t bb;    /* and the bits past them */
+        unsigned bn;
+        size_t text; /* bytes of copied events they hold */
+        struct {
+            size_t text, nw;
+            uint64_t bb;
+            unsigned bn;
+        } *end; /* each block's */
+        size_t nend, capend;
+    } kept;
+    uint32_t xlit[NLIT], xdist[NDIST], xpair[256]; /* symbols of blocks of fixed codes: not counted */
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
     uint32_t npair[256];               /* of them, the pairs sent at once (put_digits) */
     uint64_t pair[256];                /* the pairs' codes: bits | length << 32 */
@@ -166,6 +185,7 @@ struct dft_deflate {
 };
 
 static codes_t fixed;
+static uint64_t fixed_pair[256]; /* make_pairs of fixed */
 /* match length -> its symbol - 257 and extra bits; distance - 1 -> its code:
  * [v] below 256, [256 + (v >> 7)] above (zlib's trick); per code, the first
  * distance - 1 and the count of extra bits */
@@ -273,6 +293,8 @@ static void huff_lengths(const uint32_t *freq, unsigned n, unsigned limit, uint8
             len[key[k++] >> 32] = (uint8_t)l;
 }
 
+static void make_pairs(const codes_t *c, uint64_t *pair);
+
 static void init_tables(void) {
     static const uint16_t base[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
                                       31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
@@ -295,6 +317,7 @@ static void init_tables(void) {
         fixed.lit_len[i] = i < 144 ? 8 : i < 256 ? 9 : i < 280 ? 7 : 8;
     memset(fixed.dist_len, 5, NDIST);
     make_all_codes(&fixed);
+    make_pairs(&fixed, fixed_pair);
     for (const char *d = ",\":}"; *d; d++)
         delim[(unsigned char)*d] = 1;
     delim['\n'] = 2;
@@ -490,7 +513,7 @@ static ALWAYS_INLINE size_t prefix_upto(const unsigned char *a, const unsigned c
  * else a literal. Positions are those hashed here, in this member or (stale, checked like the
  * rest) an earlier one. */
 #define LZ_MIN 64
-static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t i, size_t end) {
+static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t lo, size_t i, size_t end) {
     dist_t d = {0, 0, 0, 0};
     size_t lit = i;
     while (i + 4 <= end) {
@@ -499,7 +522,7 @@ static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t i, siz
         slot = &w->lz[(x * 2654435761u) >> (32 - DFT_LZ_BITS)];
         size_t c = *slot;
         *slot = (uint32_t)i;
-        if (c < i && i - c <= WINDOW && (memcpy(&y, s + c, 4), x == y)) {
+        if (c >= lo && c < i && i - c <= WINDOW && (memcpy(&y, s + c, 4), x == y)) {
             size_t m = 4 + prefix_upto(s + i + 4, s + c + 4, end - i - 4);
             put_digits(w, s + lit, i - lit);
             put_match(w, m, (unsigned)(i - c), &d);
@@ -512,17 +535,97 @@ static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t i, siz
 }
 
 static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, size_t i, size_t end) {
-    lz_run(w, s, i, end);
+    lz_run(w, s, 0, i, end);
+}
+
+/* Below this many new bytes of copied events a record's rest is not kept (a kept block's header
+ * and end cost 10 bits). */
+#define KEPT_MIN 4096
+
+/* w on with fixed codes, its symbols not counted (put_record's own blocks) */
+static enc_t fixed_enc(dft_deflate *d, const enc_t *w) {
+    return (enc_t){w->bb, w->bn, w->o, &fixed, d->xlit, d->xdist, d->xpair, fixed_pair, w->lz};
+}
+
+/* d->kept holding the first stable bytes of the copied events at s[at..) (the blocks past them
+ * dropped), then up to len, if that adds KEPT_MIN bytes or more (a block of its own, matched
+ * within the copied events only). */
+static void keep_copy(dft_deflate *d, const enc_t *w, const unsigned char *s, size_t at, size_t len,
+                      size_t stable) {
+    __typeof__(d->kept) *k = &d->kept;
+    if (k->text > stable) {
+        while (k->nend && k->end[k->nend - 1].text > stable)
+            k->nend--;
+        k->text = k->nend ? k->end[k->nend - 1].text : 0;
+        k->nw = k->nend ? k->end[k->nend - 1].nw : 0;
+        k->bb = k->nend ? k->end[k->nend - 1].bb : 0;
+        k->bn = k->nend ? k->end[k->nend - 1].bn : 0;
+    }
+    if (len < k->text + KEPT_MIN)
+        return;
+    size_t words = k->nw + dft_gzip_bound(len - k->text) / 4 + 2;
+    if (words > k->cap) {
+        size_t cap = words + words / 2;
+        uint32_t *p = realloc(k->w, cap * sizeof *p);
+        if (!p)
+            return;
+        k->w = p;
+        k->cap = cap;
+    }
+    if (k->nend == k->capend) {
+        size_t cap = k->capend ? k->capend * 2 : 16;
+        __typeof__(k->end) p = realloc(k->end, cap * sizeof *p);
+        if (!p)
+            return;
+        k->end = p;
+        k->capend = cap;
+    }
+    enc_t t = fixed_enc(d, w);
+    t.bb = k->bb;
+    t.bn = k->bn;
+    t.o = (unsigned char *)(k->w + k->nw);
+    put_bits(&t, 1 << 1, 3); /* not the last block, fixed codes */
+    lz_run(&t, s, at, at + k->text, at + len);
+    put_bits(&t, fixed.lit[256] & 0xffff, fixed.lit[256] >> 16);
+    k->nw = (size_t)(t.o - (unsigned char *)k->w) / 4;
+    k->bb = t.bb;
+    k->bn = (unsigned)t.bn;
+    k->text = len;
+    k->end[k->nend++] = (__typeof__(k->end[0])){len, k->nw, k->bb, k->bn};
 }
 
 /* The aggregate record line at s[i] (dft_deflate_record): no event line resembles it, so it is
  * matched only against earlier positions from its start; a function of its own, whose cost
- * callgrind_costs.py reports apart (a checkpoint's, not an event's). Returns the next line's start. */
-static __attribute__((noinline)) size_t put_record(enc_t *w, const unsigned char *s, size_t i, size_t n) {
+ * callgrind_costs.py reports apart (a checkpoint's, not an event's). With its copied events
+ * (d->cp): the member's block ends before them, the kept blocks follow, and a last block of
+ * fixed codes holds the rest of the member (d->ended). Returns the next line's start. */
+static __attribute__((noinline)) size_t put_record(dft_deflate *d, enc_t *w, const unsigned char *s, size_t i,
+                                                   size_t n) {
     const unsigned char *e = memchr(s + i, '\n', n - i);
     size_t end = e ? (size_t)(e - s) + 1 : n;
-    lz_run(w, s, i, end);
-    return end;
+    const dft_record_copy cp = d->cp;
+    if (!cp.len || cp.at < i || cp.at + cp.len >= end) {
+        lz_run(w, s, 0, i, end);
+        return end;
+    }
+    lz_run(w, s, 0, i, cp.at);
+    w->nlit[256]++; /* the member's block ends */
+    put_bits(w, w->c->lit[256] & 0xffff, w->c->lit[256] >> 16);
+    keep_copy(d, w, s, cp.at, cp.len, cp.stable);
+    d->cp.stable = d->kept.text; /* encoded again (fixed codes after all): the same blocks */
+    for (size_t k = 0; k < d->kept.nw; k++)
+        put_bits(w, d->kept.w[k], 32);
+    if (d->kept.bn)
+        put_bits(w, d->kept.bb, d->kept.bn);
+    enc_t t = fixed_enc(d, w);
+    put_bits(&t, 1 | 1 << 1, 3); /* the last block, fixed codes */
+    lz_run(&t, s, 0, cp.at + d->kept.text, n);
+    put_bits(&t, fixed.lit[256] & 0xffff, fixed.lit[256] >> 16);
+    w->bb = t.bb;
+    w->bn = t.bn;
+    w->o = t.o;
+    d->ended = 1;
+    return n;
 }
 
 /* At a difference between s[i] and s[*j]: both go on from their next JSON delimiter (stepping
@@ -846,12 +949,17 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
         make_pairs(w->c, d->pair);
         d->paired = w->c;
     }
+    /* a record whose copied events go out as kept blocks (put_record) ends this block early */
+    unsigned last = !(d->rec && d->cp.len && d->cp.at >= d->rec - 1 && d->cp.at + d->cp.len <= n);
+    if (last)
+        d->cp.len = 0;
+    d->ended = 0;
     if (w->c == &fixed) {
-        put_bits(w, 1 | 1 << 1, 3); /* BFINAL, fixed Huffman codes */
+        put_bits(w, last | 1 << 1, 3); /* BFINAL, fixed Huffman codes */
     } else {
         unsigned k = 0;
         for (; k + 32 <= d->hdr_bits; k += 32)
-            put_bits(w, d->hdr[k / 32], 32);
+            put_bits(w, d->hdr[k / 32] & (k || last ? ~0u : ~1u), 32);
         if (k < d->hdr_bits)
             put_bits(w, d->hdr[k / 32], d->hdr_bits - k);
     }
@@ -860,7 +968,7 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
     for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next) {
         if (pos + 1 == d->rec) {
             enc_t t = e; /* a copy: e's address escapes not, e stays in registers */
-            next = put_record(&t, s, pos, n);
+            next = put_record(d, &t, s, pos, n);
             e = t;
             continue;
         }
@@ -875,8 +983,12 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
         d->nlit[PAIR_FIRST + (i >> 4)] += d->npair[i];
         d->nlit[PAIR_FIRST + (i & 15)] += d->npair[i];
     }
+    if (d->ended)
+        return;
     w->nlit[256]++; /* end of block */
     put_bits(w, w->c->lit[256] & 0xffff, w->c->lit[256] >> 16);
+    if (!last) /* the record was not met: an empty last block */
+        put_bits(w, 1 | 1 << 1 | (uint64_t)(fixed.lit[256] & 0xffff) << 3, 3 + (fixed.lit[256] >> 16));
 }
 
 /* Bits of the symbols counted in d with codes c (extra bits left out). */
@@ -898,14 +1010,20 @@ void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n) {
     d->h = h;
     d->nh = h ? n : 0;
     d->rec = 0;
+    d->cp.len = 0;
 }
 
-void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc) {
+void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc, const dft_record_copy *copy) {
     d->rec = at + 1;
     d->rec_crc = crc;
+    d->cp = copy ? *copy : (dft_record_copy){0, 0, 0};
 }
 
 void dft_deflate_free(dft_deflate *d) {
+    if (d) {
+        free(d->kept.w);
+        free(d->kept.end);
+    }
     free(d);
 }
 
@@ -947,6 +1065,7 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     d->h = NULL; /* hints hold for one member */
     d->nh = 0;
     d->rec = 0;
+    d->cp.len = 0;
     for (unsigned i = 0; i < NLIT; i++)
         d->acc_n += d->nlit[i], d->acc_lit[i] += d->nlit[i];
     for (unsigned i = 0; i < NDIST; i++)
