@@ -62,7 +62,8 @@ static struct {
     int64_t settle_upto, slice_max;
     int any_slice, slice_since, dirty;
     uint64_t last_ns, text, text_at, rec_len; /* event text applied: in all, at the last record; its length */
-    size_t copy_low, copy_at; /* copy's shortest length since the last record; its offset in the record */
+    size_t copy_low, copy_at, nums_at; /* copy's shortest length since the last record; in the record,
+                                        * its offset and that of the statistics */
 } A;
 
 static uint64_t mix(uint64_t h) {
@@ -836,6 +837,7 @@ static int record(dft_buf *b) {
                 return -1;
             first = 0;
         }
+    A.nums_at = b->len;
     if (PUTL(b, "],\"groups\":[") < 0)
         return -1;
     first = 1;
@@ -922,7 +924,7 @@ static int record(dft_buf *b) {
 
 /* Appends the record line to b (a checkpoint; at close, the last one, then frees everything). */
 uint32_t dft_agg_write(dft_buf *b, int last, dft_record_copy *copy) {
-    *copy = (dft_record_copy){0, 0, 0};
+    *copy = (dft_record_copy){0, 0, 0, 0};
     if (!A.on)
         return 0;
     size_t at = b->len;
@@ -960,7 +962,7 @@ uint32_t dft_agg_write(dft_buf *b, int last, dft_record_copy *copy) {
         if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":false") < 0)
             goto out;
     } else {
-        *copy = (dft_record_copy){A.copy_at, A.copy.len, A.copy_low};
+        *copy = (dft_record_copy){A.nums_at, A.copy_at, A.copy.len, A.copy_low};
     }
     if (PUTL(b, "}}\n") == 0) {
         A.copy_low = A.copy.len;

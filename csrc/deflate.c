@@ -608,7 +608,12 @@ static __attribute__((noinline)) size_t put_record(dft_deflate *d, enc_t *w, con
         lz_run(w, s, 0, i, end);
         return end;
     }
-    lz_run(w, s, 0, i, cp.at);
+    if (cp.nums >= i && cp.nums <= cp.at) {
+        lz_run(w, s, 0, i, cp.nums);
+        put_digits(w, s + cp.nums, cp.at - cp.nums);
+    } else {
+        lz_run(w, s, 0, i, cp.at);
+    }
     w->nlit[256]++; /* the member's block ends */
     put_bits(w, w->c->lit[256] & 0xffff, w->c->lit[256] >> 16);
     keep_copy(d, w, s, cp.at, cp.len, cp.stable);
@@ -1016,7 +1021,7 @@ void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n) {
 void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc, const dft_record_copy *copy) {
     d->rec = at + 1;
     d->rec_crc = crc;
-    d->cp = copy ? *copy : (dft_record_copy){0, 0, 0};
+    d->cp = copy ? *copy : (dft_record_copy){0, 0, 0, 0};
 }
 
 void dft_deflate_free(dft_deflate *d) {

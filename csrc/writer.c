@@ -24,7 +24,7 @@ dft_writer_t dft_w = {
  * would outweigh a slow thread's few events */
 #define MEMBER_NS 750000000ull
 #define MEMBER_MAX_NS 4750000000ull
-#define MEMBER_MIN (64u << 10)
+#define MEMBER_MIN (256u << 10) /* ~1,000 lines: a member's fixed cost is ~60 k instructions */
 #define MEMBER_BYTES (1u << 20)
 #define DRAIN_BATCH 1024u
 
