@@ -62,8 +62,9 @@ static struct {
     int64_t settle_upto, slice_max;
     int any_slice, slice_since, dirty;
     uint64_t last_ns, text, text_at, rec_len; /* event text applied: in all, at the last record; its length */
-    size_t copy_low, copy_at, nums_at; /* copy's shortest length since the last record; in the record,
-                                        * its offset and that of the statistics */
+    /* copy's shortest length since the last record; in the record, its offset and those of the
+     * keys and the statistics */
+    size_t copy_low, copy_at, keys_at, nums_at;
 } A;
 
 static uint64_t mix(uint64_t h) {
@@ -827,8 +828,10 @@ static inline char *put_lit(char *p, const char *s, size_t n) {
 
 static int record(dft_buf *b) {
     if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":") < 0 ||
-        (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0 ||
-        put(b, A.keys.p, A.keys.len) < 0 || PUTL(b, "],\"apart\":[") < 0)
+        (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0)
+        return -1;
+    A.keys_at = b->len;
+    if (put(b, A.keys.p, A.keys.len) < 0 || PUTL(b, "],\"apart\":[") < 0)
         return -1;
     int first = 1;
     for (uint32_t i = 0; i < A.nst; i++)
@@ -924,7 +927,7 @@ static int record(dft_buf *b) {
 
 /* Appends the record line to b (a checkpoint; at close, the last one, then frees everything). */
 uint32_t dft_agg_write(dft_buf *b, int last, dft_record_copy *copy) {
-    *copy = (dft_record_copy){0, 0, 0, 0};
+    *copy = (dft_record_copy){0, 0, 0, 0, 0, 0};
     if (!A.on)
         return 0;
     size_t at = b->len;
@@ -962,7 +965,7 @@ uint32_t dft_agg_write(dft_buf *b, int last, dft_record_copy *copy) {
         if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":false") < 0)
             goto out;
     } else {
-        *copy = (dft_record_copy){A.nums_at, A.copy_at, A.copy.len, A.copy_low};
+        *copy = (dft_record_copy){A.keys_at, A.keys.len, A.nums_at, A.copy_at, A.copy.len, A.copy_low};
     }
     if (PUTL(b, "}}\n") == 0) {
         A.copy_low = A.copy.len;

@@ -137,6 +137,23 @@ typedef struct {
     uint8_t same;          /* the text before the id and between the ts and the dur is the same */
 } pair_t;
 
+/* Text that only grows from one aggregate record to the next (its group keys, its copied
+ * events), as deflate blocks of fixed codes, none the last, matched only within that text: each
+ * record starts with the same text, so they are sent again as they are, not encoded again. */
+typedef struct {
+    uint32_t *w;    /* whole 32-bit words of bits */
+    size_t nw, cap; /* their count; room */
+    uint64_t bb;    /* and the bits past them */
+    unsigned bn;
+    size_t text; /* bytes of text they hold */
+    struct {
+        size_t text, nw;
+        uint64_t bb;
+        unsigned bn;
+    } *end; /* each block's */
+    size_t nend, capend;
+} kept_t;
+
 struct dft_deflate {
     /* per line key: the start of its last line in the block; per hint key and per hint fam:
      * the index of its last hinted line; each + 1 | the block's pass << PASS_SHIFT (other
@@ -153,22 +170,8 @@ struct dft_deflate {
     uint32_t rec_crc;                 /* the CRC-32 of the text before it */
     dft_record_copy cp;               /* the record's copied events; len 0: none */
     int ended;                        /* put_record ended the member's last block */
-    /* the copied events of the file's records so far as deflate blocks of fixed codes, none the
-     * last, matched only within the copied events: each record starts with the same text, so
-     * they are sent again as they are, not encoded again */
-    struct {
-        uint32_t *w;    /* whole 32-bit words of bits */
-        size_t nw, cap; /* their count; room */
-        uint64_t bb;    /* and the bits past them */
-        unsigned bn;
-        size_t text; /* bytes of copied events they hold */
-        struct {
-            size_t text, nw;
-            uint64_t bb;
-            unsigned bn;
-        } *end; /* each block's */
-        size_t nend, capend;
-    } kept;
+    /* the aggregate records' group keys [0] and copied events [1] so far (kept_t) */
+    kept_t kept[2];
     uint32_t xlit[NLIT], xdist[NDIST], xpair[256]; /* symbols of blocks of fixed codes: not counted */
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
     uint32_t npair[256];               /* of them, the pairs sent at once (put_digits) */
@@ -330,10 +333,11 @@ static void init_tables(void) {
 
 /* ---- bit output --------------------------------------------------------------
  * At most 32 bits at once; 4 bytes go out once 32 are held. */
-/* Two characters of '.', '/', the digits and ":;<=" (a pair index a << 4 | b)
+/* Two characters of ",-./", the digits and ":;" (a pair index a << 4 | b)
  * go out as one code, the two literals' codes in a row: most literals of a
- * line are the digits of its id, ts and dur. */
-#define PAIR_FIRST '.'
+ * line are the digits of its id, ts and dur, and of an aggregate record's
+ * statistics, between commas. */
+#define PAIR_FIRST ','
 typedef struct {
     uint64_t bb, bn; /* not 32-bit: the counts' stores cannot change them */
     unsigned char *o;
@@ -547,39 +551,8 @@ static enc_t fixed_enc(dft_deflate *d, const enc_t *w) {
     return (enc_t){w->bb, w->bn, w->o, &fixed, d->xlit, d->xdist, d->xpair, fixed_pair, w->lz};
 }
 
-/* d->kept holding the first stable bytes of the copied events at s[at..) (the blocks past them
- * dropped), then up to len, if that adds KEPT_MIN bytes or more (a block of its own, matched
- * within the copied events only). */
-static void keep_copy(dft_deflate *d, const enc_t *w, const unsigned char *s, size_t at, size_t len,
-                      size_t stable) {
-    __typeof__(d->kept) *k = &d->kept;
-    if (k->text > stable) {
-        while (k->nend && k->end[k->nend - 1].text > stable)
-            k->nend--;
-        k->text = k->nend ? k->end[k->nend - 1].text : 0;
-        k->nw = k->nend ? k->end[k->nend - 1].nw : 0;
-        k->bb = k->nend ? k->end[k->nend - 1].bb : 0;
-        k->bn = k->nend ? k->end[k->nend - 1].bn : 0;
-    }
-    if (len < k->text + KEPT_MIN)
-        return;
-    size_t words = k->nw + dft_gzip_bound(len - k->text) / 4 + 2;
-    if (words > k->cap) {
-        size_t cap = words + words / 2;
-        uint32_t *p = realloc(k->w, cap * sizeof *p);
-        if (!p)
-            return;
-        k->w = p;
-        k->cap = cap;
-    }
-    if (k->nend == k->capend) {
-        size_t cap = k->capend ? k->capend * 2 : 16;
-        __typeof__(k->end) p = realloc(k->end, cap * sizeof *p);
-        if (!p)
-            return;
-        k->end = p;
-        k->capend = cap;
-    }
+/* s[at + k->text, at + len) added to k, a block of its own */
+static void keep(dft_deflate *d, kept_t *k, const enc_t *w, const unsigned char *s, size_t at, size_t len) {
     enc_t t = fixed_enc(d, w);
     t.bb = k->bb;
     t.bn = k->bn;
@@ -594,41 +567,95 @@ static void keep_copy(dft_deflate *d, const enc_t *w, const unsigned char *s, si
     k->end[k->nend++] = (__typeof__(k->end[0])){len, k->nw, k->bb, k->bn};
 }
 
+/* k holding the first stable bytes of the text at s[at..) (the blocks past them dropped), then up
+ * to len, if that adds KEPT_MIN bytes or more (a block of its own, matched within that text only);
+ * then sent. */
+static void put_kept(dft_deflate *d, kept_t *k, enc_t *w, const unsigned char *s, size_t at, size_t len,
+                     size_t stable) {
+    stable = stable < len ? stable : len;
+    if (k->text > stable) {
+        while (k->nend && k->end[k->nend - 1].text > stable)
+            k->nend--;
+        k->text = k->nend ? k->end[k->nend - 1].text : 0;
+        k->nw = k->nend ? k->end[k->nend - 1].nw : 0;
+        k->bb = k->nend ? k->end[k->nend - 1].bb : 0;
+        k->bn = k->nend ? k->end[k->nend - 1].bn : 0;
+    }
+    size_t words = k->nw + dft_gzip_bound(len - k->text) / 4 + 2;
+    if (len >= k->text + KEPT_MIN && words > k->cap) {
+        size_t cap = words + words / 2;
+        uint32_t *p = realloc(k->w, cap * sizeof *p);
+        k->w = p ? p : k->w;
+        k->cap = p ? cap : k->cap;
+    }
+    if (len >= k->text + KEPT_MIN && k->nend == k->capend) {
+        size_t cap = k->capend ? k->capend * 2 : 16;
+        __typeof__(k->end) p = realloc(k->end, cap * sizeof *p);
+        k->end = p ? p : k->end;
+        k->capend = p ? cap : k->capend;
+    }
+    if (len >= k->text + KEPT_MIN && words <= k->cap && k->nend < k->capend)
+        keep(d, k, w, s, at, len);
+    for (size_t j = 0; j < k->nw; j++)
+        put_bits(w, k->w[j], 32);
+    if (k->bn)
+        put_bits(w, k->bb, k->bn);
+}
+
+/* The header of a block with w's codes (the member's), not the last: put_record's blocks after
+ * kept ones. */
+static void put_header(const dft_deflate *d, enc_t *w, unsigned last) {
+    if (w->c == &fixed) {
+        put_bits(w, last | 1 << 1, 3);
+        return;
+    }
+    unsigned k = 0;
+    for (; k + 32 <= d->hdr_bits; k += 32)
+        put_bits(w, d->hdr[k / 32] & (k || last ? ~0u : ~1u), 32);
+    if (k < d->hdr_bits)
+        put_bits(w, d->hdr[k / 32], d->hdr_bits - k);
+}
+
 /* The aggregate record line at s[i] (dft_deflate_record): no event line resembles it, so it is
  * matched only against earlier positions from its start; a function of its own, whose cost
- * callgrind_costs.py reports apart (a checkpoint's, not an event's). With its copied events
- * (d->cp): the member's block ends before them, the kept blocks follow, and a last block of
- * fixed codes holds the rest of the member (d->ended). Returns the next line's start. */
+ * callgrind_costs.py reports apart (a checkpoint's, not an event's). With its parts (d->cp): the
+ * member's block ends before its group keys, which go out as kept blocks; the statistics follow
+ * in a block of the member's codes, as literals (a match search finds little in them); then the
+ * copied events as kept blocks, and a last block of fixed codes with the rest of the member
+ * (d->ended). Returns the next line's start. */
 static __attribute__((noinline)) size_t put_record(dft_deflate *d, enc_t *w, const unsigned char *s, size_t i,
                                                    size_t n) {
-    const unsigned char *e = memchr(s + i, '\n', n - i);
-    size_t end = e ? (size_t)(e - s) + 1 : n;
+    const unsigned char *nl = memchr(s + i, '\n', n - i);
+    size_t end = nl ? (size_t)(nl - s) + 1 : n;
     const dft_record_copy cp = d->cp;
-    if (!cp.len || cp.at < i || cp.at + cp.len >= end) {
-        lz_run(w, s, 0, i, end);
+    enc_t e = *w, t; /* locals, in registers: their addresses go to no callee but a copy's */
+    if (!cp.len) {
+        lz_run(&e, s, 0, i, end);
+        *w = e;
         return end;
     }
-    if (cp.nums >= i && cp.nums <= cp.at) {
-        lz_run(w, s, 0, i, cp.nums);
-        put_digits(w, s + cp.nums, cp.at - cp.nums);
-    } else {
-        lz_run(w, s, 0, i, cp.at);
-    }
-    w->nlit[256]++; /* the member's block ends */
-    put_bits(w, w->c->lit[256] & 0xffff, w->c->lit[256] >> 16);
-    keep_copy(d, w, s, cp.at, cp.len, cp.stable);
-    d->cp.stable = d->kept.text; /* encoded again (fixed codes after all): the same blocks */
-    for (size_t k = 0; k < d->kept.nw; k++)
-        put_bits(w, d->kept.w[k], 32);
-    if (d->kept.bn)
-        put_bits(w, d->kept.bb, d->kept.bn);
-    enc_t t = fixed_enc(d, w);
-    put_bits(&t, 1 | 1 << 1, 3); /* the last block, fixed codes */
-    lz_run(&t, s, 0, cp.at + d->kept.text, n);
-    put_bits(&t, fixed.lit[256] & 0xffff, fixed.lit[256] >> 16);
-    w->bb = t.bb;
-    w->bn = t.bn;
-    w->o = t.o;
+    lz_run(&e, s, 0, i, cp.keys);
+    e.nlit[256]++; /* the member's block ends */
+    put_bits(&e, e.c->lit[256] & 0xffff, e.c->lit[256] >> 16);
+    t = e;
+    put_kept(d, &d->kept[0], &t, s, cp.keys, cp.nkeys, cp.nkeys);
+    put_header(d, &t, 0);
+    e = t;
+    lz_run(&e, s, 0, cp.keys + d->kept[0].text, cp.nums);
+    put_digits(&e, s + cp.nums, cp.at - cp.nums);
+    e.nlit[256]++;
+    put_bits(&e, e.c->lit[256] & 0xffff, e.c->lit[256] >> 16);
+    t = e;
+    put_kept(d, &d->kept[1], &t, s, cp.at, cp.len, cp.stable);
+    d->cp.stable = d->kept[1].text; /* encoded again (fixed codes after all): the same blocks */
+    enc_t f = fixed_enc(d, &t);
+    put_bits(&f, 1 | 1 << 1, 3); /* the last block, fixed codes */
+    lz_run(&f, s, 0, cp.at + d->kept[1].text, n);
+    put_bits(&f, fixed.lit[256] & 0xffff, fixed.lit[256] >> 16);
+    e.bb = f.bb;
+    e.bn = f.bn;
+    e.o = f.o;
+    *w = e;
     d->ended = 1;
     return n;
 }
@@ -955,19 +982,13 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
         d->paired = w->c;
     }
     /* a record whose copied events go out as kept blocks (put_record) ends this block early */
-    unsigned last = !(d->rec && d->cp.len && d->cp.at >= d->rec - 1 && d->cp.at + d->cp.len <= n);
+    const dft_record_copy *cp = &d->cp;
+    unsigned last = !(d->rec && cp->len && d->rec - 1 <= cp->keys && cp->keys + cp->nkeys <= cp->nums &&
+                      cp->nums <= cp->at && cp->at + cp->len <= n);
     if (last)
         d->cp.len = 0;
     d->ended = 0;
-    if (w->c == &fixed) {
-        put_bits(w, last | 1 << 1, 3); /* BFINAL, fixed Huffman codes */
-    } else {
-        unsigned k = 0;
-        for (; k + 32 <= d->hdr_bits; k += 32)
-            put_bits(w, d->hdr[k / 32] & (k || last ? ~0u : ~1u), 32);
-        if (k < d->hdr_bits)
-            put_bits(w, d->hdr[k / 32], d->hdr_bits - k);
-    }
+    put_header(d, w, last);
     enc_t e = *w; /* a local: the output's bytes cannot alias it, it stays in registers */
     const dft_line_hint *h = d->h, *he = h ? h + d->nh : NULL;
     for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next) {
@@ -1021,13 +1042,13 @@ void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n) {
 void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc, const dft_record_copy *copy) {
     d->rec = at + 1;
     d->rec_crc = crc;
-    d->cp = copy ? *copy : (dft_record_copy){0, 0, 0, 0};
+    d->cp = copy ? *copy : (dft_record_copy){0, 0, 0, 0, 0, 0};
 }
 
 void dft_deflate_free(dft_deflate *d) {
-    if (d) {
-        free(d->kept.w);
-        free(d->kept.end);
+    for (int k = 0; d && k < 2; k++) {
+        free(d->kept[k].w);
+        free(d->kept[k].end);
     }
     free(d);
 }
