@@ -62,6 +62,9 @@ static struct {
     int64_t settle_upto, slice_max;
     int any_slice, slice_since, dirty;
     uint64_t last_ns, text, text_at, rec_len; /* event text applied: in all, at the last record; its length */
+    /* copy's shortest length since the last record; in the record, its offset and those of the
+     * keys and the statistics */
+    size_t copy_low, copy_at, keys_at, nums_at;
 } A;
 
 static uint64_t mix(uint64_t h) {
@@ -557,6 +560,7 @@ static int eager_copy(const char *line, size_t len, int64_t step, uint64_t ns) {
     while (ok && tail.n && tail.e[tail.n - 1].step == step && a <= tail.e[tail.n - 1].a &&
            tail.e[tail.n - 1].b <= a + ns)
         A.copy.len = tail.e[--tail.n].off;
+    A.copy_low = A.copy.len < A.copy_low ? A.copy.len : A.copy_low;
     size_t off = A.copy.len;
     if (copy_line(line, len) < 0)
         return -1;
@@ -824,8 +828,10 @@ static inline char *put_lit(char *p, const char *s, size_t n) {
 
 static int record(dft_buf *b) {
     if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":") < 0 ||
-        (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0 ||
-        put(b, A.keys.p, A.keys.len) < 0 || PUTL(b, "],\"apart\":[") < 0)
+        (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0)
+        return -1;
+    A.keys_at = b->len;
+    if (put(b, A.keys.p, A.keys.len) < 0 || PUTL(b, "],\"apart\":[") < 0)
         return -1;
     int first = 1;
     for (uint32_t i = 0; i < A.nst; i++)
@@ -834,6 +840,7 @@ static int record(dft_buf *b) {
                 return -1;
             first = 0;
         }
+    A.nums_at = b->len;
     if (PUTL(b, "],\"groups\":[") < 0)
         return -1;
     first = 1;
@@ -912,11 +919,15 @@ static int record(dft_buf *b) {
         if (PUTL(b, "]") < 0)
             return -1;
     }
-    return (PUTL(b, ",\"events\":[") < 0 || put(b, A.copy.p, A.copy.len) < 0 || PUTL(b, "]") < 0) ? -1 : 0;
+    if (PUTL(b, ",\"events\":[") < 0)
+        return -1;
+    A.copy_at = b->len;
+    return (put(b, A.copy.p, A.copy.len) < 0 || PUTL(b, "]") < 0) ? -1 : 0;
 }
 
 /* Appends the record line to b (a checkpoint; at close, the last one, then frees everything). */
-uint32_t dft_agg_write(dft_buf *b, int last) {
+uint32_t dft_agg_write(dft_buf *b, int last, dft_record_copy *copy) {
+    *copy = (dft_record_copy){0, 0, 0, 0, 0, 0};
     if (!A.on)
         return 0;
     size_t at = b->len;
@@ -953,8 +964,11 @@ uint32_t dft_agg_write(dft_buf *b, int last) {
         b->len = body;
         if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"complete\":false") < 0)
             goto out;
+    } else {
+        *copy = (dft_record_copy){A.keys_at, A.keys.len, A.nums_at, A.copy_at, A.copy.len, A.copy_low};
     }
     if (PUTL(b, "}}\n") == 0) {
+        A.copy_low = A.copy.len;
         dft_w.next_id++;
         A.dirty = A.slice_since = 0;
         A.last_ns = dft_mono();

@@ -436,8 +436,10 @@ void dft_agg_forget(void); /* a forked child: drop (leak) the parent's state wit
 void dft_writer_forget(void); /* the same for the writer thread's own buffers */
 void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t dur_ns); /* its line */
 int dft_agg_tick(void);                   /* after a drain pass: 1 when a checkpoint is due */
-/* the record line; last: at close. Returns the CRC-32 of b's text before it (its covers). */
-uint32_t dft_agg_write(dft_buf *b, int last);
+/* the record line; last: at close. Returns the CRC-32 of b's text before it (its covers); copy
+ * (deflate.h): where its copied events lie in b, for the encoder */
+struct dft_record_copy;
+uint32_t dft_agg_write(dft_buf *b, int last, struct dft_record_copy *copy);
 
 /* ---- flight recorder (flight.c) ------------------------------------------ */
 extern int dft_flight_on;       /* this file's members are kept in memory (writer thread) */

@@ -137,6 +137,23 @@ typedef struct {
     uint8_t same;          /* the text before the id and between the ts and the dur is the same */
 } pair_t;
 
+/* Text that only grows from one aggregate record to the next (its group keys, its copied
+ * events), as deflate blocks of fixed codes, none the last, matched only within that text: each
+ * record starts with the same text, so they are sent again as they are, not encoded again. */
+typedef struct {
+    uint32_t *w;    /* whole 32-bit words of bits */
+    size_t nw, cap; /* their count; room */
+    uint64_t bb;    /* and the bits past them */
+    unsigned bn;
+    size_t text; /* bytes of text they hold */
+    struct {
+        size_t text, nw;
+        uint64_t bb;
+        unsigned bn;
+    } *end; /* each block's */
+    size_t nend, capend;
+} kept_t;
+
 struct dft_deflate {
     /* per line key: the start of its last line in the block; per hint key and per hint fam:
      * the index of its last hinted line; each + 1 | the block's pass << PASS_SHIFT (other
@@ -151,6 +168,11 @@ struct dft_deflate {
     size_t nh;
     size_t rec;                       /* its aggregate record's offset + 1, 0: none (dft_deflate_record) */
     uint32_t rec_crc;                 /* the CRC-32 of the text before it */
+    dft_record_copy cp;               /* the record's copied events; len 0: none */
+    int ended;                        /* put_record ended the member's last block */
+    /* the aggregate records' group keys [0] and copied events [1] so far (kept_t) */
+    kept_t kept[2];
+    uint32_t xlit[NLIT], xdist[NDIST], xpair[256]; /* symbols of blocks of fixed codes: not counted */
     uint32_t nlit[NLIT], ndist[NDIST]; /* symbols of the member being encoded */
     uint32_t npair[256];               /* of them, the pairs sent at once (put_digits) */
     uint64_t pair[256];                /* the pairs' codes: bits | length << 32 */
@@ -166,6 +188,7 @@ struct dft_deflate {
 };
 
 static codes_t fixed;
+static uint64_t fixed_pair[256]; /* make_pairs of fixed */
 /* match length -> its symbol - 257 and extra bits; distance - 1 -> its code:
  * [v] below 256, [256 + (v >> 7)] above (zlib's trick); per code, the first
  * distance - 1 and the count of extra bits */
@@ -273,6 +296,8 @@ static void huff_lengths(const uint32_t *freq, unsigned n, unsigned limit, uint8
             len[key[k++] >> 32] = (uint8_t)l;
 }
 
+static void make_pairs(const codes_t *c, uint64_t *pair);
+
 static void init_tables(void) {
     static const uint16_t base[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
                                       31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
@@ -295,6 +320,7 @@ static void init_tables(void) {
         fixed.lit_len[i] = i < 144 ? 8 : i < 256 ? 9 : i < 280 ? 7 : 8;
     memset(fixed.dist_len, 5, NDIST);
     make_all_codes(&fixed);
+    make_pairs(&fixed, fixed_pair);
     for (const char *d = ",\":}"; *d; d++)
         delim[(unsigned char)*d] = 1;
     delim['\n'] = 2;
@@ -307,10 +333,11 @@ static void init_tables(void) {
 
 /* ---- bit output --------------------------------------------------------------
  * At most 32 bits at once; 4 bytes go out once 32 are held. */
-/* Two characters of '.', '/', the digits and ":;<=" (a pair index a << 4 | b)
+/* Two characters of ",-./", the digits and ":;" (a pair index a << 4 | b)
  * go out as one code, the two literals' codes in a row: most literals of a
- * line are the digits of its id, ts and dur. */
-#define PAIR_FIRST '.'
+ * line are the digits of its id, ts and dur, and of an aggregate record's
+ * statistics, between commas. */
+#define PAIR_FIRST ','
 typedef struct {
     uint64_t bb, bn; /* not 32-bit: the counts' stores cannot change them */
     unsigned char *o;
@@ -490,7 +517,7 @@ static ALWAYS_INLINE size_t prefix_upto(const unsigned char *a, const unsigned c
  * else a literal. Positions are those hashed here, in this member or (stale, checked like the
  * rest) an earlier one. */
 #define LZ_MIN 64
-static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t i, size_t end) {
+static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t lo, size_t i, size_t end) {
     dist_t d = {0, 0, 0, 0};
     size_t lit = i;
     while (i + 4 <= end) {
@@ -499,7 +526,7 @@ static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t i, siz
         slot = &w->lz[(x * 2654435761u) >> (32 - DFT_LZ_BITS)];
         size_t c = *slot;
         *slot = (uint32_t)i;
-        if (c < i && i - c <= WINDOW && (memcpy(&y, s + c, 4), x == y)) {
+        if (c >= lo && c < i && i - c <= WINDOW && (memcpy(&y, s + c, 4), x == y)) {
             size_t m = 4 + prefix_upto(s + i + 4, s + c + 4, end - i - 4);
             put_digits(w, s + lit, i - lit);
             put_match(w, m, (unsigned)(i - c), &d);
@@ -512,17 +539,125 @@ static ALWAYS_INLINE void lz_run(enc_t *w, const unsigned char *s, size_t i, siz
 }
 
 static __attribute__((noinline)) void put_lz(enc_t *w, const unsigned char *s, size_t i, size_t end) {
-    lz_run(w, s, i, end);
+    lz_run(w, s, 0, i, end);
+}
+
+/* Below this many new bytes of copied events a record's rest is not kept (a kept block's header
+ * and end cost 10 bits). */
+#define KEPT_MIN 4096
+
+/* w on with fixed codes, its symbols not counted (put_record's own blocks) */
+static enc_t fixed_enc(dft_deflate *d, const enc_t *w) {
+    return (enc_t){w->bb, w->bn, w->o, &fixed, d->xlit, d->xdist, d->xpair, fixed_pair, w->lz};
+}
+
+/* s[at + k->text, at + len) added to k, a block of its own */
+static void keep(dft_deflate *d, kept_t *k, const enc_t *w, const unsigned char *s, size_t at, size_t len) {
+    enc_t t = fixed_enc(d, w);
+    t.bb = k->bb;
+    t.bn = k->bn;
+    t.o = (unsigned char *)(k->w + k->nw);
+    put_bits(&t, 1 << 1, 3); /* not the last block, fixed codes */
+    lz_run(&t, s, at, at + k->text, at + len);
+    put_bits(&t, fixed.lit[256] & 0xffff, fixed.lit[256] >> 16);
+    k->nw = (size_t)(t.o - (unsigned char *)k->w) / 4;
+    k->bb = t.bb;
+    k->bn = (unsigned)t.bn;
+    k->text = len;
+    k->end[k->nend++] = (__typeof__(k->end[0])){len, k->nw, k->bb, k->bn};
+}
+
+/* k holding the first stable bytes of the text at s[at..) (the blocks past them dropped), then up
+ * to len, if that adds KEPT_MIN bytes or more (a block of its own, matched within that text only);
+ * then sent. */
+static void put_kept(dft_deflate *d, kept_t *k, enc_t *w, const unsigned char *s, size_t at, size_t len,
+                     size_t stable) {
+    stable = stable < len ? stable : len;
+    if (k->text > stable) {
+        while (k->nend && k->end[k->nend - 1].text > stable)
+            k->nend--;
+        k->text = k->nend ? k->end[k->nend - 1].text : 0;
+        k->nw = k->nend ? k->end[k->nend - 1].nw : 0;
+        k->bb = k->nend ? k->end[k->nend - 1].bb : 0;
+        k->bn = k->nend ? k->end[k->nend - 1].bn : 0;
+    }
+    size_t words = k->nw + dft_gzip_bound(len - k->text) / 4 + 2;
+    if (len >= k->text + KEPT_MIN && words > k->cap) {
+        size_t cap = words + words / 2;
+        uint32_t *p = realloc(k->w, cap * sizeof *p);
+        k->w = p ? p : k->w;
+        k->cap = p ? cap : k->cap;
+    }
+    if (len >= k->text + KEPT_MIN && k->nend == k->capend) {
+        size_t cap = k->capend ? k->capend * 2 : 16;
+        __typeof__(k->end) p = realloc(k->end, cap * sizeof *p);
+        k->end = p ? p : k->end;
+        k->capend = p ? cap : k->capend;
+    }
+    if (len >= k->text + KEPT_MIN && words <= k->cap && k->nend < k->capend)
+        keep(d, k, w, s, at, len);
+    for (size_t j = 0; j < k->nw; j++)
+        put_bits(w, k->w[j], 32);
+    if (k->bn)
+        put_bits(w, k->bb, k->bn);
+}
+
+/* The header of a block with w's codes (the member's), not the last: put_record's blocks after
+ * kept ones. */
+static void put_header(const dft_deflate *d, enc_t *w, unsigned last) {
+    if (w->c == &fixed) {
+        put_bits(w, last | 1 << 1, 3);
+        return;
+    }
+    unsigned k = 0;
+    for (; k + 32 <= d->hdr_bits; k += 32)
+        put_bits(w, d->hdr[k / 32] & (k || last ? ~0u : ~1u), 32);
+    if (k < d->hdr_bits)
+        put_bits(w, d->hdr[k / 32], d->hdr_bits - k);
 }
 
 /* The aggregate record line at s[i] (dft_deflate_record): no event line resembles it, so it is
  * matched only against earlier positions from its start; a function of its own, whose cost
- * callgrind_costs.py reports apart (a checkpoint's, not an event's). Returns the next line's start. */
-static __attribute__((noinline)) size_t put_record(enc_t *w, const unsigned char *s, size_t i, size_t n) {
-    const unsigned char *e = memchr(s + i, '\n', n - i);
-    size_t end = e ? (size_t)(e - s) + 1 : n;
-    lz_run(w, s, i, end);
-    return end;
+ * callgrind_costs.py reports apart (a checkpoint's, not an event's). With its parts (d->cp): the
+ * member's block ends before its group keys, which go out as kept blocks; the statistics follow
+ * in a block of the member's codes, as literals (a match search finds little in them); then the
+ * copied events as kept blocks, and a last block of fixed codes with the rest of the member
+ * (d->ended). Returns the next line's start. */
+static __attribute__((noinline)) size_t put_record(dft_deflate *d, enc_t *w, const unsigned char *s, size_t i,
+                                                   size_t n) {
+    const unsigned char *nl = memchr(s + i, '\n', n - i);
+    size_t end = nl ? (size_t)(nl - s) + 1 : n;
+    const dft_record_copy cp = d->cp;
+    enc_t e = *w, t; /* locals, in registers: their addresses go to no callee but a copy's */
+    if (!cp.len) {
+        lz_run(&e, s, 0, i, end);
+        *w = e;
+        return end;
+    }
+    lz_run(&e, s, 0, i, cp.keys);
+    e.nlit[256]++; /* the member's block ends */
+    put_bits(&e, e.c->lit[256] & 0xffff, e.c->lit[256] >> 16);
+    t = e;
+    put_kept(d, &d->kept[0], &t, s, cp.keys, cp.nkeys, cp.nkeys);
+    put_header(d, &t, 0);
+    e = t;
+    lz_run(&e, s, 0, cp.keys + d->kept[0].text, cp.nums);
+    put_digits(&e, s + cp.nums, cp.at - cp.nums);
+    e.nlit[256]++;
+    put_bits(&e, e.c->lit[256] & 0xffff, e.c->lit[256] >> 16);
+    t = e;
+    put_kept(d, &d->kept[1], &t, s, cp.at, cp.len, cp.stable);
+    d->cp.stable = d->kept[1].text; /* encoded again (fixed codes after all): the same blocks */
+    enc_t f = fixed_enc(d, &t);
+    put_bits(&f, 1 | 1 << 1, 3); /* the last block, fixed codes */
+    lz_run(&f, s, 0, cp.at + d->kept[1].text, n);
+    put_bits(&f, fixed.lit[256] & 0xffff, fixed.lit[256] >> 16);
+    e.bb = f.bb;
+    e.bn = f.bn;
+    e.o = f.o;
+    *w = e;
+    d->ended = 1;
+    return n;
 }
 
 /* At a difference between s[i] and s[*j]: both go on from their next JSON delimiter (stepping
@@ -846,21 +981,20 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
         make_pairs(w->c, d->pair);
         d->paired = w->c;
     }
-    if (w->c == &fixed) {
-        put_bits(w, 1 | 1 << 1, 3); /* BFINAL, fixed Huffman codes */
-    } else {
-        unsigned k = 0;
-        for (; k + 32 <= d->hdr_bits; k += 32)
-            put_bits(w, d->hdr[k / 32], 32);
-        if (k < d->hdr_bits)
-            put_bits(w, d->hdr[k / 32], d->hdr_bits - k);
-    }
+    /* a record whose copied events go out as kept blocks (put_record) ends this block early */
+    const dft_record_copy *cp = &d->cp;
+    unsigned last = !(d->rec && cp->len && d->rec - 1 <= cp->keys && cp->keys + cp->nkeys <= cp->nums &&
+                      cp->nums <= cp->at && cp->at + cp->len <= n);
+    if (last)
+        d->cp.len = 0;
+    d->ended = 0;
+    put_header(d, w, last);
     enc_t e = *w; /* a local: the output's bytes cannot alias it, it stays in registers */
     const dft_line_hint *h = d->h, *he = h ? h + d->nh : NULL;
     for (size_t pos = 0, prev = 0, next; pos < n; prev = pos, pos = next) {
         if (pos + 1 == d->rec) {
             enc_t t = e; /* a copy: e's address escapes not, e stays in registers */
-            next = put_record(&t, s, pos, n);
+            next = put_record(d, &t, s, pos, n);
             e = t;
             continue;
         }
@@ -875,8 +1009,12 @@ static void put_block(dft_deflate *d, enc_t *w, const unsigned char *s, size_t n
         d->nlit[PAIR_FIRST + (i >> 4)] += d->npair[i];
         d->nlit[PAIR_FIRST + (i & 15)] += d->npair[i];
     }
+    if (d->ended)
+        return;
     w->nlit[256]++; /* end of block */
     put_bits(w, w->c->lit[256] & 0xffff, w->c->lit[256] >> 16);
+    if (!last) /* the record was not met: an empty last block */
+        put_bits(w, 1 | 1 << 1 | (uint64_t)(fixed.lit[256] & 0xffff) << 3, 3 + (fixed.lit[256] >> 16));
 }
 
 /* Bits of the symbols counted in d with codes c (extra bits left out). */
@@ -898,14 +1036,20 @@ void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n) {
     d->h = h;
     d->nh = h ? n : 0;
     d->rec = 0;
+    d->cp.len = 0;
 }
 
-void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc) {
+void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc, const dft_record_copy *copy) {
     d->rec = at + 1;
     d->rec_crc = crc;
+    d->cp = copy ? *copy : (dft_record_copy){0, 0, 0, 0, 0, 0};
 }
 
 void dft_deflate_free(dft_deflate *d) {
+    for (int k = 0; d && k < 2; k++) {
+        free(d->kept[k].w);
+        free(d->kept[k].end);
+    }
     free(d);
 }
 
@@ -947,6 +1091,7 @@ size_t dft_gzip_member(dft_deflate *d, const char *text, size_t n, unsigned char
     d->h = NULL; /* hints hold for one member */
     d->nh = 0;
     d->rec = 0;
+    d->cp.len = 0;
     for (unsigned i = 0; i < NLIT; i++)
         d->acc_n += d->nlit[i], d->acc_lit[i] += d->nlit[i];
     for (unsigned i = 0; i < NDIST; i++)

@@ -33,10 +33,21 @@ typedef struct {
  * order of the text; kept, not copied, until that call); NULL: none. Hints
  * out of bounds or order are ignored; the rest are trusted. */
 void dft_deflate_hints(dft_deflate *d, const dft_line_hint *h, size_t n);
+/* The parts of an aggregate record (aggregates.c), as offsets in the member's text: from keys,
+ * nkeys bytes of group keys, text that only grows from record to record; from nums its
+ * statistics, numbers that change from record to record; from at, len bytes of copied events,
+ * which only grow too, but for their last bytes: their first stable bytes are those of the file's
+ * previous record. */
+typedef struct dft_record_copy {
+    size_t keys, nkeys, nums, at, len, stable;
+} dft_record_copy;
 /* After dft_deflate_hints: the line at offset at of the next member's text is an aggregate
  * record, encoded apart, and crc the CRC-32 of the text before it (computed for the record's
- * covers), which the member's CRC goes on from. */
-void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc);
+ * covers), which the member's CRC goes on from. With copy (len > 0): its numbers go out as
+ * literals (a match search finds little in them), its keys and copied events as the deflate
+ * blocks kept from the file's earlier records for their stable part, only the rest encoded
+ * (once, and kept in its turn). */
+void dft_deflate_record(dft_deflate *d, size_t at, uint32_t crc, const dft_record_copy *copy);
 
 /* CRC-32 as zlib's crc32(crc, p, n), with carry-less multiplication where the CPU has it
  * (~0.35 instructions a byte against zlib's ~3 here): the sink's running CRC of the file and

@@ -24,7 +24,7 @@ dft_writer_t dft_w = {
  * would outweigh a slow thread's few events */
 #define MEMBER_NS 750000000ull
 #define MEMBER_MAX_NS 4750000000ull
-#define MEMBER_MIN (64u << 10)
+#define MEMBER_MIN (256u << 10) /* ~1,000 lines: a member's fixed cost is ~60 k instructions */
 #define MEMBER_BYTES (1u << 20)
 #define DRAIN_BATCH 1024u
 
@@ -397,11 +397,12 @@ static void hint_line(uint64_t key, uint64_t fam, uint64_t cls, const char *line
  * dft_deflate_record); 0: none. */
 static size_t record_at;
 static uint32_t record_crc; /* of the text before it */
+static dft_record_copy record_copy;
 
 /* The aggregate record: a checkpoint's, or the last one (at close). */
 static void write_record(int last) {
     size_t at = dft_w.fmt.len;
-    uint32_t crc = dft_agg_write(&dft_w.fmt, last);
+    uint32_t crc = dft_agg_write(&dft_w.fmt, last, &record_copy);
     if (dft_w.fmt.len > at) {
         record_at = at + 1;
         record_crc = crc;
@@ -641,7 +642,7 @@ static void end_member(void) {
     if (dft_w.sink.dfl) {
         dft_deflate_hints(dft_w.sink.dfl, hints.h, hints.n);
         if (rec)
-            dft_deflate_record(dft_w.sink.dfl, rec - 1, record_crc);
+            dft_deflate_record(dft_w.sink.dfl, rec - 1, record_crc, &record_copy);
     }
     int rc = dft_flight_on ? dft_flight_keep(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len, dft_w.member_events)
                            : dft_sink_write(&dft_w.sink, dft_w.fmt.p, dft_w.fmt.len);

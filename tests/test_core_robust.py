@@ -201,7 +201,7 @@ def test_sigkill_keeps_events_up_to_about_a_second(tmp_path):
 
 
 def test_a_slow_thread_s_events_share_members(tmp_path):
-    """A thread recording ~50 events a second: its events wait for 64 KiB of text (a member a
+    """A thread recording ~50 events a second: its events wait for 256 KiB of text (a member a
     second would hold a few dozen lines, mostly fixed cost), yet no longer than about 5 s (or
     the first aggregate checkpoint, which ends its member)."""
     site = _core.intern_site("op", "c")
