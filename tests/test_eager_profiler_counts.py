@@ -60,8 +60,6 @@ def test_per_step_op_counts_equal_profiler(tmp_path, program):
         assert ours[k] == truth["ops"][k], (k, ours, truth["ops"], differing(events, truth, k))
 
 
-@pytest.mark.xfail(strict=True, reason="the next iteration's ops between its zero_grad() and its first "
-                                       "forward land in the evaluation before it (events.steps)")
 def test_per_step_op_counts_equal_profiler_with_evaluation(tmp_path):
     """Dynamic shapes (a recompile) and an evaluation after each optimizer step: each step's op
     events equal the profiler's top-level ops of the iteration outside its evaluation (the
