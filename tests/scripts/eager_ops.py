@@ -109,6 +109,8 @@ def profile_truth(prof):
 
 
 def main():
+    from side_by_side import profiled, traced  # a sibling when run as a script (tests import this module)
+
     ap = argparse.ArgumentParser()
     ap.add_argument("shape")
     ap.add_argument("out")
@@ -117,16 +119,9 @@ def main():
     a = ap.parse_args()
     out = {}
     if a.trace:
-        from dftrace_dynamo import dftracer
-        from dftrace_dynamo.backend import tracer  # noqa: F401
-
-        dftracer.initialize_log(a.trace, None, -1)
-        out["losses"], out["params"] = loop(a.shape, lambda m: torch.compile(m, backend="dftrace"))
-        dftracer.finalize()
+        out["losses"], out["params"] = traced(a.trace, lambda compile: loop(a.shape, compile))
     elif a.profile:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
-        with prof:
-            out["losses"], out["params"] = loop(a.shape, lambda m: torch.compile(m, backend="eager"))
+        (out["losses"], out["params"]), prof = profiled(lambda compile: loop(a.shape, compile), "eager")
         out["ops"], out["adam_ops"] = profile_truth(prof)
     else:
         out["losses"], out["params"] = loop(a.shape, lambda m: torch.compile(m, backend="eager"))

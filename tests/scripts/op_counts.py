@@ -186,6 +186,8 @@ def top_level(events):
 
 
 def main():
+    from side_by_side import profiled, traced  # a sibling when run as a script (tests import this module)
+
     ap = argparse.ArgumentParser()
     ap.add_argument("program", choices=PROGRAMS)
     ap.add_argument("out")
@@ -195,16 +197,9 @@ def main():
     a = ap.parse_args()
     out = {}
     if a.trace:
-        from dftrace_dynamo import dftracer
-        from dftrace_dynamo.backend import tracer  # noqa: F401  (registers backend="dftrace")
-
-        dftracer.initialize_log(a.trace, None, -1)
-        out["losses"], out["params"] = run(a.program, lambda m, **kw: torch.compile(m, backend="dftrace", **kw))
-        dftracer.finalize()
+        out["losses"], out["params"] = traced(a.trace, lambda compile: run(a.program, compile))
     else:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
-        with prof:
-            out["losses"], out["params"] = run(a.program, lambda m, **kw: torch.compile(m, backend="aot_eager", **kw))
+        (out["losses"], out["params"]), prof = profiled(lambda compile: run(a.program, compile), "aot_eager")
         out["ops"], out["aten"], out["names"], out["eval"] = top_level(prof.events())
     with open(a.out, "w") as f:
         json.dump(out, f)
