@@ -330,6 +330,30 @@ def test_collectives_on_one_thread_while_another_compiles_are_recorded(tmp_path)
     assert sorted((e["name"], e["args"]["bytes"]) for e in comm_events(path)) == [("all_reduce", 32), ("barrier", 0)]
 
 
+def test_destroy_process_group_frees_the_groups_whose_collectives_were_recorded(tmp_path):
+    """The tracer must not keep a process group alive: a Gloo group that outlived
+    ``destroy_process_group`` kept its worker threads into interpreter shutdown, where one
+    releasing a tensor aborted the process at exit now and then ("terminate called without an
+    active exception"). A group set up again afterwards is recorded under its own figures."""
+    again = tmp_path / "store2"
+    path = one_rank_trace(tmp_path, f"""
+        import gc, weakref
+        dftrace_dynamo.initialize_log()
+        group = dist.new_group([0])
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(4), group=group)
+        refs = [weakref.ref(dist.distributed_c10d._get_default_group()), weakref.ref(group)]
+        del group
+        dist.destroy_process_group()
+        gc.collect()
+        assert [r() for r in refs] == [None, None], [r() for r in refs]
+        dist.init_process_group("gloo", init_method="file://{again}", rank=0, world_size=1)
+        dist.all_reduce(torch.ones(2))
+    """)
+    assert [(e["name"], e["args"]["bytes"]) for e in comm_events(path)] == [("all_reduce", 16)] * 2 + [
+        ("all_reduce", 8)]
+
+
 def test_a_rank_given_to_init_process_group_names_the_trace(tmp_path):
     """Launchers that pass the rank to ``init_process_group`` (``torch.multiprocessing.spawn``)
     set no ``RANK``: the trace, opened at the first compile, takes torch.distributed's rank."""

@@ -106,8 +106,10 @@ _unwaited: "collections.OrderedDict" = collections.OrderedDict()
 _issued: "collections.OrderedDict" = collections.OrderedDict()
 _lock = hooks.fork_safe(threading.RLock())  # reentrant: a signal's finalize may interrupt its holder
 _local = threading.local()  # depth: inside a recorded operation (inner calls are its parts)
-_groups: dict = {}  # id(group) -> (name, size, rank, nccl, group)
-_watched: set = set()  # ids of the NCCL groups whose completion hook is registered
+# process group -> (name, size, rank, nccl). Weak: destroy_process_group must free the group, or
+# Gloo's worker threads outlive it and release tensors during interpreter shutdown (an abort)
+_groups: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_watched: "weakref.WeakSet" = weakref.WeakSet()  # the NCCL groups whose completion hook is registered
 # token -> (op, start, args, native thread id, group): operations issued and not complete yet (a
 # flight recorder's hang dump shows them)
 _in_flight: dict = {}
@@ -124,7 +126,7 @@ def in_flight() -> list:
             try:
                 import torch.distributed as dist
 
-                peers = dist.get_process_group_ranks(group or dist.distributed_c10d._get_default_group())
+                peers = dist.get_process_group_ranks(_process_group(group))
             except Exception:  # a group torch no longer knows
                 peers = []
         out.append((op, start, dict(args), tid, peers))
@@ -188,17 +190,24 @@ def _payload(value) -> tuple:
     return 0, None
 
 
+def _process_group(group):
+    """``group``, or the default group for None."""
+    import torch.distributed as dist
+
+    return group if group is not None else dist.distributed_c10d._get_default_group()
+
+
 def _group(group) -> tuple:
     """(name, size, this process's global rank, backend is NCCL) of a process group (None: the default)."""
-    info = _groups.get(id(group))
+    pg = _process_group(group)
+    info = _groups.get(pg)
     if info is None:
         import torch.distributed as dist
 
-        pg = group if group is not None else dist.distributed_c10d._get_default_group()
         info = (getattr(pg, "group_name", None) or "default", dist.get_world_size(pg), dist.get_rank(),
                 dist.get_backend(pg) == "nccl")
-        _groups[id(group)] = (*info, pg)  # holds pg: its id is not reused while cached
-    return info[:4]
+        _groups[pg] = info
+    return info
 
 
 def _peer(op: str, group, args, kwargs) -> Optional[int]:
@@ -208,8 +217,7 @@ def _peer(op: str, group, args, kwargs) -> Optional[int]:
     if peer is None and group_peer is not None:
         import torch.distributed as dist
 
-        pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        peer = dist.get_global_rank(pg, group_peer)
+        peer = dist.get_global_rank(_process_group(group), group_peer)
     return None if peer is None else int(peer)
 
 
@@ -529,10 +537,10 @@ def _nccl_done(info, group: str, size: int, rank: int) -> None:
 def _watch_nccl(group) -> None:
     """Registers the completion hook of an NCCL process group (once per group)."""
     name, size, rank, nccl = _group(group)
-    pg = _groups[id(group)][4]
-    if not nccl or id(pg) in _watched:
+    pg = _process_group(group)
+    if not nccl or pg in _watched:
         return
-    _watched.add(id(pg))
+    _watched.add(pg)
     try:
         pg._get_backend(torch.device("cuda"))._register_on_completion_hook(
             functools.partial(_nccl_done, group=name, size=size, rank=rank))
