@@ -278,25 +278,26 @@ static const char *number(const char *p, const char *e, int *type, int64_t *iv, 
     if (p >= e || *p < '0' || *p > '9')
         return NULL;
     uint64_t m = 0;
-    int digits = 0, frac = 0;
+    unsigned d;
+    int digits, frac = 0;
+    const char *i = p; /* digits counted from positions: one range test a digit */
     if (*p == '0') {
         p++;
         if (p < e && *p >= '0' && *p <= '9')
             return NULL;
+        i = p;
     } else {
-        while (p < e && *p >= '0' && *p <= '9') {
-            m = m * 10 + (uint64_t)(*p++ - '0');
-            digits++;
-        }
+        for (; p < e && (d = (unsigned)(unsigned char)*p - '0') < 10; p++)
+            m = m * 10 + d;
     }
+    digits = (int)(p - i);
     if (p < e && *p == '.') {
         p++;
         const char *f = p;
-        while (p < e && *p >= '0' && *p <= '9') {
-            m = m * 10 + (uint64_t)(*p++ - '0');
-            digits++;
-        }
+        for (; p < e && (d = (unsigned)(unsigned char)*p - '0') < 10; p++)
+            m = m * 10 + d;
         frac = (int)(p - f);
+        digits += frac;
         if (!frac)
             return NULL;
         *type = N_DEC;
