@@ -500,10 +500,18 @@ static inline unsigned arg_hash(const char *k, size_t n) {
     return n ? ((unsigned)n * 31u + (unsigned char)k[0] * 7u + (unsigned char)k[n - 1]) & (ARG_TABLE - 1) : 0;
 }
 
+/* Whether a[0..n) equals b[0..n): inline (why: args keys are a few bytes, a libc call costs more). */
+static inline int same(const char *a, const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
 static int arg_index(Scanner *s, const char *k, size_t n) {
     for (unsigned at = arg_hash(k, n);; at = (at + 1) & (ARG_TABLE - 1)) {
         int i = s->arg_table[at] - 1;
-        if (i < 0 || (s->args[i].len == n && !memcmp(s->args[i].name, k, n)))
+        if (i < 0 || (s->args[i].len == n && same(s->args[i].name, k, n)))
             return i;
     }
 }
