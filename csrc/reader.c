@@ -65,12 +65,6 @@ typedef struct {
     size_t len;
 } key;
 
-/* a text field of the line being parsed: bytes in s->tmp, or absent (JSON null too) */
-typedef struct {
-    uint32_t off, len;
-    int set; /* 1 text, 2 list (aten_ops: off/len of its encoded items) */
-} slot;
-
 typedef struct {
     PyObject_HEAD
     /* configuration */
@@ -85,7 +79,11 @@ typedef struct {
     z_stream z;
     int z_ready;
     /* state */
-    dft_buf out, carry, tmp, keybuf, fallback;
+    dft_buf out, carry, fallback;
+    /* the text fields of the line being parsed, in the line's order, each as u32 slot index, u32 length
+     * and its bytes (absent, JSON null too: not there): the line's site key as it is (why: copying
+     * them into a key after the line cost a tenth of the line) */
+    dft_buf tmp;
     int skipping; /* inside a line longer than max_line: it goes to the fallback as it streams */
     uint64_t text_bytes, lines, fast_lines, fallback_lines;
     dft_buf mark_line;
@@ -97,7 +95,6 @@ typedef struct {
     dft_buf arena, offs;
     uint32_t *table;
     size_t table_cap, n_sites, sent_sites;
-    slot slots[3 + MAX_ARGS];
     uint64_t seen; /* the slots met in the line being parsed (a field twice goes to the fallback) */
     int step_seen;
 } Scanner;
@@ -278,25 +275,26 @@ static const char *number(const char *p, const char *e, int *type, int64_t *iv, 
     if (p >= e || *p < '0' || *p > '9')
         return NULL;
     uint64_t m = 0;
-    int digits = 0, frac = 0;
+    unsigned d;
+    int digits, frac = 0;
+    const char *i = p; /* digits counted from positions: one range test a digit */
     if (*p == '0') {
         p++;
         if (p < e && *p >= '0' && *p <= '9')
             return NULL;
+        i = p;
     } else {
-        while (p < e && *p >= '0' && *p <= '9') {
-            m = m * 10 + (uint64_t)(*p++ - '0');
-            digits++;
-        }
+        for (; p < e && (d = (unsigned)(unsigned char)*p - '0') < 10; p++)
+            m = m * 10 + d;
     }
+    digits = (int)(p - i);
     if (p < e && *p == '.') {
         p++;
         const char *f = p;
-        while (p < e && *p >= '0' && *p <= '9') {
-            m = m * 10 + (uint64_t)(*p++ - '0');
-            digits++;
-        }
+        for (; p < e && (d = (unsigned)(unsigned char)*p - '0') < 10; p++)
+            m = m * 10 + d;
         frac = (int)(p - f);
+        digits += frac;
         if (!frac)
             return NULL;
         *type = N_DEC;
@@ -405,21 +403,29 @@ static const char *skip(const char *p, const char *e) {
  * absent. Sets the slot; NULL for anything else (or a field seen twice). */
 enum { T_STRING, T_INT, T_ANY }; /* what a text field may be besides a string: an integer (ph), any scalar */
 
-/* Marks the slot seen in this line (its value unset); 0 when it was already. */
-static int first(Scanner *s, slot *sl) {
-    uint64_t bit = 1ull << (sl - s->slots);
+/* Marks slot i seen in this line and starts its value in s->tmp; 0 when it was seen already. */
+static int first(Scanner *s, int i) {
+    uint64_t bit = 1ull << i;
     if (s->seen & bit)
         return 0;
     s->seen |= bit;
-    sl->set = 0;
+    uint32_t at = (uint32_t)i;
+    memcpy(s->tmp.p + s->tmp.len, &at, 4);
+    s->tmp.len += 8; /* the length: by done() */
     return 1;
 }
 
-static const char *text_field(Scanner *s, const char *p, const char *e, slot *sl, int allow) {
-    if (!first(s, sl))
-        return NULL;
+/* Ends the value started at tmp offset h + 8 (its header at h). */
+static void done(Scanner *s, size_t h) {
+    uint32_t n = (uint32_t)(s->tmp.len - h - 8);
+    memcpy(s->tmp.p + h + 4, &n, 4);
+}
+
+static const char *text_field(Scanner *s, const char *p, const char *e, int slot, int allow) {
     dft_buf *t = &s->tmp;
-    uint32_t off = (uint32_t)t->len;
+    size_t h = t->len;
+    if (!first(s, slot))
+        return NULL;
     if (*p == '"') {
         p = string(p + 1, e, t);
         if (!p)
@@ -439,26 +445,28 @@ static const char *text_field(Scanner *s, const char *p, const char *e, slot *sl
         p = literal(p, e, &w);
         if (!p || (w && allow != T_ANY))
             return NULL;
-        if (!w)
-            return p; /* null */
+        if (!w) {
+            t->len = h; /* null: absent */
+            return p;
+        }
         memcpy(t->p + t->len, w == 1 ? "true" : "false", w == 1 ? 4 : 5);
         t->len += w == 1 ? 4 : 5;
     }
-    sl->off = off;
-    sl->len = (uint32_t)(t->len - off);
-    sl->set = 1;
+    done(s, h);
     return p;
 }
 
 /* A list of strings (aten_ops), encoded as u32 length + bytes per item; null is absent. */
-static const char *list_field(Scanner *s, const char *p, const char *e, slot *sl) {
+static const char *list_field(Scanner *s, const char *p, const char *e, int slot) {
     int w;
-    if (!first(s, sl))
-        return NULL;
-    if (*p != '[')
-        return (p = literal(p, e, &w)) && !w ? p : NULL;
     dft_buf *t = &s->tmp;
-    sl->off = (uint32_t)t->len;
+    size_t h = t->len;
+    if (!first(s, slot))
+        return NULL;
+    if (*p != '[') {
+        t->len = h; /* null: absent */
+        return (p = literal(p, e, &w)) && !w ? p : NULL;
+    }
     p = ws(p + 1, e);
     if (p < e && *p == ']') {
         p++;
@@ -482,8 +490,7 @@ static const char *list_field(Scanner *s, const char *p, const char *e, slot *sl
             p = ws(p + 1, e);
         }
     }
-    sl->len = (uint32_t)(t->len - sl->off);
-    sl->set = 2;
+    done(s, h);
     return p;
 }
 
@@ -493,10 +500,18 @@ static inline unsigned arg_hash(const char *k, size_t n) {
     return n ? ((unsigned)n * 31u + (unsigned char)k[0] * 7u + (unsigned char)k[n - 1]) & (ARG_TABLE - 1) : 0;
 }
 
+/* Whether a[0..n) equals b[0..n): inline (why: args keys are a few bytes, a libc call costs more). */
+static inline int same(const char *a, const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
 static int arg_index(Scanner *s, const char *k, size_t n) {
     for (unsigned at = arg_hash(k, n);; at = (at + 1) & (ARG_TABLE - 1)) {
         int i = s->arg_table[at] - 1;
-        if (i < 0 || (s->args[i].len == n && !memcmp(s->args[i].name, k, n)))
+        if (i < 0 || (s->args[i].len == n && same(s->args[i].name, k, n)))
             return i;
     }
 }
@@ -540,20 +555,19 @@ static const char *args(Scanner *s, const char *p, const char *e, int64_t *step)
                     return NULL;
             }
         } else if (i == s->present_arg) {
-            slot *sl = &s->slots[S_ARGS + i];
             int w;
             const char *v = p;
-            if (!first(s, sl) || !(p = skip(p, e)))
+            size_t h = s->tmp.len;
+            if (!first(s, S_ARGS + i) || !(p = skip(p, e)))
                 return NULL;
-            if (!(literal(v, e, &w) && w == 0)) { /* not null: present (its text is not kept) */
-                sl->off = (uint32_t)s->tmp.len;
-                sl->len = 0;
-                sl->set = 1;
-            }
+            if (literal(v, e, &w) && w == 0)
+                s->tmp.len = h; /* null: absent */
+            else
+                done(s, h); /* present: its text is not kept */
         } else if (i == s->list_arg) {
-            p = list_field(s, p, e, &s->slots[S_ARGS + i]);
+            p = list_field(s, p, e, S_ARGS + i);
         } else {
-            p = text_field(s, p, e, &s->slots[S_ARGS + i], T_ANY);
+            p = text_field(s, p, e, S_ARGS + i, T_ANY);
         }
         if (!p)
             return NULL;
@@ -582,28 +596,9 @@ static uint64_t hash(const char *p, size_t n) {
     return h ^ (h >> 29);
 }
 
-/* The site id of the slots just parsed (a new one when unseen), -1 without memory. */
+/* The site id of the text fields just parsed (s->tmp; a new one when unseen), -1 without memory. */
 static int64_t site_of(Scanner *s) {
-    dft_buf *k = &s->keybuf;
-    uint64_t set = 0;
-    size_t need = 8;
-    for (uint64_t m = s->seen; m; m &= m - 1) { /* only slots seen can be set */
-        int i = __builtin_ctzll(m);
-        if (s->slots[i].set) {
-            set |= 1ull << i;
-            need += 4 + s->slots[i].len;
-        }
-    }
-    if (dft_buf_reserve(k, need) < 0)
-        return -1;
-    memcpy(k->p, &set, 8); /* the slots set, then each one's length and bytes */
-    k->len = 8;
-    for (uint64_t m = set; m; m &= m - 1) {
-        slot *sl = &s->slots[__builtin_ctzll(m)];
-        memcpy(k->p + k->len, &sl->len, 4);
-        memcpy(k->p + k->len + 4, s->tmp.p + sl->off, sl->len);
-        k->len += 4 + sl->len;
-    }
+    dft_buf *k = &s->tmp;
     uint64_t h = hash(k->p, k->len);
     size_t mask = s->table_cap - 1, at = (size_t)h & mask;
     const uint64_t *offs = (const uint64_t *)s->offs.p;
@@ -652,8 +647,8 @@ static int row(Scanner *s, const char *p, const char *e) {
     s->tmp.len = 0;
     s->seen = 0;
     s->step_seen = 0;
-    /* decoded text is never longer than its JSON, list items take 4 bytes more each */
-    if (dft_buf_reserve(&s->tmp, 2 * (size_t)(e - p) + 16) < 0)
+    /* decoded text is never longer than its JSON, list items take 4 bytes more each, a field 8 */
+    if (dft_buf_reserve(&s->tmp, 2 * (size_t)(e - p) + 8 * (size_t)(S_ARGS + s->n_args) + 16) < 0)
         return -1;
     p = ws(p, e);
     if (p >= e || *p != '{')
@@ -700,7 +695,7 @@ static int row(Scanner *s, const char *p, const char *e) {
         if (field < 0) {
             p = skip(p, e);
         } else if (field >= 10) {
-            p = text_field(s, p, e, &s->slots[field - 10], field == 10 + S_PH ? T_INT : T_STRING);
+            p = text_field(s, p, e, field - 10, field == 10 + S_PH ? T_INT : T_STRING);
         } else {
             if (seen & (1 << field))
                 return 0;
@@ -988,8 +983,6 @@ static PyObject *Scanner_finish(Scanner *s, PyObject *unused) {
 }
 
 static PyObject *slot_value(const char *p, int set, uint32_t len) {
-    if (!set)
-        Py_RETURN_NONE;
     if (set == 1)
         return PyUnicode_DecodeUTF8(p, len, "strict");
     Py_ssize_t count = 0;
@@ -1018,24 +1011,22 @@ static PyObject *new_sites(Scanner *s) {
     const uint64_t *offs = (const uint64_t *)s->offs.p;
     int n = S_ARGS + s->n_args;
     for (size_t id = s->sent_sites; out && id < s->n_sites; id++) {
-        const char *p = s->arena.p + offs[id];
-        uint64_t set;
-        memcpy(&set, p, 8);
-        p += 8;
+        const char *p = s->arena.p + offs[id], *e = s->arena.p + offs[id + 1];
         PyObject *t = PyTuple_New(n);
         for (int i = 0; t && i < n; i++) {
-            int kind = !(set >> i & 1) ? 0 : s->list_arg >= 0 && i == S_ARGS + s->list_arg ? 2 : 1;
-            uint32_t len = 0;
-            if (kind) {
-                memcpy(&len, p, 4);
-                p += 4;
-            }
-            PyObject *v = slot_value(p, kind, len);
-            p += len;
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(t, i, Py_None);
+        }
+        while (t && p < e) { /* the fields in their line's order */
+            uint32_t i, len;
+            memcpy(&i, p, 4);
+            memcpy(&len, p + 4, 4);
+            PyObject *v = slot_value(p + 8, s->list_arg >= 0 && (int)i == S_ARGS + s->list_arg ? 2 : 1, len);
+            p += 8 + len;
             if (!v)
                 Py_CLEAR(t);
             else
-                PyTuple_SET_ITEM(t, i, v);
+                Py_SETREF(((PyTupleObject *)t)->ob_item[i], v);
         }
         if (!t || PyList_Append(out, t) < 0)
             Py_CLEAR(out);
@@ -1145,7 +1136,7 @@ static int Scanner_init(Scanner *s, PyObject *a, PyObject *kw) {
 }
 
 static void Scanner_dealloc(Scanner *s) {
-    dft_buf *bufs[] = {&s->out, &s->carry, &s->tmp, &s->keybuf, &s->fallback, &s->c_site, &s->c_pid,
+    dft_buf *bufs[] = {&s->out, &s->carry, &s->tmp, &s->fallback, &s->c_site, &s->c_pid,
                        &s->c_tid, &s->c_ts, &s->c_dur, &s->c_step, &s->arena, &s->offs, &s->mark_line};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dft_buf_free(bufs[i]);
