@@ -113,6 +113,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import operator
 import sys
 import threading
@@ -1019,6 +1020,12 @@ EVALUATIONS = (("transformers.trainer", "Trainer", "evaluate"),
                ("pytorch_lightning.loops.evaluation_loop", "_EvaluationLoop", "run"))
 
 
+# The trainers' optimizer wrappers (module, class, method), patched as EVALUATIONS: the step of the
+# object a trainer steps, around the optimizer's own (its pre/post hooks run inside)
+OPTIMIZER_WRAPPERS = (("lightning.pytorch.core.optimizer", "LightningOptimizer", "step"),
+                      ("pytorch_lightning.core.optimizer", "LightningOptimizer", "step"))
+
+
 def _evaluation_begins() -> bool:
     """A trainer's evaluation function is called: after a complete step (or a mark, or the trace's
     start, before training work) an evaluation begins here, as at a graph call without grad, and
@@ -1098,6 +1105,35 @@ def _wrap_zero_grad(original):
                 _fail(exc)
 
     return zero_grad
+
+
+def _wrap_optimizer_side(original, name: Optional[str] = None, begins: bool = False):
+    """Work for the optimizers outside their own ``step()``: gradient clipping, a learning-rate
+    scheduler's step, a model's ``zero_grad()``, a trainer's optimizer wrapper around ``step()``.
+    An optimizer slice (``name``, else ``<class>.<method>``) in the step it ran in: the step view's
+    optimizer time (nested in an optimizer slice, it is that slice's own time). A wrapper
+    (``begins``) is training work from its call, as the optimizer step it makes."""
+    @functools.wraps(original)
+    def traced(*args, **kwargs):
+        if compiling_here():
+            return original(*args, **kwargs)
+        start = _core.now_ns()
+        if begins:
+            _work(start)
+        if not _state.ops:
+            return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            end = _core.now_ns()
+            label = name or f"{type(args[0]).__name__}.{original.__name__}"
+            try:
+                if not hold(label, CAT_OPTIMIZER, start, end):  # after a data slice held: in what it begins
+                    _slice(label, CAT_OPTIMIZER, start, end=end)
+            except Exception as exc:
+                _fail(exc)
+
+    return traced
 
 
 def _after_skipped_step(frame, at: int) -> None:
@@ -1180,21 +1216,37 @@ for _hook in (
                 lambda original: _wrap_data(original, "DataLoader.__iter__")),
     hooks.Patch("Optimizer.zero_grad", GROUP, lambda: torch.optim.Optimizer, "zero_grad", _wrap_zero_grad),
     hooks.Patch("Module.train", GROUP, lambda: torch.nn.Module, "train", _wrap_train),
+    hooks.Patch("Module.zero_grad", GROUP, lambda: torch.nn.Module, "zero_grad", _wrap_optimizer_side),
+    hooks.Patch("clip_grad_norm_", GROUP, lambda: torch.nn.utils, "clip_grad_norm_",
+                functools.partial(_wrap_optimizer_side, name="clip_grad_norm_")),
+    hooks.Patch("clip_grad_value_", GROUP, lambda: torch.nn.utils, "clip_grad_value_",
+                functools.partial(_wrap_optimizer_side, name="clip_grad_value_")),
+    # clip_grad_norm_'s two halves (accelerate calls them: the norm of gradients on several meshes)
+    hooks.Patch("get_total_norm", GROUP, lambda: torch.nn.utils, "get_total_norm",
+                functools.partial(_wrap_optimizer_side, name="get_total_norm")),
+    hooks.Patch("clip_grads_with_norm_", GROUP, lambda: torch.nn.utils, "clip_grads_with_norm_",
+                functools.partial(_wrap_optimizer_side, name="clip_grads_with_norm_")),
+    hooks.Patch("LRScheduler.step", GROUP, lambda: torch.optim.lr_scheduler.LRScheduler, "step",
+                _wrap_optimizer_side),
+    hooks.Patch("ReduceLROnPlateau.step", GROUP, lambda: torch.optim.lr_scheduler.ReduceLROnPlateau, "step",
+                _wrap_optimizer_side),
     hooks.Patch("GradScaler.step", GROUP, lambda: torch.amp.GradScaler, "step", _wrap_scaler_step),
 ):
     hooks.declare(_hook)
-for _module, _cls, _method in EVALUATIONS:
-    hooks.declare(hooks.Patch(f"{_cls}.{_method} of {_module}", GROUP + " evaluations",
+for (_module, _cls, _method), _wrap in itertools.chain(
+        zip(EVALUATIONS, itertools.repeat(_wrap_evaluation)),
+        zip(OPTIMIZER_WRAPPERS, itertools.repeat(functools.partial(_wrap_optimizer_side, begins=True)))):
+    hooks.declare(hooks.Patch(f"{_cls}.{_method} of {_module}", GROUP + " trainers",
                               functools.partial(lambda m, c: getattr(sys.modules[m], c), _module, _cls),
-                              _method, _wrap_evaluation))
+                              _method, _wrap))
 
 
 def _install() -> None:
     """At every trace file: torch's global optimizer hooks and the patches (each once); the
-    evaluation functions of the trainers imported by then."""
+    evaluation functions and optimizer wrappers of the trainers imported by then."""
     hooks.install(GROUP)
     dataloaders.install()
-    for module, cls, method in EVALUATIONS:
+    for module, cls, method in EVALUATIONS + OPTIMIZER_WRAPPERS:
         if hasattr(sys.modules.get(module), cls):
             hooks.install_one(f"{cls}.{method} of {module}")
 
