@@ -101,7 +101,10 @@ Inside a step, each ``next()`` on a DataLoader iterator and each ``iter()`` of a
 DataLoader (worker start-up; ``data``), each ``Tensor.backward`` /
 ``torch.autograd.backward`` / ``torch.autograd.grad`` (``backward``), each
 optimizer ``step()`` and ``zero_grad()`` (cat ``optimizer``) are slices of their
-own. Outside the step windows (``DFTRACER_STEPS`` or :func:`set_steps`) these
+own, and so is the work done for the optimizers outside their ``step()``
+(cat ``optimizer`` too): gradient clipping, a learning-rate scheduler's step, a
+model's ``zero_grad()``, a trainer's optimizer wrapper
+(:data:`OPTIMIZER_WRAPPERS`). Outside the step windows (``DFTRACER_STEPS`` or :func:`set_steps`) these
 and all op-level events are skipped; step slices are always written.
 
 Everything here is installed when a trace file opens, never at import, and a
