@@ -1,7 +1,8 @@
 """Work for the optimizers outside their ``step()`` is the step view's optimizer time, each call an
 optimizer slice of its own: gradient clipping (``clip_grad_norm_``) after the backward, a
 learning-rate scheduler's step and the model's ``zero_grad()`` after the optimizer step, and a
-trainer's optimizer wrapper around the optimizer's step (Lightning's ``LightningOptimizer.step``).
+trainer's optimizer wrapper around the optimizer's step (Lightning's ``LightningOptimizer.step``);
+in a plain loop, under Lightning, and under the Hugging Face ``Trainer`` (``accelerate``'s clipping).
 Ground truth: known sleeps inside each, with the program's own time marks around them; the step
 view's parts never add up to more than the step's wall time, in both sources."""
 
@@ -184,3 +185,74 @@ def test_lightnings_optimizer_wrapper_is_optimizer_time(tmp_path):
         assert sum(_inside(nap, _span(e)) for nap in naps) == 1, e
         assert sum(_inside(_span(s), _span(e)) for s in inner) == 1, e
     _check_steps(path, naps, 1)
+
+
+HF = f"""
+import json, time
+import torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+from dftrace_dynamo import _core
+
+marks = {{"clip": [], "scheduler": []}}
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(0)
+        self.ids, self.labels = torch.randint(0, 100, (n, 16), generator=g), torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {{"input_ids": self.ids[i], "labels": self.labels[i]}}
+
+
+class Marked(Trainer):
+    def _clip_grad_norm(self, model):  # the Trainer's clipping (accelerate's), between time marks
+        start = _core.now_ns()
+        out = super()._clip_grad_norm(model)
+        marks["clip"].append((start, _core.now_ns()))
+        return out
+
+
+def factor(step):  # the Trainer's lr_scheduler.step() calls it: a known time inside it
+    if step:
+        start = _core.now_ns()
+        time.sleep({SLEEP_S})
+        marks["scheduler"].append((start, _core.now_ns()))
+    return 1.0
+
+
+torch.manual_seed(0)
+config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=16, problem_type="single_label_classification")
+model = BertForSequenceClassification(config)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+args = TrainingArguments(output_dir="hf-out", max_steps=6, per_device_train_batch_size=8, use_cpu=True,
+                         save_strategy="no", report_to=[], disable_tqdm=True, torch_compile=True)
+Marked(model=model, args=args, train_dataset=Data(64),
+       optimizers=(opt, torch.optim.lr_scheduler.LambdaLR(opt, factor))).train()
+json.dump(marks, open("marks.json", "w"))
+"""
+
+
+def test_hf_trainers_clipping_and_scheduler_step_are_optimizer_time(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    (tmp_path / "hf.py").write_text(HF)
+    proc = shell("dftrace-dynamo run --out run --compile-all hf.py", tmp_path,
+                 {"DFTRACER_EAGER_OPS": "1", "OMP_NUM_THREADS": "1"}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (path,) = traces(next((tmp_path / "run").iterdir()))
+    marks = {k: [(a / 1e3, b / 1e3) for a, b in v] for k, v in json.loads((tmp_path / "marks.json").read_text()).items()}
+    events = read_events(path)
+    optimizer = [e for e in events if e.get("cat") == "optimizer"]
+    assert len(marks["clip"]) == len(marks["scheduler"]) == 6
+    clips = [e for e in optimizer if e["name"] in ("get_total_norm", "clip_grads_with_norm_")]
+    for clip in marks["clip"]:  # accelerate's norm, then its clipping, each a slice
+        assert sorted(e["name"] for e in clips if _inside(_span(e), clip)) == ["clip_grads_with_norm_",
+                                                                               "get_total_norm"], clip
+    for nap in marks["scheduler"]:
+        assert sum(e["name"] == "LambdaLR.step" and _inside(nap, _span(e)) for e in optimizer) == 1, nap
+    _check_steps(path, marks["scheduler"], 1)
