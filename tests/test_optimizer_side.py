@@ -180,10 +180,12 @@ def test_lightnings_optimizer_wrapper_is_optimizer_time(tmp_path):
     events = read_events(path)
     wrappers = [e for e in events if e.get("cat") == "optimizer" and e["name"] == "LightningSGD.step"]
     inner = [e for e in events if e.get("cat") == "optimizer" and e["name"] == "SGD.step"]
-    assert len(naps) == 8 and len(wrappers) >= 7, (len(wrappers), len(naps))  # (the trace opens inside the first)
-    for e in wrappers:  # each holds a sleep and the optimizer's step
-        assert sum(_inside(nap, _span(e)) for nap in naps) == 1, e
+    steps = {e["args"]["step"]: _span(e) for e in events if e.get("cat") == "step"}
+    assert len(wrappers) == len(naps) == len(steps) == 8, (len(wrappers), len(naps), len(steps))
+    for e, nap in zip(wrappers, naps):  # each holds its sleep and the optimizer's step, in its step
+        assert _inside(nap, _span(e)), (e, nap)  # (the first too: the trace opens inside it)
         assert sum(_inside(_span(s), _span(e)) for s in inner) == 1, e
+        assert _inside(_span(e), steps[e["args"]["step"]]), e
     _check_steps(path, naps, 1)
 
 

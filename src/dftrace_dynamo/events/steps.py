@@ -1016,8 +1016,9 @@ def _evaluated(now: int) -> None:
     _end_eval(now)
 
 
-# A trainer's evaluation functions, patched when their module is imported at a trace file's open
-# (module, class, method): their call is an evaluation, whether or not a graph runs in it
+# A trainer's evaluation functions, patched when their module is imported (or at a trace file's
+# open, when it was before) (module, class, method): their call is an evaluation, whether or not a
+# graph runs in it
 EVALUATIONS = (("transformers.trainer", "Trainer", "evaluate"),
                ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "run"),
                ("pytorch_lightning.loops.evaluation_loop", "_EvaluationLoop", "run"))
@@ -1025,7 +1026,8 @@ EVALUATIONS = (("transformers.trainer", "Trainer", "evaluate"),
 
 # The trainers' optimizer wrappers (module, class, method), patched as EVALUATIONS: the step of the
 # object a trainer steps, around the optimizer's own (its pre/post hooks run inside)
-OPTIMIZER_WRAPPERS = (("lightning.pytorch.core.optimizer", "LightningOptimizer", "step"),
+OPTIMIZER_WRAPPERS = (("accelerate.optimizer", "AcceleratedOptimizer", "step"),
+                      ("lightning.pytorch.core.optimizer", "LightningOptimizer", "step"),
                       ("pytorch_lightning.core.optimizer", "LightningOptimizer", "step"))
 
 
@@ -1115,7 +1117,8 @@ def _wrap_optimizer_side(original, name: Optional[str] = None, begins: bool = Fa
     scheduler's step, a model's ``zero_grad()``, a trainer's optimizer wrapper around ``step()``.
     An optimizer slice (``name``, else ``<class>.<method>``) in the step it ran in: the step view's
     optimizer time (nested in an optimizer slice, it is that slice's own time). A wrapper
-    (``begins``) is training work from its call, as the optimizer step it makes."""
+    (``begins``) is training work from its call, as the optimizer step it makes; a trace that
+    opens inside it (at the first compile, in the closure) begins its first step no later."""
     @functools.wraps(original)
     def traced(*args, **kwargs):
         if compiling_here():
@@ -1123,20 +1126,28 @@ def _wrap_optimizer_side(original, name: Optional[str] = None, begins: bool = Fa
         start = _core.now_ns()
         if begins:
             _work(start)
-        if not _state.ops:
+        waiting = begins and _state.start_ns is None and not _state.broken
+        if not (_state.ops or waiting):
             return original(*args, **kwargs)
+        if waiting:
+            _local.wrapping = start
         try:
             return original(*args, **kwargs)
         finally:
+            if waiting:
+                _local.wrapping = None
             end = _core.now_ns()
             label = name or f"{type(args[0]).__name__}.{original.__name__}"
             try:
-                if not hold(label, CAT_OPTIMIZER, start, end):  # after a data slice held: in what it begins
+                if _state.ops and not hold(label, CAT_OPTIMIZER, start, end):  # held: in what it begins
                     _slice(label, CAT_OPTIMIZER, start, end=end)
             except Exception as exc:
                 _fail(exc)
 
     return traced
+
+
+begin_no_later_than(lambda: getattr(_local, "wrapping", None))
 
 
 def _after_skipped_step(frame, at: int) -> None:
@@ -1244,14 +1255,26 @@ for (_module, _cls, _method), _wrap in itertools.chain(
                               _method, _wrap))
 
 
-def _install() -> None:
-    """At every trace file: torch's global optimizer hooks and the patches (each once); the
-    evaluation functions and optimizer wrappers of the trainers imported by then."""
-    hooks.install(GROUP)
-    dataloaders.install()
+def _install_trainers() -> None:
+    """The evaluation functions and optimizer wrappers of the trainers imported by now."""
     for module, cls, method in EVALUATIONS + OPTIMIZER_WRAPPERS:
         if hasattr(sys.modules.get(module), cls):
             hooks.install_one(f"{cls}.{method} of {module}")
+
+
+# the trainers imported later, at their import: a learning-rate scheduler binds the optimizer
+# wrapper's step function to the instance when it is created, before a trace may open
+hooks.declare(hooks.ImportWatch("trainer modules import", GROUP + " imports",
+                                {m for m, _, _ in EVALUATIONS + OPTIMIZER_WRAPPERS}, _install_trainers))
+
+
+def _install() -> None:
+    """At every trace file: torch's global optimizer hooks and the patches (each once); the
+    trainers' evaluation functions and optimizer wrappers (now, or when imported)."""
+    hooks.install(GROUP)
+    dataloaders.install()
+    _install_trainers()
+    hooks.install(GROUP + " imports")
 
 
 logger.add_hooks(_on_open, _on_close)
