@@ -239,7 +239,7 @@ json.dump(marks, open("marks.json", "w"))
 """
 
 
-def test_hf_trainers_clipping_and_scheduler_step_are_optimizer_time(tmp_path):
+def test_hf_trainers_clipping_scheduler_and_optimizer_wrapper_are_optimizer_time(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     (tmp_path / "hf.py").write_text(HF)
@@ -257,4 +257,8 @@ def test_hf_trainers_clipping_and_scheduler_step_are_optimizer_time(tmp_path):
                                                                                "get_total_norm"], clip
     for nap in marks["scheduler"]:
         assert sum(e["name"] == "LambdaLR.step" and _inside(nap, _span(e)) for e in optimizer) == 1, nap
+    # the Trainer steps accelerate's wrapper (its scheduler, made before the trace opened, too)
+    wrappers = [_span(e) for e in optimizer if e["name"] == "AcceleratedOptimizer.step"]
+    inner = [_span(e) for e in optimizer if e["name"] == "AdamW.step"]
+    assert len(wrappers) == len(inner) == 6 and all(map(_inside, inner, wrappers)), (wrappers, inner)
     _check_steps(path, marks["scheduler"], 1)
