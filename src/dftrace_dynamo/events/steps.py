@@ -107,7 +107,8 @@ model's ``zero_grad()``, a trainer's optimizer wrapper
 (:data:`OPTIMIZER_WRAPPERS`). Outside the step windows (``DFTRACER_STEPS`` or :func:`set_steps`) these
 and all op-level events are skipped; step slices are always written.
 
-Everything here is installed when a trace file opens, never at import, and a
+Everything here is installed when a trace file opens (a trainer's patches, when
+its module is imported later: at that import), never at import, and a
 failure inside it turns step tracking off with one message: the user's program
 runs on.
 """
