@@ -247,7 +247,8 @@ def test_hf_trainers_clipping_scheduler_and_optimizer_wrapper_are_optimizer_time
                  {"DFTRACER_EAGER_OPS": "1", "OMP_NUM_THREADS": "1"}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (path,) = traces(next((tmp_path / "run").iterdir()))
-    marks = {k: [(a / 1e3, b / 1e3) for a, b in v] for k, v in json.loads((tmp_path / "marks.json").read_text()).items()}
+    marks = json.loads((tmp_path / "marks.json").read_text())
+    marks = {k: [(a / 1e3, b / 1e3) for a, b in v] for k, v in marks.items()}
     events = read_events(path)
     optimizer = [e for e in events if e.get("cat") == "optimizer"]
     assert len(marks["clip"]) == len(marks["scheduler"]) == 6

@@ -104,8 +104,9 @@ optimizer ``step()`` and ``zero_grad()`` (cat ``optimizer``) are slices of their
 own, and so is the work done for the optimizers outside their ``step()``
 (cat ``optimizer`` too): gradient clipping, a learning-rate scheduler's step, a
 model's ``zero_grad()``, a trainer's optimizer wrapper
-(:data:`OPTIMIZER_WRAPPERS`). Outside the step windows (``DFTRACER_STEPS`` or :func:`set_steps`) these
-and all op-level events are skipped; step slices are always written.
+(:data:`OPTIMIZER_WRAPPERS`). Outside the step windows (``DFTRACER_STEPS`` or
+:func:`set_steps`) these and all op-level events are skipped; step slices are
+always written.
 
 Everything here is installed when a trace file opens (a trainer's patches, when
 its module is imported later: at that import), never at import, and a
