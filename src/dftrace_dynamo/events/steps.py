@@ -101,10 +101,15 @@ Inside a step, each ``next()`` on a DataLoader iterator and each ``iter()`` of a
 DataLoader (worker start-up; ``data``), each ``Tensor.backward`` /
 ``torch.autograd.backward`` / ``torch.autograd.grad`` (``backward``), each
 optimizer ``step()`` and ``zero_grad()`` (cat ``optimizer``) are slices of their
-own. Outside the step windows (``DFTRACER_STEPS`` or :func:`set_steps`) these
-and all op-level events are skipped; step slices are always written.
+own, and so is the work done for the optimizers outside their ``step()``
+(cat ``optimizer`` too): gradient clipping, a learning-rate scheduler's step, a
+model's ``zero_grad()``, a trainer's optimizer wrapper
+(:data:`OPTIMIZER_WRAPPERS`). Outside the step windows (``DFTRACER_STEPS`` or
+:func:`set_steps`) these and all op-level events are skipped; step slices are
+always written.
 
-Everything here is installed when a trace file opens, never at import, and a
+Everything here is installed when a trace file opens (a trainer's patches, when
+its module is imported later: at that import), never at import, and a
 failure inside it turns step tracking off with one message: the user's program
 runs on.
 """
@@ -113,6 +118,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import operator
 import sys
 import threading
@@ -1012,11 +1018,19 @@ def _evaluated(now: int) -> None:
     _end_eval(now)
 
 
-# A trainer's evaluation functions, patched when their module is imported at a trace file's open
-# (module, class, method): their call is an evaluation, whether or not a graph runs in it
+# A trainer's evaluation functions, patched when their module is imported (or at a trace file's
+# open, when it was before) (module, class, method): their call is an evaluation, whether or not a
+# graph runs in it
 EVALUATIONS = (("transformers.trainer", "Trainer", "evaluate"),
                ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "run"),
                ("pytorch_lightning.loops.evaluation_loop", "_EvaluationLoop", "run"))
+
+
+# The trainers' optimizer wrappers (module, class, method), patched as EVALUATIONS: the step of the
+# object a trainer steps, around the optimizer's own (its pre/post hooks run inside)
+OPTIMIZER_WRAPPERS = (("accelerate.optimizer", "AcceleratedOptimizer", "step"),
+                      ("lightning.pytorch.core.optimizer", "LightningOptimizer", "step"),
+                      ("pytorch_lightning.core.optimizer", "LightningOptimizer", "step"))
 
 
 def _evaluation_begins() -> bool:
@@ -1100,6 +1114,44 @@ def _wrap_zero_grad(original):
     return zero_grad
 
 
+def _wrap_optimizer_side(original, name: Optional[str] = None, begins: bool = False):
+    """Work for the optimizers outside their own ``step()``: gradient clipping, a learning-rate
+    scheduler's step, a model's ``zero_grad()``, a trainer's optimizer wrapper around ``step()``.
+    An optimizer slice (``name``, else ``<class>.<method>``) in the step it ran in: the step view's
+    optimizer time (nested in an optimizer slice, it is that slice's own time). A wrapper
+    (``begins``) is training work from its call, as the optimizer step it makes; a trace that
+    opens inside it (at the first compile, in the closure) begins its first step no later."""
+    @functools.wraps(original)
+    def traced(*args, **kwargs):
+        if compiling_here():
+            return original(*args, **kwargs)
+        start = _core.now_ns()
+        if begins:
+            _work(start)
+        waiting = begins and _state.start_ns is None and not _state.broken
+        if not (_state.ops or waiting):
+            return original(*args, **kwargs)
+        if waiting:
+            _local.wrapping = start
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if waiting:
+                _local.wrapping = None
+            end = _core.now_ns()
+            label = name or f"{type(args[0]).__name__}.{original.__name__}"
+            try:
+                if _state.ops and not hold(label, CAT_OPTIMIZER, start, end):  # held: in what it begins
+                    _slice(label, CAT_OPTIMIZER, start, end=end)
+            except Exception as exc:
+                _fail(exc)
+
+    return traced
+
+
+begin_no_later_than(lambda: getattr(_local, "wrapping", None))
+
+
 def _after_skipped_step(frame, at: int) -> None:
     """A known optimizer's ``zero_grad()`` (from ``frame``, at ``at``) after a backward that no
     optimizer step followed: the iteration skipped its step (``if torch.isfinite(loss):
@@ -1180,23 +1232,51 @@ for _hook in (
                 lambda original: _wrap_data(original, "DataLoader.__iter__")),
     hooks.Patch("Optimizer.zero_grad", GROUP, lambda: torch.optim.Optimizer, "zero_grad", _wrap_zero_grad),
     hooks.Patch("Module.train", GROUP, lambda: torch.nn.Module, "train", _wrap_train),
+    hooks.Patch("Module.zero_grad", GROUP, lambda: torch.nn.Module, "zero_grad", _wrap_optimizer_side),
+    hooks.Patch("clip_grad_norm_", GROUP, lambda: torch.nn.utils, "clip_grad_norm_",
+                functools.partial(_wrap_optimizer_side, name="clip_grad_norm_")),
+    hooks.Patch("clip_grad_value_", GROUP, lambda: torch.nn.utils, "clip_grad_value_",
+                functools.partial(_wrap_optimizer_side, name="clip_grad_value_")),
+    # clip_grad_norm_'s two halves (accelerate calls them: the norm of gradients on several meshes)
+    hooks.Patch("get_total_norm", GROUP, lambda: torch.nn.utils, "get_total_norm",
+                functools.partial(_wrap_optimizer_side, name="get_total_norm")),
+    hooks.Patch("clip_grads_with_norm_", GROUP, lambda: torch.nn.utils, "clip_grads_with_norm_",
+                functools.partial(_wrap_optimizer_side, name="clip_grads_with_norm_")),
+    hooks.Patch("LRScheduler.step", GROUP, lambda: torch.optim.lr_scheduler.LRScheduler, "step",
+                _wrap_optimizer_side),
+    hooks.Patch("ReduceLROnPlateau.step", GROUP, lambda: torch.optim.lr_scheduler.ReduceLROnPlateau, "step",
+                _wrap_optimizer_side),
     hooks.Patch("GradScaler.step", GROUP, lambda: torch.amp.GradScaler, "step", _wrap_scaler_step),
 ):
     hooks.declare(_hook)
-for _module, _cls, _method in EVALUATIONS:
-    hooks.declare(hooks.Patch(f"{_cls}.{_method} of {_module}", GROUP + " evaluations",
+for (_module, _cls, _method), _wrap in itertools.chain(
+        zip(EVALUATIONS, itertools.repeat(_wrap_evaluation)),
+        zip(OPTIMIZER_WRAPPERS, itertools.repeat(functools.partial(_wrap_optimizer_side, begins=True)))):
+    hooks.declare(hooks.Patch(f"{_cls}.{_method} of {_module}", GROUP + " trainers",
                               functools.partial(lambda m, c: getattr(sys.modules[m], c), _module, _cls),
-                              _method, _wrap_evaluation))
+                              _method, _wrap))
+
+
+def _install_trainers() -> None:
+    """The evaluation functions and optimizer wrappers of the trainers imported by now."""
+    for module, cls, method in EVALUATIONS + OPTIMIZER_WRAPPERS:
+        if hasattr(sys.modules.get(module), cls):
+            hooks.install_one(f"{cls}.{method} of {module}")
+
+
+# the trainers imported later, at their import: a learning-rate scheduler binds the optimizer
+# wrapper's step function to the instance when it is created, before a trace may open
+hooks.declare(hooks.ImportWatch("trainer modules import", GROUP + " imports",
+                                {m for m, _, _ in EVALUATIONS + OPTIMIZER_WRAPPERS}, _install_trainers))
 
 
 def _install() -> None:
     """At every trace file: torch's global optimizer hooks and the patches (each once); the
-    evaluation functions of the trainers imported by then."""
+    trainers' evaluation functions and optimizer wrappers (now, or when imported)."""
     hooks.install(GROUP)
     dataloaders.install()
-    for module, cls, method in EVALUATIONS:
-        if hasattr(sys.modules.get(module), cls):
-            hooks.install_one(f"{cls}.{method} of {module}")
+    _install_trainers()
+    hooks.install(GROUP + " imports")
 
 
 logger.add_hooks(_on_open, _on_close)

@@ -53,33 +53,9 @@ def install_when_imported() -> None:
         hooks.install(IMPORT_GROUP)
 
 
-class _ImportWatch:
-    """A ``sys.meta_path`` finder that only hooks the loading of DataLoader's module: it runs
-    :func:`install` once the module has executed."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _MODULE:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if finder is not self and find else None
-            if spec is not None and spec.loader is not None:
-                execute = spec.loader.exec_module
-
-                def exec_module(module):
-                    execute(module)
-                    install()
-
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
-
-
-_watch = _ImportWatch()
 _MODULE = "torch.utils.data.dataloader"
 IMPORT_GROUP = "dataloader import"
-hooks.declare(hooks.Registration("DataLoader module import", IMPORT_GROUP, lambda: sys.meta_path.insert(0, _watch),
-                                 lambda: sys.meta_path.remove(_watch)))
+hooks.declare(hooks.ImportWatch("DataLoader module import", IMPORT_GROUP, (_MODULE,), install))
 
 
 def _shutdown() -> None:

@@ -130,6 +130,39 @@ class Registration(Hook):
         self._handle = None
 
 
+class ImportWatch(Hook):
+    """A ``sys.meta_path`` finder that only hooks the loading of ``modules``: it runs ``then()``
+    once such a module has executed (whatever the order in which the program imports it and
+    opens its trace)."""
+
+    def __init__(self, name: str, group: str, modules, then: Callable[[], None]):
+        super().__init__(name, group)
+        self.modules, self.then = frozenset(modules), then
+
+    def _install(self) -> None:
+        sys.meta_path.insert(0, self)
+
+    def _remove(self) -> None:
+        sys.meta_path.remove(self)
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.modules:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if finder is not self and find else None
+            if spec is not None and spec.loader is not None:
+                execute = spec.loader.exec_module
+
+                def exec_module(module):
+                    execute(module)
+                    self.then()
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
 class AtExit(Hook):
     """``atexit.register(fn)``; removing unregisters it."""
 

@@ -11,7 +11,8 @@ calls, and the eager forward: eager module slices and eager ops of phase
 forward or inference, where no graph call, data or ``backward`` event holds
 them), backward (``backward`` events; the backward graph calls when a trace
 has no ``backward`` events), optimizer (``<Optimizer>.step`` and
-``zero_grad``), other (wall time minus those four: loss, logging, Python
+``zero_grad``, and the optimizer-side work outside ``step()``: gradient clipping,
+a scheduler's step, a model's ``zero_grad``), other (wall time minus those four: loss, logging, Python
 between the phases, untraced code) and coverage (share of the wall time in
 the four). Phases nest and each millisecond counts once, in the innermost
 phase: the optimizer's time is its own, less the forward and backward of an
