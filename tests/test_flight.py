@@ -176,15 +176,15 @@ def test_a_bad_value_gives_one_line_and_the_whole_trace(tmp_path, name, value):
 
 
 def test_a_hang_dumps_on_both_ranks_while_they_are_blocked(tmp_path):
-    """Rank 1 sleeps 10 s in stall_here() before its all_reduce: both ranks dump within
-    DFTRACER_FLIGHT_HANG (3 s) and a few seconds, while still blocked; rank 0's dump shows the
+    """Rank 1 sleeps 7 s in stall_here() before its all_reduce: both ranks dump within
+    DFTRACER_FLIGHT_HANG (3 s) and 4 s more, while still blocked; rank 0's dump shows the
     all_reduce it waits in, rank 1's its own stack."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "run" / "job"), "OMP_NUM_THREADS": "1",
            "DFTRACER_FLIGHT": "4", "DFTRACER_FLIGHT_HANG": "3", "DFTRACER_FLIGHT_SLOW": "1e9",
-           "MARKS": str(tmp_path / "marks"), "STALL_S": "10"}
+           "MARKS": str(tmp_path / "marks"), "STALL_S": "7"}  # the 3 s + 4 s window checked below
     argv = ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
             "--rdzv_endpoint", f"127.0.0.1:{port}", str(SCRIPTS / "flight_hang.py")]
     proc = python(argv, tmp_path, env, timeout=600)
