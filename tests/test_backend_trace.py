@@ -11,7 +11,7 @@ import torch
 
 import perfetto_tp
 from tracefile import read_events, traces
-from backend_support import CNN, MLP, compile_records, executed_nodes, graphs, ops, run_py
+from backend_support import CNN, MLP, compile_records, eager_ops, executed_nodes, graphs, ops, run_py
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from scripts.clitools import summary_json
 from dftrace_dynamo import Dynamo, create_backend
@@ -223,10 +223,13 @@ def test_a_frame_dynamo_gives_up_on_is_a_graph_break_with_no_graph(rec):
     (compile_,) = [r for r in records if r["kind"] == "compile"]
     assert compile_["graph_breaks"] == 1 and compile_["reason"] == brk["reason"]
     path = rec.path()
-    assert not graphs(read_events(path))
+    events = read_events(path)
+    assert not graphs(events)
     result, _ = summary_json(path)
     assert result["compile"]["graphs_compiled"] == 0
-    assert (result["processes"], result["op_events"]) == (1, 0)  # a process that ran no traced op
+    eager = eager_ops(events)  # the frame's ops ran eagerly: its ops are eager op events, no graph's
+    assert "aten::lstm" in {e["name"] for e in eager}
+    assert (result["processes"], result["op_events"]) == (1, len(eager))
     assert [b["reason"] for b in result["compile"]["graph_breaks"]] == [brk["reason"]]
 
 
