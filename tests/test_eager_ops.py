@@ -99,8 +99,8 @@ def test_graph_break_eager_lstm_and_loss_are_recorded_once(tmp_path):
     assert len({per_step(events)[k] for k in range(1, ITERS - 1)}) == 1  # the last: also after the loop
 
 
-def test_switch_turns_eager_ops_on(tmp_path):
-    """DFTRACER_EAGER_OPS=1 records eager ops; =0 and the variable unset (the default) record none."""
+def test_switch_turns_eager_ops_off(tmp_path):
+    """DFTRACER_EAGER_OPS=1 and the variable unset (the default) record eager ops; =0 records none."""
     for value in ("1", "0", None):
         for p in traces(tmp_path, "tr-*"):
             os.remove(p)
@@ -110,7 +110,7 @@ def test_switch_turns_eager_ops_on(tmp_path):
         (path,) = traces(tmp_path, "tr-*")
         events = read_events(path)
         assert ops(events, "optimizer")
-        assert bool(eager(events)) == (value == "1")
+        assert bool(eager(events)) == (value != "0")
 
 
 def test_compiled_optimizer_step_is_a_graph_not_eager_ops(tmp_path):
