@@ -11,7 +11,7 @@ import torch
 
 import perfetto_tp
 from tracefile import read_events, traces
-from backend_support import CNN, MLP, compile_records, executed_nodes, graphs, ops, run_py
+from backend_support import CNN, MLP, compile_records, eager_ops, executed_nodes, graphs, ops, run_py
 from backend_support import fresh_dynamo, rec  # noqa: F401 (fixtures)
 from scripts.clitools import summary_json
 from dftrace_dynamo import Dynamo, create_backend
@@ -54,10 +54,16 @@ def test_torch_level_one_event_per_executed_node_nested_in_graph_event(rec):
     nested = perfetto_tp.rows(path, (
         "select p.name parent, s.depth depth, count(*) n from slice s join slice p on s.parent_id = p.id "
         "where s.category in ('dynamo', 'module') group by p.name, s.depth"))
-    # each op sits in the slice of its module (layers.N inside layers), module slices in the graph's
-    assert sorted(nested, key=lambda r: r["parent"]) == [
-        {"parent": f"graph {gid} forward", "depth": 1, "n": 3 * 2}, {"parent": "head", "depth": 2, "n": 3},
-        {"parent": "layers", "depth": 2, "n": 3 * 6}, *({"parent": f"layers.{i}", "depth": 3, "n": 3} for i in range(6))]
+    # each op sits in the slice of its module (layers.N inside layers), module slices in the graph's;
+    # the second and third graph calls one deeper, in the compiled model's call (eager ops on; the
+    # first call compiles and has none)
+    def rows(depth, calls):
+        return [{"parent": f"graph {gid} forward", "depth": depth, "n": calls * 2},
+                {"parent": "head", "depth": depth + 1, "n": calls},
+                {"parent": "layers", "depth": depth + 1, "n": calls * 6},
+                *({"parent": f"layers.{i}", "depth": depth + 2, "n": calls} for i in range(6))]
+    key = lambda r: (r["parent"], r["depth"])  # noqa: E731
+    assert sorted(nested, key=key) == sorted(rows(1, 1) + rows(2, 2), key=key)
 
 
 @pytest.mark.parametrize("level", ["torch", "aten"])
@@ -223,10 +229,13 @@ def test_a_frame_dynamo_gives_up_on_is_a_graph_break_with_no_graph(rec):
     (compile_,) = [r for r in records if r["kind"] == "compile"]
     assert compile_["graph_breaks"] == 1 and compile_["reason"] == brk["reason"]
     path = rec.path()
-    assert not graphs(read_events(path))
+    events = read_events(path)
+    assert not graphs(events)
     result, _ = summary_json(path)
     assert result["compile"]["graphs_compiled"] == 0
-    assert (result["processes"], result["op_events"]) == (1, 0)  # a process that ran no traced op
+    eager = eager_ops(events)  # the frame's ops ran eagerly: its ops are eager op events, no graph's
+    assert "aten::lstm" in {e["name"] for e in eager}
+    assert (result["processes"], result["op_events"]) == (1, len(eager))
     assert [b["reason"] for b in result["compile"]["graph_breaks"]] == [brk["reason"]]
 
 

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+import perfetto_tp
+
 from backend_support import eager_ops, inside, ops, run_py, run_python
 from scripts.eager_ops import ITERS, SLEEP_S
 from tracefile import read_events, traces
@@ -99,8 +101,8 @@ def test_graph_break_eager_lstm_and_loss_are_recorded_once(tmp_path):
     assert len({per_step(events)[k] for k in range(1, ITERS - 1)}) == 1  # the last: also after the loop
 
 
-def test_switch_turns_eager_ops_on(tmp_path):
-    """DFTRACER_EAGER_OPS=1 records eager ops; =0 and the variable unset (the default) record none."""
+def test_switch_turns_eager_ops_off(tmp_path):
+    """DFTRACER_EAGER_OPS=1 and the variable unset (the default) record eager ops; =0 records none."""
     for value in ("1", "0", None):
         for p in traces(tmp_path, "tr-*"):
             os.remove(p)
@@ -110,7 +112,7 @@ def test_switch_turns_eager_ops_on(tmp_path):
         (path,) = traces(tmp_path, "tr-*")
         events = read_events(path)
         assert ops(events, "optimizer")
-        assert bool(eager(events)) == (value == "1")
+        assert bool(eager(events)) == (value != "0")
 
 
 def test_compiled_optimizer_step_is_a_graph_not_eager_ops(tmp_path):
@@ -167,3 +169,38 @@ def test_user_profiler_runs_and_eager_ops_resume_after_it(tmp_path):
     (path,) = traces(tmp_path, "tr-*")
     linear = [e for e in eager(read_events(path)) if e["name"] == "aten::linear"]
     assert len(linear) == 4, linear  # five iterations, one of them profiled
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: the writer places up to 65,536 finished events of a "
+                   "thread inside a later parent (DFT_PLACE_MAX, docs/format.rst); the oldest of 70,000 held "
+                   "eager ops end up before their step's slice, which is clipped to begin after them")
+def test_more_held_eager_ops_than_the_buffer_holds_keep_their_nesting(tmp_path):
+    """Eager ops after zero_grad wait until the step's start is known (held): 70,000 of them (the
+    held buffer holds 65,536) are all in their step, and the trace nests (Perfetto reports no error)."""
+    n = 70_000
+    code = textwrap.dedent(f"""
+        import torch
+        from dftrace_dynamo import dftracer
+        dftracer.initialize_log({str(tmp_path / "tr")!r}, None, -1)
+        model = torch.compile(torch.nn.Linear(4, 1), backend="dftrace")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.zeros(1)
+        for i in range(3):
+            opt.zero_grad()
+            if i == 1:
+                for _ in range({n}):
+                    x.neg_()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        dftracer.finalize()
+    """)
+    run_py(code, tmp_path, EAGER)
+    (path,) = traces(tmp_path, "tr-*")
+    events = read_events(path)
+    negs = [e for e in eager(events) if e["name"] == "aten::neg_"]
+    (step,) = [e for e in ops(events, "step") if e["args"]["step"] == 1]
+    (zero_grad,) = [e for e in ops(events, "optimizer") if e["name"] == "SGD.zero_grad" and e["args"]["step"] == 1]
+    assert len(negs) == n
+    assert all(e["args"]["step"] == 1 and inside(e, step) and e["ts"] >= zero_grad["ts"] + zero_grad["dur"]
+               for e in negs)
+    assert perfetto_tp.error_stats(path) == []

@@ -14,7 +14,8 @@ def test_a_broken_module_has_one_forward_slice_per_call_and_backward_slices(rec)
         got = Counter((e["name"], e["args"].get("phase")) for e in modules if e["args"]["step"] == step)
         # slow: its hooks' slice (no graph; the call's phase) forward; in backward one per backward
         # graph of its code (the graph up to the break and the one after it), as at level="aten"
-        assert got == {("a", "forward"): 1, ("slow.fc", "forward"): 1, ("slow", "forward"): 1, ("b", "forward"): 1,
+        # compiled: the compiled model's call (eager ops on by default), named by its variable
+        assert got == {("compiled", "forward"): 1, ("a", "forward"): 1, ("slow.fc", "forward"): 1, ("slow", "forward"): 1, ("b", "forward"): 1,
                        ("b", "backward"): 1, ("slow.fc", "backward"): 1, ("slow", "backward"): 2,
                        ("a", "backward"): 1}, got
     slow_bwd = [e for e in modules if e["name"] == "slow" and e["args"].get("phase") == "backward"]

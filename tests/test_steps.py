@@ -145,8 +145,14 @@ def test_inference_loop_with_explicit_steps(rec):
     rows = slices(path)
     names = [r["name"] for r in rows if r["cat"] == "step"]
     assert names == ["step 0", "step 1", "step 2", "step 10", "step 11"]
+    # each graph call inside its step; from the second call on, inside the compiled model's call
+    # ("model", a module slice with eager ops on) in that step
+    every = {r["id"]: r for r in perfetto_tp.rows(path, "select id, parent_id, name, category as cat from slice")}
     graph_rows = [r for r in rows if r["cat"] == "dynamo_graph"]
-    assert [(r["parent"], r["step"]) for r in graph_rows] == [(n, int(n.split()[1])) for n in names]
+    parents = [every[r["parent_id"]] for r in every.values() if r["cat"] == "dynamo_graph"]
+    assert [p["name"] for p in parents] == ["step 0"] + ["model"] * 4
+    assert [every[p["parent_id"]]["name"] if p["cat"] == "module" else p["name"] for p in parents] == names
+    assert [r["step"] for r in graph_rows] == [int(n.split()[1]) for n in names]
     events = read_events(path)
     assert [e["args"]["step"] for e in graphs(events)] == [0, 1, 2, 10, 11]
     assert all("step" not in e["args"] or isinstance(e["args"]["step"], int) for e in events)

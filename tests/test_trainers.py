@@ -158,7 +158,8 @@ def test_hf_evaluation_is_apart(hf):
 def test_hf_modules_are_the_models(hf):
     from transformers import BertConfig, BertForSequenceClassification
     config = re.search(r"config = (BertConfig\(.*?\))\n", FILES["hf_train.py"], re.S).group(1)
-    names = {n for n, _ in BertForSequenceClassification(eval(config)).named_modules()}
+    # the root's own ops (eager ops, on by default) carry its name: the variable that holds it
+    names = {n for n, _ in BertForSequenceClassification(eval(config)).named_modules()} - {""} | {"model"}
     found = user_modules(hf)
     assert found <= names, found - names
     assert {"bert.encoder.layer.0.attention.self.query", "bert.encoder.layer.0.output.dense", "classifier"} <= found

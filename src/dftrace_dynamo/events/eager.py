@@ -43,6 +43,7 @@ class _State:
     domain = None  # the ITT domain we gave torch (kept alive)
     sites: dict = {}  # op name -> site
     thread = None  # the thread whose ATen ops are observed (ITT profiling is per thread)
+    forked = False  # a forked child (a DataLoader worker): it runs no step, its ops are not observed
     paused = False  # stopped while torch.profiler runs on that thread
     resolver = None  # (module, caller) -> (path, slice, keep) of an eager module call (the backend's)
     traced_away = None  # None: not tried; whether Dynamo traces the module hooks as no-ops
@@ -184,8 +185,23 @@ def _stop() -> None:
         _disable_profiler()
 
 
+def _in_child() -> None:
+    """A forked child inherits its parent's observed thread: its held records are dropped and its
+    ops no longer observed (a DataLoader worker's collate belongs to no step; its file stays
+    only if it records something else)."""
+    _state.forked = True
+    if _state.thread == threading.get_ident():
+        from torch._C._autograd import _disable_profiler
+
+        _state.thread = None
+        _core.eager_release(False)
+        _modules_off()
+        _core.set_eager_observing(False)
+        _disable_profiler()
+
+
 def _on_open() -> None:
-    if not config.get().eager_ops or "torch" not in sys.modules:
+    if not config.get().eager_ops or "torch" not in sys.modules or _state.forked:
         return
     try:
         _start()
@@ -430,6 +446,7 @@ for _hook in (
                 _wrap_profiler_enable),
     hooks.Patch("torch.autograd.profiler._disable_profiler", GROUP, _profiler_module, "_disable_profiler",
                 _wrap_profiler_disable),
+    hooks.AtFork("eager ops: a forked child observes none", GROUP, _in_child),
 ):
     hooks.declare(_hook)
 for _hook in (

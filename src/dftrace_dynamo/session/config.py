@@ -76,7 +76,7 @@ class Config:
     log_file_from_env: bool = False
     inc_metadata: bool = False
     module_slices: bool = True  # DFTRACER_MODULE_SLICES: module events around the ops of each call
-    eager_ops: bool = False  # DFTRACER_EAGER_OPS: op events of the ops that run outside compiled graphs
+    eager_ops: bool = True  # DFTRACER_EAGER_OPS: op events of the ops that run outside compiled graphs
     compression: int = COMPRESSION_GZIP
     write_buffer_size: int = DEFAULT_BUFFER_SIZE
     bind_signals: bool = False
@@ -237,7 +237,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             log_file_from_env=bool(log_file),
             inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
             module_slices=_flag(env, "DFTRACER_MODULE_SLICES", True),
-            eager_ops=_flag(env, "DFTRACER_EAGER_OPS", False),
+            eager_ops=_flag(env, "DFTRACER_EAGER_OPS", True),
             compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
                                 "0 for none, 1 or gzip, gzip-general, 2 or zstd"),
             write_buffer_size=buffer_size,
