@@ -212,7 +212,8 @@ def test_ddp_every_rank(ddp):
     for events in files.values():
         assert step_numbers(events) == list(range(16))  # 2 epochs of 8 batches
         check_evaluation(events, passes=2)
-        assert user_modules(events) == {"body.0", "body.1", "head"}
+        # the DDP wrapper is the model it holds (``model``, its variable: DDP's own eager ops)
+        assert user_modules(events) == {"model", "body.0", "body.1", "head"}
         # the gradient all-reduces; the barrier before the teardown follows the last step
         comm = of(events, "comm")
         assert {e["args"]["step"] for e in comm if e["name"] != "barrier"} == set(range(16))

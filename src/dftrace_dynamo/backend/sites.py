@@ -86,7 +86,9 @@ def register(module: torch.nn.Module, frame=None) -> str:
     path = _paths.get(module)
     if path is not None:
         return path
-    subs = [(naming.user_path(sub_path), sub) for sub_path, sub in module.named_modules()]
+    inner = _wrapped_model(module)  # (its paths all begin with the wrapper's own component)
+    subs = [(naming.user_path(sub_path.partition(".")[2] if inner else sub_path), sub)
+            for sub_path, sub in module.named_modules()]
     earlier = [sub for _, sub in subs if sub is not module and sub in _roots]
     moved = {id(m) for root in earlier for m in root.modules()}  # they take their paths in this one
     for root in earlier:
@@ -105,6 +107,16 @@ def register(module: torch.nn.Module, frame=None) -> str:
         if old is None or old == "" or id(sub) in moved or new.endswith("." + old):
             _paths[sub] = new
     return prefix
+
+
+# data-parallel wrappers hold the model as ``module``: its paths are the model's own, as in its graphs
+_WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
+
+
+def _wrapped_model(module: torch.nn.Module) -> bool:
+    """``module`` is a data-parallel wrapper of a model held as its ``module`` attribute."""
+    return (any(c.__name__ in _WRAPPERS for c in type(module).__mro__)
+            and isinstance(getattr(module, "module", None), torch.nn.Module))
 
 
 def path_of(module: torch.nn.Module) -> Optional[str]:

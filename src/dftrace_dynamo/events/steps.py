@@ -1059,13 +1059,14 @@ def _evaluation_begins() -> bool:
 def _evaluation_ends() -> None:
     """The evaluation function returns: the evaluation ends here (its slice is written now, after
     the slices held in it: the writer nests what ended before it inside it); the next step begins
-    here when training work comes."""
+    here when training work comes (until then records carry no step, and eager ops are held: they
+    are that step's, or no step's if the trace ends first)."""
     with _lock:
         _state.evaluating = max(_state.evaluating - 1, 0)
         if not _state.evaluating and _state.mode == EVAL and _state.start_ns is not None:
             _flush()
             _state.eval_end = _eval_slice(_core.now_ns())
-            _core.set_step(_state.number)
+            _ahead()  # eager ops from here: the next step's if training work comes, else no step's
 
 
 def _wrap_evaluation(original):
