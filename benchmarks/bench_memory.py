@@ -8,7 +8,8 @@ Run::
 A fresh interpreter (``--child``) records the events into a zstd trace, reading its RSS every
 200,000 iterations (50 times at least); then the file is read back in blocks (it holds about 400 bytes of text an
 iteration) and every name and step checked present, once, in order. Printed as JSON:
-``num_events`` and ``dropped`` (finalize's), ``samples`` (memory counter events),
+``num_events`` and ``dropped`` (finalize's), ``samples`` (memory counter events), ``collections``
+(garbage collection slices: every iteration is in a step window),
 ``extra_mib`` (peak RSS over the RSS before the trace opened), ``growth_mib`` (peak RSS after the
 first fifth over the RSS then: buffers and caches are full by then, so any growth after it is
 per-name or per-tag memory kept, or, on a loaded machine, events the writer has not yet
@@ -62,9 +63,9 @@ def child(logfile, n, drain_every):
         if drain_every and i % drain_every == 0:
             _core.flush()
     res = logger.finalize()
-    from dftrace_dynamo.events import memory  # its counter samples are events too
+    from dftrace_dynamo.events import gc, memory  # its counter samples and collections are events too
     print(json.dumps({"extra_mib": (peak - base) / 2**20, "growth_mib": (late_peak - at_settled) / 2**20,
-                      "samples": memory.samples, **res}))
+                      "samples": memory.samples, "collections": gc.slices, **res}))
 
 
 def lines_of(path):

@@ -27,7 +27,7 @@ def test_distinct_names_and_tags_leave_memory_flat(tmp_path):
                          text=True, timeout=600, env=clean_env())
     assert out.returncode == 0 and out.stderr == "", out.stderr
     res = json.loads(out.stdout)
-    assert res["num_events"] == res["end_num_events"] == 2 * N + res["samples"] and res["dropped"] == 0, res
+    assert res["num_events"] == res["end_num_events"] == 2 * N + res["samples"] + res["collections"] and res["dropped"] == 0, res
     assert res["names"] == res["steps"] == N, res
     assert res["growth_mib"] < 4 and res["extra_mib"] <= 64, res
 

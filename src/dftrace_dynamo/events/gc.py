@@ -25,11 +25,11 @@ from ..session import config, hooks, logger
 
 GROUP = "garbage collection"
 _starts = threading.local()  # per thread: when its collection began (a collection runs on one thread)
-_slices = 0  # written in this process: a child's file holding only these (and samples) leaves none
+slices = 0  # written in this process: a child's file holding only these (and samples) leaves none
 
 
 def _callback(phase: str, info: dict) -> None:
-    global _slices
+    global slices
     try:
         if phase == "start":
             _starts.at = _core.now_ns() if _core.is_open() and _core.ops_on() else None
@@ -40,7 +40,7 @@ def _callback(phase: str, info: dict) -> None:
         args = {ARG_GENERATION: info.get("generation"), ARG_COLLECTED: info.get("collected"),
                 ARG_UNCOLLECTABLE: info.get("uncollectable")}
         logger.record("gc", CAT_GC, start, _core.now_ns(), args)
-        _slices += 1
+        slices += 1
     except Exception as exc:  # never in the way of the collector: slices stop, the program runs on
         hooks.remove(GROUP)
         config.get()
@@ -64,6 +64,6 @@ def _on_open() -> None:
 
 
 logger.add_hooks(_on_open, lambda: None)
-logger.add_background(lambda: _slices)
+logger.add_background(lambda: slices)
 if _core.is_open():  # a trace opened before this module was imported
     _on_open()
