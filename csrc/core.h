@@ -24,8 +24,8 @@
  * graph context, so grad_enabled/phase are not printed for them. */
 #define DFT_FLAG_GRAD 1u
 #define DFT_PHASE_SHIFT 1
-#define DFT_PHASE_MASK (3u << DFT_PHASE_SHIFT)
-#define DFT_FLAG_FAILED 8u
+#define DFT_PHASE_MASK (7u << DFT_PHASE_SHIFT)
+#define DFT_FLAG_FAILED 1024u
 #define DFT_FLAG_NOCTX 16u
 #define DFT_FLAG_TIMED 32u /* times given by the caller (log_event): a "logged" track, see writer.c */
 /* Internal: STEP marks a step slice (its name is formatted from its step);
@@ -36,7 +36,8 @@
 #define DFT_FLAG_TICKS 512u   /* start and end are TSC ticks (dft_tick): the writer converts them */
 /* the bits a caller of record() may set; the others are the writer's own */
 #define DFT_FLAGS_PUBLIC (DFT_FLAG_GRAD | DFT_PHASE_MASK | DFT_FLAG_FAILED)
-enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE };
+/* OPTIMIZER: eager ops inside an optimizer's step() or an optimizer-side slice (never a graph's) */
+enum { DFT_PHASE_NONE, DFT_PHASE_FORWARD, DFT_PHASE_BACKWARD, DFT_PHASE_INFERENCE, DFT_PHASE_OPTIMIZER };
 
 /* ---- growable byte buffer ---------------------------------------------- */
 typedef struct {

@@ -87,8 +87,9 @@ static pthread_mutex_t miss_mu = PTHREAD_MUTEX_INITIALIZER;
 #define MISS_MAX 64
 static char *miss_names[MISS_MAX];
 static uint32_t miss_n;
-/* the phase of top-level ops outside autograd's engine, per thread (set_eager_phase: none inside an
- * optimizer step and after a backward, until a module is called or the optimizer step ends) */
+/* the phase of top-level ops outside autograd's engine, per thread (set_eager_phase: optimizer
+ * inside an optimizer's step or optimizer-side slice, none after a backward, until a module is
+ * called or the optimizer's work ends) */
 static _Thread_local uint32_t phase_now = 1u << DFT_PHASE_SHIFT;
 
 /* Eager module calls of this thread, innermost last (GIL held: the hooks run with it). */
@@ -336,15 +337,17 @@ static PyObject *py_eager_compiling(PyObject *m, PyObject *o) {
     Py_RETURN_NONE;
 }
 
-/* set_eager_phase(phase): this thread's phase of top-level ops outside autograd's engine */
+/* set_eager_phase(phase) -> the phase it replaces: this thread's phase of top-level ops outside
+ * autograd's engine */
 static PyObject *py_set_eager_phase(PyObject *m, PyObject *o) {
     long p = PyLong_AsLong(o);
     if (p == -1 && PyErr_Occurred())
         return NULL;
-    if (p < 0 || p > DFT_PHASE_INFERENCE)
+    if (p < 0 || p > DFT_PHASE_OPTIMIZER)
         return PyErr_Format(PyExc_ValueError, "set_eager_phase: a PHASE_* constant, not %ld", p);
+    uint32_t was = phase_now >> DFT_PHASE_SHIFT;
     phase_now = (uint32_t)p << DFT_PHASE_SHIFT;
-    Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(was);
 }
 
 /* set_eager_observing(flag): torch's op observers are on for this thread (its GraphCalls
@@ -416,7 +419,8 @@ static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ss
     if (dft_tls.eager == 1 && !compiling &&
         !mod_entry(module, mods.n ? mods.v[mods.n - 1].module : Py_None, &tags, &site, 1))
         PyErr_Clear();
-    if (phase_now == DFT_PHASE_NONE << DFT_PHASE_SHIFT) /* forward work again after a backward */
+    /* forward work again after a backward, or an optimizer closure's forward */
+    if (phase_now == DFT_PHASE_NONE << DFT_PHASE_SHIFT || phase_now == DFT_PHASE_OPTIMIZER << DFT_PHASE_SHIFT)
         phase_now = DFT_PHASE_FORWARD << DFT_PHASE_SHIFT;
     mod_call *c = &mods.v[mods.n++];
     c->module = module;

@@ -626,6 +626,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         {"PHASE_FORWARD", DFT_PHASE_FORWARD},
         {"PHASE_BACKWARD", DFT_PHASE_BACKWARD},
         {"PHASE_INFERENCE", DFT_PHASE_INFERENCE},
+        {"PHASE_OPTIMIZER", DFT_PHASE_OPTIMIZER},
         {"CALL", 0},
         {"METHOD", 1},
         {"GRAD_INHERIT", 0},

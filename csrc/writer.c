@@ -409,9 +409,10 @@ static void write_record(int last) {
     }
 }
 
-static const char *const phase_txt[4] = {"", ",\"phase\":\"forward\"", ",\"phase\":\"backward\"",
-                                         ",\"phase\":\"inference\""};
-static const uint8_t phase_len[4] = {0, 18, 19, 20};
+static const char *const phase_txt[8] = {"", ",\"phase\":\"forward\"", ",\"phase\":\"backward\"",
+                                         ",\"phase\":\"inference\"", ",\"phase\":\"optimizer\"",
+                                         "", "", ""};
+static const uint8_t phase_len[8] = {0, 18, 19, 20, 20, 0, 0, 0};
 
 /* ,"ph":"X","args":{..}}\n: the end of an event's line (not a counter's). */
 static char *put_tail(char *p, const dft_rec *x, const dft_site *site, const dft_str *tags, const char *extra,

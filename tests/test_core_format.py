@@ -232,6 +232,7 @@ def test_timestamps_and_sub_microsecond_durations(tmp_path):
         (_core.PHASE_BACKWARD << _core.PHASE_SHIFT, {"grad_enabled": 0, "phase": "backward"}),
         ((_core.PHASE_INFERENCE << _core.PHASE_SHIFT) | _core.FLAG_FAILED,
          {"grad_enabled": 0, "phase": "inference", "failed": 1}),
+        (_core.PHASE_OPTIMIZER << _core.PHASE_SHIFT, {"grad_enabled": 0, "phase": "optimizer"}),
         # the writer's own bits (no context, caller's times, step slice, own step) are ignored
         (_core.FLAG_GRAD | 16 | 32 | 64 | 128, {"grad_enabled": 1}),
     ],
@@ -310,8 +311,9 @@ def test_one_site_in_changing_contexts(tmp_path, comp, no_gc):
 
 
 def test_constants():
-    assert (_core.FLAG_GRAD, _core.PHASE_SHIFT, _core.FLAG_FAILED) == (1, 1, 8)
-    assert (_core.PHASE_NONE, _core.PHASE_FORWARD, _core.PHASE_BACKWARD, _core.PHASE_INFERENCE) == (0, 1, 2, 3)
+    assert (_core.FLAG_GRAD, _core.PHASE_SHIFT, _core.FLAG_FAILED) == (1, 1, 1024)
+    assert (_core.PHASE_NONE, _core.PHASE_FORWARD, _core.PHASE_BACKWARD, _core.PHASE_INFERENCE,
+            _core.PHASE_OPTIMIZER) == (0, 1, 2, 3, 4)
     assert (_core.CALL, _core.METHOD) == (0, 1)
     assert (_core.GRAD_INHERIT, _core.GRAD_ON, _core.GRAD_OFF) == (0, 1, 2)
 

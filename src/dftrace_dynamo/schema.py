@@ -95,7 +95,8 @@ METADATA_ARGS = (ARG_OP_TYPE, ARG_TARGET, ARG_INPUT_SHAPES, ARG_INPUT_DTYPES, AR
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"
 PHASE_INFERENCE = "inference"
-PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_INFERENCE)
+PHASE_OPTIMIZER = "optimizer"  # eager ops only: inside an optimizer's step() or optimizer-side slice
+PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_INFERENCE, PHASE_OPTIMIZER)
 # not written in args.phase: readers (summary --by phase) give it to the ops with ARG_RECOMPUTE
 PHASE_RECOMPUTE = "recompute"
 

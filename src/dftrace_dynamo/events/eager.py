@@ -381,7 +381,7 @@ def _wrap_clear(original):
 
 
 def _optimizer_pre(_opt, _args, _kwargs) -> None:
-    _core.set_eager_phase(_core.PHASE_NONE)  # an optimizer's ops are in no forward or backward
+    _core.set_eager_phase(_core.PHASE_OPTIMIZER)
 
 
 def _optimizer_post(_opt, _args, _kwargs) -> None:

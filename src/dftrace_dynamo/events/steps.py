@@ -933,8 +933,9 @@ def _wrap_backward(original):
         finally:
             _local.backward = 0
             _slice("backward", CAT_BACKWARD, start)
-            if original.__name__ == "backward":  # what follows (gradient clipping) is no forward (events.eager)
-                _core.set_eager_phase(_core.PHASE_NONE)
+            if original.__name__ == "backward":  # what follows is no forward (events.eager): an
+                # optimizer closure's caller, or code between backward and the optimizer
+                _core.set_eager_phase(_core.PHASE_OPTIMIZER if getattr(_local, "stepping", 0) else _core.PHASE_NONE)
 
     return traced
 
@@ -1097,10 +1098,12 @@ def _wrap_zero_grad(original):
         if compiling_here():
             return original(self, *args, **kwargs)
         start = _core.now_ns()
+        phase = _core.set_eager_phase(_core.PHASE_OPTIMIZER)
         try:
             _ahead()
             return original(self, *args, **kwargs)
         finally:
+            _core.set_eager_phase(phase)
             try:
                 seen = id(self) in _state.groups  # a new optimizer's first zero_grad() begins an iteration
                 _join(self, start)
@@ -1134,9 +1137,11 @@ def _wrap_optimizer_side(original, name: Optional[str] = None, begins: bool = Fa
             return original(*args, **kwargs)
         if waiting:
             _local.wrapping = start
+        phase = _core.set_eager_phase(_core.PHASE_OPTIMIZER)
         try:
             return original(*args, **kwargs)
         finally:
+            _core.set_eager_phase(phase)
             if waiting:
                 _local.wrapping = None
             end = _core.now_ns()
