@@ -24,14 +24,21 @@ model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 x, y = torch.randn(16, 8), torch.randn(16, 1)
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
 sched = torch.optim.lr_scheduler.StepLR(opt, 2)
-plain = []
-for _ in range({ITERS}):
-    m = {{"z0": now()}}
-    opt.zero_grad()
+
+
+def forward_backward(m, zero_grad):
+    zero_grad()
     m["f0"] = now()
     loss = nn.functional.mse_loss(model(x), y)
     m["b0"] = now()
     loss.backward()
+    return loss
+
+
+plain = []
+for _ in range({ITERS}):
+    m = {{"z0": now()}}
+    forward_backward(m, opt.zero_grad)
     m["u0"] = now()
     norms = torch.stack([p.grad.norm() for p in model.parameters()]).sum()  # the user's own code
     m["c0"] = now()
@@ -48,11 +55,7 @@ for _ in range({ITERS}):
     m = {{}}
     def closure():
         m["in0"] = now()
-        closure_opt.zero_grad()
-        m["f0"] = now()
-        loss = nn.functional.mse_loss(model(x), y)
-        m["b0"] = now()
-        loss.backward()
+        loss = forward_backward(m, closure_opt.zero_grad)
         m["in1"] = now()
         return loss
     m["s0"] = now()
