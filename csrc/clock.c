@@ -150,6 +150,18 @@ void dft_clock_ns(uint64_t *start, uint64_t *end) {
 #endif
 }
 
+uint64_t dft_clock_tick_ns(uint64_t tick) {
+#if DFT_HAVE_TSC
+    pthread_mutex_lock(&clock_mu);
+    if (hist_n) {
+        const dft_tsc_seg *m = &hist[(model_at(tick, hist_n) - 1) % N_HIST].m;
+        tick = (uint64_t)dft_tsc_to_ns(m->base, m->mult, tick);
+    }
+    pthread_mutex_unlock(&clock_mu);
+#endif
+    return tick;
+}
+
 /* fork() is held off while the writer thread updates the model (ring.c's atfork handlers):
  * the child finds clock_mu free and the model whole. */
 void dft_clock_fork_prepare(void) {

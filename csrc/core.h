@@ -356,6 +356,9 @@ static inline uint64_t dft_tick(void) {
 /* ns on the epoch timeline of an event's start and end ticks, read while a file was open;
  * writer thread only. */
 void dft_clock_ns(uint64_t *start, uint64_t *end);
+/* The ns dft_clock_ns gives a tick read while a file was open (the model in effect at it), on
+ * any thread: what Python compares with the events' times. */
+uint64_t dft_clock_tick_ns(uint64_t tick);
 
 /* ---- output sink (sink.c) ---------------------------------------------- */
 #include <zlib.h>

@@ -98,6 +98,7 @@ typedef struct {
     uint32_t tags;    /* tags of ,"module":path of the ops inside (the outer call's if none) */
     uint32_t site;    /* its module slice's site, 0: no slice of its own */
     uint64_t start;   /* 0: opened while nothing was recorded */
+    int ns;           /* start is ns (eager_open_since), not a tick: so is the end */
 } mod_call;
 typedef struct {
     mod_call *v;
@@ -427,6 +428,7 @@ static PyObject *py_eager_module_enter(PyObject *m, PyObject *const *args, Py_ss
     c->tags = tags ? tags : et.mod_tags;
     c->site = site;
     c->start = site && dft_ops_recording() ? dft_tick() : 0;
+    c->ns = 0;
     et.mod_tags = c->tags;
     Py_RETURN_NONE;
 }
@@ -448,13 +450,13 @@ static PyObject *py_eager_module_exit(PyObject *m, PyObject *const *args, Py_ssi
     et.mod_tags = mods.n ? mods.v[mods.n - 1].tags : 0;
     uint32_t tags = 0, site = 0;
     if (c.start && dft_ops_recording() && mod_entry(module, Py_None, &tags, &site, 0) && site == c.site) {
-        uint64_t end = dft_tick();
+        uint64_t end = c.ns ? dft_now() : dft_tick();
         PyObject *g = grad_enabled ? PyObject_CallNoArgs(grad_enabled) : NULL;
         int grad = g ? PyObject_IsTrue(g) : 1;
         Py_XDECREF(g);
         PyErr_Clear();
         uint32_t ctx = grad ? DFT_FLAG_GRAD | DFT_PHASE_FORWARD << DFT_PHASE_SHIFT : DFT_PHASE_INFERENCE << DFT_PHASE_SHIFT;
-        eager_record(c.site, c.start, end, ctx | dft_hot.ticks, 0);
+        eager_record(c.site, c.start, end, ctx | (c.ns ? 0 : dft_hot.ticks), 0);
     }
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -484,26 +486,24 @@ static PyObject *py_eager_hold(PyObject *m, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* ns of a held record's time (dft_now's model: a held record is at most seconds old) */
+/* ns of a record's time, as the writer will convert it */
 static uint64_t held_ns(uint64_t t, uint32_t flags) {
-#if DFT_HAVE_TSC
-    uint64_t seq = atomic_load_explicit(&dft_hot.seq, memory_order_acquire);
-    if (flags & DFT_FLAG_TICKS && seq) {
-        const dft_tsc_seg *g = &dft_hot.seg[seq & 1];
-        return (uint64_t)dft_tsc_to_ns(__atomic_load_n(&g->base, __ATOMIC_RELAXED),
-                                       __atomic_load_n(&g->mult, __ATOMIC_RELAXED), t);
-    }
-#endif
-    (void)flags;
-    return t;
+    return flags & DFT_FLAG_TICKS ? dft_clock_tick_ns(t) : t;
 }
 
 /* eager_open_since() -> ns: when the outermost eager module call of this thread that records a
- * slice began (a compiled model's call), 0 if none is open: a step ending inside it ends there */
+ * slice began (a compiled model's call), 0 if none is open: a step ending inside it ends there.
+ * The call's slice keeps that ns as its start (the writer's model for the tick may have left
+ * its history by the time the slice is written: the step and the slice begin at one time). */
 static PyObject *py_eager_open_since(PyObject *m, PyObject *unused) {
-    for (uint32_t i = 0; i < mods.n; i++)
-        if (mods.v[i].start)
-            return PyLong_FromUnsignedLongLong(held_ns(mods.v[i].start, dft_hot.ticks));
+    for (uint32_t i = 0; i < mods.n; i++) {
+        mod_call *c = &mods.v[i];
+        if (c->start) {
+            if (!c->ns)
+                c->start = held_ns(c->start, dft_hot.ticks), c->ns = 1;
+            return PyLong_FromUnsignedLongLong(c->start);
+        }
+    }
     return PyLong_FromLong(0);
 }
 

@@ -1,9 +1,12 @@
 """Fresh interpreters for tests: tracing configured only by what the test sets."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 
 def clean_env(extra=None):
@@ -37,3 +40,13 @@ def shell(command, cwd, env=None, timeout=600):
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     return subprocess.run(["bash", "-c", command], cwd=cwd, env=clean_env({"PATH": path, **(env or {})}),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def preload_shim(directory, name, source):
+    """Builds the C ``source`` into ``directory/name.so`` for ``LD_PRELOAD`` (skips without gcc)."""
+    if not shutil.which("gcc"):
+        pytest.skip(f"needs gcc to build the {name} shim")
+    src, shim = directory / f"{name}.c", directory / f"{name}.so"
+    src.write_text(source)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(shim), str(src), "-ldl"], check=True)
+    return shim

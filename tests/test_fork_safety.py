@@ -2,12 +2,10 @@
 child that ends with ``os._exit`` right after its work keeps every event it recorded."""
 
 import os
-import shutil
-import subprocess
 
 import pytest
 
-from subproc import run_py
+from subproc import preload_shim, run_py
 from tracefile import read_events, traces
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -70,12 +68,7 @@ FORKS = """
 
 
 def test_hundreds_of_forks_with_the_writer_busy_and_slowed_never_hang(tmp_path):
-    if not shutil.which("gcc"):
-        pytest.skip("needs gcc to build the slow-writer shim")
-    shim = tmp_path / "slow_writer.so"
-    src = tmp_path / "slow_writer.c"
-    src.write_text(SLOW_WRITER_SHIM)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(shim), str(src), "-ldl"], check=True)
+    shim = preload_shim(tmp_path, "slow_writer", SLOW_WRITER_SHIM)
     out = tmp_path / "out"
     out.mkdir()
     n = 300

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from subproc import run_py
+from subproc import preload_shim, run_py
 from tracefile import read_events, traces
 
 SLEEP_S = 0.015
@@ -158,3 +158,47 @@ def test_the_sleeps_dynamo_skips_in_a_compiled_models_call_are_forward_not_other
             for key in ("step", "wall_us", "forward_us", "other_us", "optimizer_us", "backward_us"):
                 assert by_record[key] == pytest.approx(by_events[key], abs=1.0), key
 
+
+
+# The writer thread's monotonic clock jumps by 300 µs every 20 ms: each model it publishes steers
+# the TSC's rate by the most it may (0.05 %), so a tick read before a publish converts on the
+# model of its time 150 µs away from the current one's reading of it after 300 ms.
+WANDERING_WRITER_CLOCK = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+static int (*real)(clockid_t, struct timespec *);
+int clock_gettime(clockid_t c, struct timespec *t) {
+    if (!real)
+        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    int rc = real(c, t);
+    char name[16] = {0};
+    prctl(PR_GET_NAME, name);
+    if (c == CLOCK_MONOTONIC && strcmp(name, "dftrace-writer") == 0 && (t->tv_nsec / 20000000) % 2) {
+        t->tv_nsec += 300000;
+        if (t->tv_nsec >= 1000000000)
+            t->tv_sec += 1, t->tv_nsec -= 1000000000;
+    }
+    return rc;
+}
+"""
+
+
+def test_a_step_begins_with_the_call_it_began_in_while_the_clock_is_steered(tmp_path):
+    # netG's nap at its entry outlasts the writer's wake (250 ms), so a clock model is published
+    # between the call's start and the graph call that ends the step in it
+    shim = preload_shim(tmp_path, "wandering_clock", WANDERING_WRITER_CLOCK)
+    code = PROGRAM.replace(f"time.sleep({SLEEP_S})", f"time.sleep(0.3 if who == 'netG' else {SLEEP_S})")
+    code = code.replace("range(8)", "range(5)").replace("sys.argv[1]", repr("tail"))
+    p = run_py(code, tmp_path, {**ENV, "LD_PRELOAD": str(shim)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    (path,) = traces(tmp_path, "tr-*")
+    events = read_events(path)
+    steps = {e["args"]["step"]: e for e in events if e.get("cat") == "step"}
+    calls = [e for e in events if e.get("cat") == "module" and e["name"] == "netG" and "graph" not in e["args"]]
+    assert [e["args"]["step"] for e in calls] == [1, 2, 3, 4]
+    for e in calls:  # the step begins where the call did, to the µs, and holds it
+        step = steps[e["args"]["step"]]
+        assert step["ts"] == e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"], (e, step)
