@@ -4,8 +4,8 @@
  * synchronised across cores) events read rdtsc, about 10 ns cheaper than
  * clock_gettime per read and two reads per op. Ticks become nanoseconds on a
  * piecewise-linear model: each segment starts where the previous one ends
- * (time never jumps) and its slope steers the model back onto CLOCK_MONOTONIC
- * (+ the epoch offset). The writer thread adds a segment on every wake;
+ * and its slope steers the model back onto CLOCK_MONOTONIC (+ the epoch
+ * offset). The writer thread adds a segment on every wake;
  * open() re-anchors the model exactly. Until the first update after at least
  * MIN_BASE_NS since import (the model's rate is only as good as its
  * baseline, and nothing steers it before a trace opens) and elsewhere,
@@ -13,6 +13,12 @@
  * Op-level events keep their raw ticks (dft_tick); the writer converts them
  * on the segment that was current at each tick (dft_clock_ns), and open()
  * waits for the first segment where there is none yet.
+ *
+ * The epoch offset (CLOCK_REALTIME - CLOCK_MONOTONIC) is measured at import
+ * and again on every writer wake and open(): a wall clock stepped forward (NTP,
+ * a VM resumed after a pause) is followed there, the model jumping with it, so
+ * events stay on the wall clock other tools and ranks read. A step back is not
+ * followed (time never goes back): the trace stays ahead by it.
  *
  * DFTRACER_TEST_CLOCK_SHIFT_NS (for tests only) shifts this process's clock by
  * that many ns, as a host whose clock is off would. */
@@ -42,20 +48,33 @@ static struct {
 static uint64_t hist_n;
 #endif
 
-/* Epoch offset of the monotonic clock, from the tightest of a few brackets. */
-static void calibrate_epoch(void) {
-    uint64_t best = UINT64_MAX;
-    for (int i = 0; i < 9; i++) {
+static int64_t epoch_shift; /* DFTRACER_TEST_CLOCK_SHIFT_NS */
+/* The wall clock moved this far ahead of the event clock: it was stepped (NTP, a VM resumed) */
+#define WALL_STEP_NS 200000
+
+/* Epoch offset of the monotonic clock from the tightest of n brackets, INT64_MIN if none was
+ * narrower than widest. */
+static int64_t measure_epoch(int n, uint64_t widest) {
+    uint64_t best = widest;
+    int64_t off = INT64_MIN;
+    for (int i = 0; i < n; i++) {
         struct timespec rt;
         uint64_t a = dft_mono();
         clock_gettime(CLOCK_REALTIME, &rt);
         uint64_t b = dft_mono();
         if (b - a < best) {
             best = b - a;
-            int64_t real = (int64_t)rt.tv_sec * 1000000000 + rt.tv_nsec;
-            dft_epoch_off = real - (int64_t)(a + (b - a) / 2);
+            off = (int64_t)rt.tv_sec * 1000000000 + rt.tv_nsec - (int64_t)(a + (b - a) / 2) + epoch_shift;
         }
     }
+    return off;
+}
+
+/* A wall clock stepped forward is followed (a step back is not: time never goes back). */
+static void follow_wall_clock(void) {
+    int64_t off = measure_epoch(3, 20000); /* a wider bracket may hide a preemption, not a step */
+    if (off != INT64_MIN && off - __atomic_load_n(&dft_epoch_off, __ATOMIC_RELAXED) > WALL_STEP_NS)
+        __atomic_store_n(&dft_epoch_off, off, __ATOMIC_RELAXED);
 }
 
 #if DFT_HAVE_TSC
@@ -107,10 +126,9 @@ static double rate_since_base(uint64_t tick, uint64_t mono) {
 #endif
 
 void dft_clock_init(void) {
-    calibrate_epoch();
     const char *shift = getenv("DFTRACER_TEST_CLOCK_SHIFT_NS");
-    if (shift)
-        dft_epoch_off += strtoll(shift, NULL, 10);
+    epoch_shift = shift ? strtoll(shift, NULL, 10) : 0;
+    dft_epoch_off = measure_epoch(9, UINT64_MAX);
 #if DFT_HAVE_TSC
     if (!kernel_trusts_tsc())
         return;
@@ -183,6 +201,7 @@ void dft_clock_fork_child(void) {
 }
 
 void dft_clock_update(int exact) {
+    follow_wall_clock();
 #if DFT_HAVE_TSC
     if (!tsc_trusted)
         return;
@@ -198,7 +217,7 @@ void dft_clock_update(int exact) {
         sample(&tick, &mono);
     }
     double rate = rate_since_base(tick, mono);
-    int64_t truth = (int64_t)mono + dft_epoch_off;
+    int64_t truth = (int64_t)mono + __atomic_load_n(&dft_epoch_off, __ATOMIC_RELAXED);
     uint64_t seq = atomic_load(&dft_hot.seq);
     if (!seq) {
         if (mono - base_mono >= MIN_BASE_NS) /* seq 1: readers use the model from now on */
@@ -208,6 +227,11 @@ void dft_clock_update(int exact) {
     } else {
         const dft_tsc_seg *g = &dft_hot.seg[seq & 1]; /* only this function writes it: clock_mu */
         int64_t model = dft_tsc_to_ns(g->base, g->mult, tick);
+        if (truth - model > WALL_STEP_NS) { /* the wall clock stepped forward: so does the model */
+            publish(tick, truth, rate, 0);
+            pthread_mutex_unlock(&clock_mu);
+            return;
+        }
         double slew = -(double)(model - truth) / STEER_NS;
         slew = slew > MAX_SLEW ? MAX_SLEW : slew < -MAX_SLEW ? -MAX_SLEW : slew;
         publish(tick, model, rate * (1.0 + slew), 0);

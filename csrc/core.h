@@ -339,7 +339,7 @@ static inline uint64_t dft_now(void) {
         }
     }
 #endif
-    return dft_mono() + (uint64_t)dft_epoch_off;
+    return dft_mono() + (uint64_t)__atomic_load_n(&dft_epoch_off, __ATOMIC_RELAXED);
 }
 
 /* The times of op-level events (interceptors, graph calls, module-slice boundaries): with

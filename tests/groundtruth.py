@@ -4,7 +4,8 @@ trace with them event by event.
 
 The trace's timeline is ``CLOCK_MONOTONIC`` mapped onto the Unix epoch when the
 tracer is imported, so ``time.time_ns()`` read in the traced process is on the
-same timeline (to well under a microsecond while the wall clock is not stepped).
+same timeline (to well under a microsecond; a wall clock stepped forward is followed at the
+writer's next wake).
 An event recorded between marks ``t0`` and ``t1`` must lie inside ``[t0, t1]``
 up to the microsecond grid of ``ts``.
 """

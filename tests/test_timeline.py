@@ -9,16 +9,17 @@ import pytest
 
 import groundtruth as gt
 from backend_support import run_torchrun
-from subproc import run_python
+from subproc import preload_shim, run_python
 from tracefile import read_events, traces
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
-def _train(tmp_path, mode, *extra):
-    """Runs the ground-truth script with the trace opened the ``mode`` way; its events and marks."""
+def _train(tmp_path, mode, *extra, env=None):
+    """Runs the ground-truth script with the trace opened the ``mode`` way (``env`` added to its
+    environment); its events and marks."""
     marks = tmp_path / "marks.json"
-    env = {"GT_LOG": str(tmp_path / "t"), "OMP_NUM_THREADS": "1"}
+    env = {"GT_LOG": str(tmp_path / "t"), "OMP_NUM_THREADS": "1", **(env or {})}
     if mode in ("lazy", "decorator", "run"):
         env.update(DFTRACER_ENABLE="1", DFTRACER_LOG_FILE=str(tmp_path / "t"))
     if mode == "run":
@@ -36,6 +37,42 @@ def test_every_event_is_where_it_happened(tmp_path, mode):
     events, marks = _train(tmp_path, mode)
     assert gt.check(events, marks) == []
     assert gt.coverage(events, marks) >= 0.99
+
+
+# wall_step(ns) steps this process's wall clock (CLOCK_REALTIME) forward, as NTP or a VM resumed
+# after a pause does; the monotonic clock goes on as it was
+WALL_STEP = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <time.h>
+static long shift;
+void wall_step(long ns) { __atomic_add_fetch(&shift, ns, __ATOMIC_SEQ_CST); }
+int clock_gettime(clockid_t c, struct timespec *t) {
+    static int (*real)(clockid_t, struct timespec *);
+    if (!real)
+        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    int rc = real(c, t);
+    long s = __atomic_load_n(&shift, __ATOMIC_SEQ_CST);
+    if (c == CLOCK_REALTIME && s) {
+        t->tv_sec += s / 1000000000, t->tv_nsec += s % 1000000000;
+        if (t->tv_nsec >= 1000000000)
+            t->tv_sec += 1, t->tv_nsec -= 1000000000;
+    }
+    return rc;
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["before", "lazy"])
+def test_a_wall_clock_stepped_forward_mid_run_is_followed(tmp_path, mode):
+    """The wall clock steps 50 ms forward after step 1: the events after it are on the new wall
+    clock (the writer follows at its next wake, inside the loop's 0.6 s pause), as are the marks."""
+    shim = preload_shim(tmp_path, "wall_step", WALL_STEP)
+    events, marks = _train(tmp_path, mode, "--steps", 4, "--wall-step-after", 1, env={"LD_PRELOAD": str(shim)})
+    assert gt.check(events, marks) == []
+    step2 = [m for m in marks if m[:2] == ["data", 2]]
+    last1 = max(m[3] for m in marks if m[1] == 1)
+    assert step2 and step2[0][2] - last1 >= 0.65e9  # the step happened: 0.6 s + 50 ms apart
 
 
 def test_threads_keep_their_slices_while_another_compiles(tmp_path):

@@ -6,9 +6,10 @@ graph, a known 20 ms sleep between two graphs, ``backward()``,
 with the trace, event by event.
 
     python groundtruth_train.py MARKS_JSON --open {before,after,lazy,run,decorator} [--steps N]
-        [--thread-compiles N] [--ddp [--shift-rank1-ns NS]]
+        [--thread-compiles N] [--ddp [--shift-rank1-ns NS]] [--wall-step-after N]
 """
 import argparse
+import ctypes
 import json
 import os
 import threading
@@ -27,6 +28,9 @@ ap.add_argument("--thread-compiles", type=int, default=0,
 ap.add_argument("--ddp", action="store_true", help="torchrun worker: gloo process group, DDP model")
 ap.add_argument("--shift-rank1-ns", type=int, default=0,
                 help="rank 1's trace clock runs this far off (as on another host); its marks do not")
+ap.add_argument("--wall-step-after", type=int, default=-1,
+                help="after this step the wall clock steps 50 ms forward (the wall_step shim must be "
+                     "LD_PRELOADed) and the loop sleeps 0.6 s, two writer wakes")
 a = ap.parse_args()
 if a.shift_rank1_ns and os.environ.get("RANK") == "1":  # read when the tracer's core loads
     os.environ["DFTRACER_TEST_CLOCK_SHIFT_NS"] = str(a.shift_rank1_ns)
@@ -117,6 +121,9 @@ if a.thread_compiles:
     helper.start()
 for step in range(a.steps):
     one_step(step, it)
+    if step == a.wall_step_after:
+        ctypes.CDLL(None).wall_step(ctypes.c_long(50_000_000))
+        time.sleep(0.6)
 if a.thread_compiles:
     helper.join()
 with open(f"{a.marks}.{os.environ['RANK']}" if a.ddp else a.marks, "w") as f:
