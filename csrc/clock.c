@@ -70,11 +70,14 @@ static int64_t measure_epoch(int n, uint64_t widest) {
     return off;
 }
 
-/* A wall clock stepped forward is followed (a step back is not: time never goes back). */
+/* A wall clock stepped forward is followed (a step back is not: time never goes back; open()
+ * and the writer may race here, so the offset only ever grows). */
 static void follow_wall_clock(void) {
     int64_t off = measure_epoch(3, 20000); /* a wider bracket may hide a preemption, not a step */
-    if (off != INT64_MIN && off - __atomic_load_n(&dft_epoch_off, __ATOMIC_RELAXED) > WALL_STEP_NS)
-        __atomic_store_n(&dft_epoch_off, off, __ATOMIC_RELAXED);
+    int64_t cur = __atomic_load_n(&dft_epoch_off, __ATOMIC_RELAXED);
+    while (off != INT64_MIN && off - cur > WALL_STEP_NS &&
+           !__atomic_compare_exchange_n(&dft_epoch_off, &cur, off, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
 }
 
 #if DFT_HAVE_TSC
