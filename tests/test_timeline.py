@@ -40,10 +40,15 @@ def test_every_event_is_where_it_happened(tmp_path, mode):
 
 
 # wall_step(ns) steps this process's wall clock (CLOCK_REALTIME) forward, as NTP or a VM resumed
-# after a pause does; the monotonic clock goes on as it was
+# after a pause does; the monotonic clock goes on as it was. With NO_TSC set the tracer cannot read
+# the kernel's clocksource, so its events read clock_gettime, not the TSC.
 WALL_STEP = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 static long shift;
 void wall_step(long ns) { __atomic_add_fetch(&shift, ns, __ATOMIC_SEQ_CST); }
@@ -60,15 +65,30 @@ int clock_gettime(clockid_t c, struct timespec *t) {
     }
     return rc;
 }
+FILE *fopen64(const char *path, const char *mode) { /* what fopen is with 64-bit file offsets */
+    static FILE *(*real)(const char *, const char *);
+    if (!real)
+        real = (FILE *(*)(const char *, const char *))dlsym(RTLD_NEXT, "fopen64");
+    if (getenv("NO_TSC") && strstr(path, "current_clocksource")) {
+        errno = ENOENT;
+        return NULL;
+    }
+    return real(path, mode);
+}
 """
 
 
-@pytest.mark.parametrize("mode", ["before", "lazy"])
-def test_a_wall_clock_stepped_forward_mid_run_is_followed(tmp_path, mode):
+@pytest.mark.parametrize("mode, clock", [("before", "tsc"), ("lazy", "tsc"), ("before", "monotonic")])
+def test_a_wall_clock_stepped_forward_mid_run_is_followed(tmp_path, mode, clock):
     """The wall clock steps 50 ms forward after step 1: the events after it are on the new wall
-    clock (the writer follows at its next wake, inside the loop's 0.6 s pause), as are the marks."""
-    shim = preload_shim(tmp_path, "wall_step", WALL_STEP)
-    events, marks = _train(tmp_path, mode, "--steps", 4, "--wall-step-after", 1, env={"LD_PRELOAD": str(shim)})
+    clock (the writer follows at its next wake, inside the loop's 0.6 s pause), as are the marks;
+    with the TSC model ("tsc", where the kernel trusts the TSC) and with clock_gettime."""
+    env = {"LD_PRELOAD": str(preload_shim(tmp_path, "wall_step", WALL_STEP)),
+           **({"NO_TSC": "1"} if clock == "monotonic" else {})}
+    kind = run_python(["-c", "from dftrace_dynamo import _core, dftracer; dftracer.initialize_log('probe/k'); "
+                                  "print(_core.stats()['clock'])"], tmp_path, env).stdout
+    assert kind.split() == [clock] or clock == "tsc"  # (the TSC where the kernel trusts it)
+    events, marks = _train(tmp_path, mode, "--steps", 4, "--wall-step-after", 1, env=env)
     assert gt.check(events, marks) == []
     step2 = [m for m in marks if m[:2] == ["data", 2]]
     last1 = max(m[3] for m in marks if m[1] == 1)
