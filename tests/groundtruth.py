@@ -28,15 +28,19 @@ def argv(marks, mode, *extra):
     return [SCRIPT, str(marks), "--open", mode, *map(str, extra)]
 
 
+def skip_if_stepped(wall_steps):
+    """Skips the test when the machine's wall clock was stepped while its script took marks
+    (``wall_steps``, from tests/scripts/wallclock.py): they are no ground truth to the µs then."""
+    if wall_steps:
+        pytest.skip(f"this machine's wall clock was stepped {len(wall_steps)} times during the run "
+                    f"({', '.join(f'{ns / 1e6:+.3f} ms' for ns in wall_steps[:5])})")
+
+
 def load_marks(path):
-    """The marks and rank the script wrote; skips the test when the machine's wall clock was
-    stepped while the script ran (other than on purpose): its ``time.time_ns()`` marks are then
-    no ground truth to the µs (the trace follows a step at the writer's next wake)."""
+    """The marks and rank the script wrote (:func:`skip_if_stepped`)."""
     with open(path) as f:
         doc = json.load(f)
-    if doc["wall_steps"]:
-        pytest.skip(f"this machine's wall clock was stepped {len(doc['wall_steps'])} times during the run "
-                    f"({', '.join(f'{ns / 1e6:+.3f} ms' for ns in doc['wall_steps'][:5])})")
+    skip_if_stepped(doc["wall_steps"])
     return doc["marks"], doc["rank"]
 
 

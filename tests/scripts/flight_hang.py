@@ -1,13 +1,16 @@
 """A torchrun job for tests/test_flight.py: STEPS compiled training steps with an all_reduce of
 the loss; at step STALL_AT rank STALL_RANK sleeps STALL_S in stall_here() before its all_reduce,
 so the others wait in theirs. Each rank writes its wall-clock marks (ns) to MARKS.<rank>.json:
-when the stall began and ended (stall), or when its all_reduce was issued and returned (wait)."""
+when the stall began and ended (stall), or when its all_reduce was issued and returned (wait),
+and the wall-clock steps seen (wall_steps, wallclock.py)."""
 import json
 import os
 import time
 
 import torch
 import torch.distributed as dist
+
+import wallclock
 
 STEPS, STALL_AT = int(os.environ.get("STEPS", "12")), int(os.environ.get("STALL_AT", "8"))
 STALL_RANK, STALL_S = int(os.environ.get("STALL_RANK", "1")), float(os.environ.get("STALL_S", "8"))
@@ -23,7 +26,7 @@ torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 model = torch.compile(net, backend="dftrace")
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
-marks = {}
+marks, watch = {}, wallclock.Watch()
 for i in range(STEPS):
     opt.zero_grad()
     loss = model(torch.randn(8, 16)).sum()
@@ -37,6 +40,8 @@ for i in range(STEPS):
     if i == STALL_AT:
         marks.setdefault("wait", [t0, time.time_ns()])
     opt.step()
+    watch()
+marks["wall_steps"] = watch.steps
 with open(f"{os.environ['MARKS']}.{rank}.json", "w") as f:
     json.dump(marks, f)
 dist.barrier()

@@ -2,7 +2,8 @@
 environment. STEPS steps; at step SLOW_STEP it sleeps SLEEP_S in nap() (between the forward and
 the backward); at DUMP_AT it calls dftrace_dynamo.dump(DUMP_REASON) (comma-separated steps); at
 SIGNAL_AT it sends itself SIGUSR2; at RAISE_AT it raises ValueError("boom at step N"). MARKS:
-a file where each step's (number, start, end) wall-clock marks are written (ns)."""
+a file where each step's (number, start, end) wall-clock marks are written (ns), as "steps", with
+the wall-clock steps seen (wallclock.py)."""
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import time
 import torch
 
 import dftrace_dynamo
+import wallclock
 
 
 def env_steps(name):
@@ -29,7 +31,7 @@ net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Lin
 model = torch.compile(net, backend="dftrace")
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
 x = torch.randn(8, 16)
-marks = []
+marks, watch = [], wallclock.Watch()
 for i in range(STEPS):
     start = time.time_ns()
     opt.zero_grad()
@@ -46,6 +48,7 @@ for i in range(STEPS):
         raise ValueError(f"boom at step {i}")
     time.sleep(0.005)
     marks.append((i, start, time.time_ns()))
+    watch()
 if os.environ.get("MARKS"):
     with open(os.environ["MARKS"], "w") as f:
-        json.dump(marks, f)
+        json.dump({"steps": marks, "wall_steps": watch.steps}, f)

@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import wallclock
+
 ap = argparse.ArgumentParser()
 ap.add_argument("marks")
 ap.add_argument("--open", required=True, choices=("before", "after", "lazy", "run", "decorator"))
@@ -36,32 +38,12 @@ if a.shift_rank1_ns and os.environ.get("RANK") == "1":  # read when the tracer's
     os.environ["DFTRACER_TEST_CLOCK_SHIFT_NS"] = str(a.shift_rank1_ns)
 
 marks = []  # (label, step, t0_ns, t1_ns)
-wall_steps = []  # ns the wall clock moved against the monotonic clock between marks (not on purpose)
-
-
-def wall_offset():
-    """time.time_ns() - time.monotonic_ns(), or None when a preemption widened the bracket."""
-    m0, r, m1 = time.monotonic_ns(), time.time_ns(), time.monotonic_ns()
-    return r - (m0 + m1) // 2 if m1 - m0 < 20_000 else None
-
-
-def settled_wall_offset():
-    while (off := wall_offset()) is None:
-        pass
-    return off
-
-
-offset = settled_wall_offset()
+watch = wallclock.Watch()
 
 
 def mark(label, step, t0):
-    global offset
     marks.append((label, step, t0, time.time_ns()))
-    now = wall_offset()
-    if now is not None:
-        if abs(now - offset) > 100_000:  # NTP or a resumed VM stepped the wall clock
-            wall_steps.append(now - offset)
-        offset = now
+    watch()
 
 
 if a.ddp:
@@ -145,11 +127,11 @@ for step in range(a.steps):
     one_step(step, it)
     if step == a.wall_step_after:
         ctypes.CDLL(None).wall_step(ctypes.c_long(50_000_000))
-        offset = settled_wall_offset()
+        watch.reset()
         time.sleep(0.6)
 if a.thread_compiles:
     helper.join()
 with open(f"{a.marks}.{os.environ['RANK']}" if a.ddp else a.marks, "w") as f:
-    json.dump({"marks": marks, "rank": int(os.environ.get("RANK", 0)), "wall_steps": wall_steps}, f)
+    json.dump({"marks": marks, "rank": int(os.environ.get("RANK", 0)), "wall_steps": watch.steps}, f)
 if a.ddp:
     dist.destroy_process_group()
