@@ -72,7 +72,7 @@ static int64_t measure_epoch(int n, uint64_t widest) {
 
 /* A wall clock stepped forward is followed (a step back is not: time never goes back; open()
  * and the writer may race here, so the offset only ever grows). */
-static void follow_wall_clock(void) {
+void dft_clock_follow_wall(void) {
     int64_t off = measure_epoch(3, 20000); /* a wider bracket may hide a preemption, not a step */
     int64_t cur = __atomic_load_n(&dft_epoch_off, __ATOMIC_RELAXED);
     while (off != INT64_MIN && off - cur > WALL_STEP_NS &&
@@ -204,7 +204,7 @@ void dft_clock_fork_child(void) {
 }
 
 void dft_clock_update(int exact) {
-    follow_wall_clock();
+    dft_clock_follow_wall();
 #if DFT_HAVE_TSC
     if (!tsc_trusted)
         return;

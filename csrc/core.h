@@ -308,6 +308,9 @@ static inline uint64_t dft_mono(void) {
 void dft_clock_init(void);
 /* exact: re-anchor on the monotonic clock (open()); else steer smoothly (writer). */
 void dft_clock_update(int exact);
+/* re-measure the epoch offset, following a wall clock stepped forward (the writer's wakes and
+ * open() do; the TSC model follows at the writer's next wake) */
+void dft_clock_follow_wall(void);
 void dft_clock_fork_prepare(void); /* ring.c's atfork handlers */
 void dft_clock_fork_parent(void);
 void dft_clock_fork_child(void);

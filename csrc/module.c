@@ -251,6 +251,11 @@ static PyObject *py_now_ns(PyObject *m, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(dft_now());
 }
 
+static PyObject *py_follow_wall_clock(PyObject *m, PyObject *unused) {
+    dft_clock_follow_wall();
+    Py_RETURN_NONE;
+}
+
 /* Positional-or-keyword parsing for the vectorcall functions below. */
 static int parse(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                  const char *const *names, int nreq, PyObject **out) {
@@ -565,6 +570,8 @@ static PyMethodDef methods[] = {
      "intern_site(name, cat, args=None) -> site id."},
     {"intern_tags", py_intern_tags, METH_O, "intern_tags(args) -> tags id (0: none)."},
     {"now_ns", py_now_ns, METH_NOARGS, "Event clock: monotonic, mapped onto the epoch."},
+    {"follow_wall_clock", py_follow_wall_clock, METH_NOARGS,
+     "Follow a wall clock stepped forward now, not at the writer's next wake (with no file open)."},
     {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL | METH_KEYWORDS,
      "record(site, start_ns, end_ns, flags=0, tags=0)"},
     {"log", (PyCFunction)(void (*)(void))py_log, METH_FASTCALL | METH_KEYWORDS,

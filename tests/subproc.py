@@ -50,3 +50,48 @@ def preload_shim(directory, name, source):
     src.write_text(source)
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(shim), str(src), "-ldl"], check=True)
     return shim
+
+
+# wall_step(ns) steps this process's wall clock (CLOCK_REALTIME) forward, as NTP or a VM resumed
+# after a pause does; the monotonic clock goes on as it was. With NO_TSC set the tracer cannot read
+# the kernel's clocksource, so its events read clock_gettime, not the TSC.
+_WALL_STEP = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static long shift;
+void wall_step(long ns) { __atomic_add_fetch(&shift, ns, __ATOMIC_SEQ_CST); }
+int clock_gettime(clockid_t c, struct timespec *t) {
+    static int (*real)(clockid_t, struct timespec *);
+    if (!real)
+        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    int rc = real(c, t);
+    long s = __atomic_load_n(&shift, __ATOMIC_SEQ_CST);
+    if (c == CLOCK_REALTIME && s) {
+        t->tv_sec += s / 1000000000, t->tv_nsec += s % 1000000000;
+        if (t->tv_nsec >= 1000000000)
+            t->tv_sec += 1, t->tv_nsec -= 1000000000;
+    }
+    return rc;
+}
+FILE *fopen64(const char *path, const char *mode) { /* what fopen is with 64-bit file offsets */
+    static FILE *(*real)(const char *, const char *);
+    if (!real)
+        real = (FILE *(*)(const char *, const char *))dlsym(RTLD_NEXT, "fopen64");
+    if (getenv("NO_TSC") && strstr(path, "current_clocksource")) {
+        errno = ENOENT;
+        return NULL;
+    }
+    return real(path, mode);
+}
+"""
+
+
+def wall_step_shim(directory):
+    """The ``LD_PRELOAD`` shim above, built into ``directory``."""
+    return preload_shim(directory, "wall_step", _WALL_STEP)
+

@@ -14,7 +14,7 @@ import pytest
 
 import perfetto_tp
 from dftrace_dynamo import _core
-from subproc import run_py
+from subproc import run_py, wall_step_shim
 from test_core_format import HEADER, HHASH, closed_core, events, open_trace, read_objects  # noqa: F401 (closed_core: autouse fixture)
 
 
@@ -262,6 +262,42 @@ def test_flush_and_close_race_from_threads(tmp_path):
         stop.clear()
         assert res["dropped"] == 0
         assert len(events(read_objects(res["path"]))) == res["num_events"]
+
+
+@pytest.mark.parametrize("clock", ["tsc", "monotonic"])
+def test_a_wall_clock_step_before_a_trace_opens_is_followed_when_asked(tmp_path, clock):
+    """A wall clock stepped 50 ms forward after import: with no file open (no writer to follow
+    it) now_ns() stays on the old epoch until follow_wall_clock(), then is on the new one, never
+    having gone back; the file opened after is on it too. (What a rank's clock offset reads.)"""
+    code = """
+        import ctypes, json, sys, time
+        from dftrace_dynamo import _core
+        def apart():  # (now_ns() - time.time_ns(), the bracket's width) from the tightest of 50
+            best = None
+            for _ in range(50):
+                b, n, a = time.time_ns(), _core.now_ns(), time.time_ns()
+                if best is None or a - b < best[1]:
+                    best = (n - b, a - b)
+            return best
+        first = _core.now_ns()
+        ctypes.CDLL(None).wall_step(ctypes.c_long(50_000_000))
+        stale = apart()
+        _core.follow_wall_clock()
+        after = _core.now_ns()
+        followed = apart()
+        _core.open(sys.argv[1], 0, 1 << 20, b"[\\n", 1, "h")
+        opened = apart()
+        _core.close()
+        print(json.dumps([stale, followed, opened, after >= first]))
+    """
+    env = {"LD_PRELOAD": str(wall_step_shim(tmp_path)), **({"NO_TSC": "1"} if clock == "monotonic" else {})}
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(tmp_path / "t.pfw")],
+                       env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (stale, _), (followed, width), (opened, width2), forward = json.loads(p.stdout)
+    assert -50.5e6 <= stale <= -49.5e6
+    assert -100e3 <= followed and followed + width <= 100e3 and -100e3 <= opened and opened + width2 <= 100e3
+    assert forward
 
 
 def test_event_clock_stays_on_the_system_clock_and_never_goes_back(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 import groundtruth as gt
 from backend_support import run_torchrun
-from subproc import preload_shim, run_python
+from subproc import run_python, wall_step_shim
 from tracefile import read_events, traces
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -39,51 +39,12 @@ def test_every_event_is_where_it_happened(tmp_path, mode):
     assert gt.coverage(events, marks) >= 0.99
 
 
-# wall_step(ns) steps this process's wall clock (CLOCK_REALTIME) forward, as NTP or a VM resumed
-# after a pause does; the monotonic clock goes on as it was. With NO_TSC set the tracer cannot read
-# the kernel's clocksource, so its events read clock_gettime, not the TSC.
-WALL_STEP = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-static long shift;
-void wall_step(long ns) { __atomic_add_fetch(&shift, ns, __ATOMIC_SEQ_CST); }
-int clock_gettime(clockid_t c, struct timespec *t) {
-    static int (*real)(clockid_t, struct timespec *);
-    if (!real)
-        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
-    int rc = real(c, t);
-    long s = __atomic_load_n(&shift, __ATOMIC_SEQ_CST);
-    if (c == CLOCK_REALTIME && s) {
-        t->tv_sec += s / 1000000000, t->tv_nsec += s % 1000000000;
-        if (t->tv_nsec >= 1000000000)
-            t->tv_sec += 1, t->tv_nsec -= 1000000000;
-    }
-    return rc;
-}
-FILE *fopen64(const char *path, const char *mode) { /* what fopen is with 64-bit file offsets */
-    static FILE *(*real)(const char *, const char *);
-    if (!real)
-        real = (FILE *(*)(const char *, const char *))dlsym(RTLD_NEXT, "fopen64");
-    if (getenv("NO_TSC") && strstr(path, "current_clocksource")) {
-        errno = ENOENT;
-        return NULL;
-    }
-    return real(path, mode);
-}
-"""
-
-
 @pytest.mark.parametrize("mode, clock", [("before", "tsc"), ("lazy", "tsc"), ("before", "monotonic")])
 def test_a_wall_clock_stepped_forward_mid_run_is_followed(tmp_path, mode, clock):
     """The wall clock steps 50 ms forward after step 1: the events after it are on the new wall
     clock (the writer follows at its next wake, inside the loop's 0.6 s pause), as are the marks;
     with the TSC model ("tsc", where the kernel trusts the TSC) and with clock_gettime."""
-    env = {"LD_PRELOAD": str(preload_shim(tmp_path, "wall_step", WALL_STEP)),
+    env = {"LD_PRELOAD": str(wall_step_shim(tmp_path)),
            **({"NO_TSC": "1"} if clock == "monotonic" else {})}
     kind = run_python(["-c", "from dftrace_dynamo import _core, dftracer; dftracer.initialize_log('probe/k'); "
                                   "print(_core.stats()['clock'])"], tmp_path, env).stdout
@@ -103,10 +64,11 @@ def test_threads_keep_their_slices_while_another_compiles(tmp_path):
 
 
 def _torchrun(tmp_path, *extra):
-    """A 2-rank gloo job of the ground-truth script, traces opened lazily; the ranks' marks files,
-    the merged trace's events and merge's notes."""
-    marks = tmp_path / "marks.json"
-    run_torchrun(gt.SCRIPT, tmp_path, tmp_path / "ddp", args=[marks, "--open", "lazy", "--ddp", *extra])
+    """A 2-rank gloo job of the ground-truth script, traces opened lazily; the ranks' marks (rank ->
+    list), the merged trace's events and merge's notes."""
+    path = tmp_path / "marks.json"
+    run_torchrun(gt.SCRIPT, tmp_path, tmp_path / "ddp", args=[path, "--open", "lazy", "--ddp", *extra])
+    marks = {rank: gt.load_marks(f"{path}.{rank}")[0] for rank in (0, 1)}
     merged = tmp_path / "merged.pfw"
     notes = run_python(["-m", "dftrace_dynamo", "merge", *traces(tmp_path, "ddp-*"), "-o", str(merged)]).stderr
     return marks, read_events(str(merged)), notes
@@ -127,7 +89,7 @@ def test_torchrun_ranks_line_up_in_the_merged_view(tmp_path):
         rank_events = _rank_events(events, rank)
         (rec,) = [e["args"] for e in rank_events if e.get("name") == "clock"]
         assert rec["rank"] == rank and abs(rec["clock_offset_ns"]) <= rec["clock_error_ns"], rec
-        assert gt.check(rank_events, gt.load_marks(f"{marks}.{rank}")[0]) == [], rank
+        assert gt.check(rank_events, marks[rank]) == [], rank
 
 
 def test_a_rank_whose_clock_is_off_lines_up_in_merge_and_summary(tmp_path):
@@ -139,7 +101,7 @@ def test_a_rank_whose_clock_is_off_lines_up_in_merge_and_summary(tmp_path):
     (rec,) = [e["args"] for e in _rank_events(events, 1) if e.get("name") == "clock"]
     assert abs(rec["clock_offset_ns"] - shift_ns) <= rec["clock_error_ns"] <= 1_000_000, rec
     for rank in (0, 1):
-        assert gt.check(_rank_events(events, rank), gt.load_marks(f"{marks}.{rank}")[0], grid_us=1000.0) == [], rank
+        assert gt.check(_rank_events(events, rank), marks[rank], grid_us=1000.0) == [], rank
     summary = json.loads(run_python(["-m", "dftrace_dynamo", "summary", "--format", "json", "--by", "rank",
                                      *traces(tmp_path, "ddp-*")]).stdout)
     ranks = summary["ranks"]
