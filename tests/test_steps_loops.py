@@ -91,8 +91,14 @@ def test_a_model_that_no_optimizer_steps_leaves_one_step_per_iteration(tmp_path)
     assert all(abs(a["ts"] + a["dur"] - b["ts"]) <= 1 for a, b in zip(steps, steps[1:]))
     zero_grads = sorted((e["ts"] for e in ops(events, "optimizer") if e["name"] == "SGD.zero_grad"))
     assert abs(steps[1]["ts"] - zero_grads[1]) <= 1
-    forwards = sorted(g["ts"] for g in ops(events, "dynamo_graph") if g["name"].endswith("forward"))
-    assert all(0 <= f - s["ts"] < 2000 for s, f in zip(steps[2:], forwards[4::2], strict=True))
+    # a later step begins where its iteration's backbone is entered (Dynamo's frame entry, which
+    # busy cores can stretch to milliseconds, lies between that and the graph call), and the
+    # backbone's graph call is inside that module slice
+    backbones = sorted((e for e in ops(events, "module") if e["name"] == "backbone"), key=lambda e: e["ts"])
+    graphs = [g for g in ops(events, "dynamo_graph") if g["name"].endswith("forward")]
+    for s in steps[2:]:
+        (entered,) = [b for b in backbones if abs(b["ts"] - s["ts"]) <= 1]
+        assert any(inside(g, entered) for g in graphs), entered
 
 
 def test_critic_steps_five_times_per_generator_step(tmp_path):
