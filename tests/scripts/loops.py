@@ -33,7 +33,9 @@ gradient accumulation, 4 batches per optimizer step; an iteration is one optimiz
 iteration sleeps ``SLEEP_S`` so that its time is well above the noise
 of a shared machine. The truth file holds ``iterations`` (start times, ns, of each iteration
 and the end of the last one; for ``marked``, the time of each mark instead) and, for
-``validate``, ``nanogpt`` and ``ema_eval``, ``evals`` ((start, end) of each validation pass).
+``validate``, ``nanogpt`` and ``ema_eval``, ``evals`` ((start, end) of each validation pass), and
+``wall_steps``: the machine's wall clock stepped during the run (tests/scripts/wallclock.py), which
+the trace follows and these monotonic marks do not.
 """
 import argparse
 import contextlib
@@ -483,6 +485,9 @@ def main():
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)
     a = ap.parse_args()
+    import wallclock  # beside this script; the tests import this module only for SLEEP_S
+
+    watch = wallclock.Watch()
     log = dftracer.initialize_log(a.out, None, -1)
     torch.manual_seed(0)
     marks, evals = [], []
@@ -494,8 +499,9 @@ def main():
         globals()[a.shape](a.iters, marks)
         marks.append(time.monotonic_ns())
     log.finalize()
+    watch()
     with open(a.truth, "w") as f:
-        json.dump({"iterations": marks, "evals": evals}, f)
+        json.dump({"iterations": marks, "evals": evals, "wall_steps": watch.steps}, f)
 
 
 if __name__ == "__main__":
