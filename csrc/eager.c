@@ -61,7 +61,7 @@ struct held_rec {
     uint64_t s, e;
     uint32_t site, flags, tags;
 };
-#define HELD_MAX (1u << 16) /* beyond: pushed at once */
+#define HELD_MAX (1u << 20) /* 32 MiB; beyond: pushed at once */
 static void eager_record(uint32_t site, uint64_t s, uint64_t e, uint32_t flags, uint32_t tags) {
     if (DFT_UNLIKELY(et.hold)) {
         if (et.held_n == et.held_cap && et.held_cap < HELD_MAX) {
@@ -535,6 +535,11 @@ static PyObject *py_eager_release(PyObject *m, PyObject *const *args, Py_ssize_t
     if (n) {
         memmove(et.held, et.held + n, (et.held_n - n) * sizeof *et.held);
         et.held_n -= n;
+    }
+    if (!et.held_n && et.held_cap > 4096) { /* a long step's buffer is not kept for the rest of the run */
+        free(et.held);
+        et.held = NULL;
+        et.held_cap = 0;
     }
     Py_RETURN_NONE;
 }

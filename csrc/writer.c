@@ -47,8 +47,56 @@ void dft_writer_kick(void) {
     }
 }
 
-/* Pushes a placement entry; at DFT_PLACE_MAX (or out of memory) the two
- * oldest entries are merged instead of growing. */
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Makes room on a full placement stack by merging entries into runs (a run keeps its first
+ * entry's measured and display start). A parent that arrives later can only begin at a kept
+ * boundary, so the boundaries given up are those between short neighbours: among the oldest
+ * three quarters, each entry is merged with the one before it (pairs, not chains) when the two
+ * span at most the median such pair. A long entry (a step, an evaluation: what a still-open
+ * parent begins after) keeps its boundaries, and the newest quarter stays exact. Without
+ * memory for the spans, the two oldest entries are merged. */
+static void place_compact(dft_ring *r) {
+    const uint32_t m = r->place_cap - 1, w = r->place_n - r->place_n / 4;
+    uint32_t b = r->place_top - r->place_n;
+    uint64_t *span = w > 2 ? malloc((w - 1) * sizeof *span) : NULL;
+    uint32_t out = 1;
+    if (span) {
+        for (uint32_t i = 1; i < w; i++)
+            span[i - 1] = r->place[(b + i) & m].de - r->place[(b + i - 1) & m].ds;
+        qsort(span, w - 1, sizeof *span, cmp_u64);
+        const uint64_t limit = span[(w - 1) / 2];
+        free(span);
+        uint64_t prev_ds = r->place[b & m].ds;
+        int paired = 0; /* the entry at out - 1 is a merged pair already */
+        for (uint32_t i = 1; i < r->place_n; i++) {
+            const dft_place_ent e = r->place[(b + i) & m];
+            if (i < w && !paired && e.de - prev_ds <= limit) {
+                r->place[(b + out - 1) & m].de = e.de;
+                paired = 1;
+            } else {
+                r->place[(b + out++) & m] = e;
+                paired = 0;
+            }
+            prev_ds = e.ds;
+        }
+    }
+    if (out == 1 || out == r->place_n) { /* no memory, or nothing merged */
+        dft_place_ent *lo = &r->place[b & m], *hi = &r->place[(b + 1) & m];
+        hi->ms = lo->ms;
+        hi->ds = lo->ds;
+        out = r->place_n - 1;
+        b++;
+    }
+    r->place_n = out;
+    r->place_top = b + out;
+}
+
+/* Pushes a placement entry; at DFT_PLACE_MAX (or out of memory) the stack is compacted
+ * instead of growing. */
 static void place_push(dft_ring *r, uint64_t s, uint64_t ds, uint64_t de) {
     if (r->place_n == r->place_cap) {
         uint32_t cap = r->place_cap ? r->place_cap * 2 : 64;
@@ -61,11 +109,7 @@ static void place_push(dft_ring *r, uint64_t s, uint64_t ds, uint64_t de) {
             r->place_cap = cap;
             r->place_top = r->place_n;
         } else if (r->place_cap) {
-            const uint32_t m = r->place_cap - 1, b = r->place_top - r->place_n;
-            dft_place_ent *lo = &r->place[b & m], *hi = &r->place[(b + 1) & m];
-            hi->ms = lo->ms;
-            hi->ds = lo->ds;
-            r->place_n--;
+            place_compact(r);
         } else { /* no memory for a first stack: events are placed alone */
             return;
         }
