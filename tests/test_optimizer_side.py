@@ -263,3 +263,39 @@ def test_hf_trainers_clipping_scheduler_and_optimizer_wrapper_are_optimizer_time
     inner = [_span(e) for e in optimizer if e["name"] == "AdamW.step"]
     assert len(wrappers) == len(inner) == 6 and all(map(_inside, inner, wrappers)), (wrappers, inner)
     _check_steps(path, marks["scheduler"], 1)
+
+
+def test_a_subclass_step_calling_super_is_one_optimizer_slice_holding_its_own_work(tmp_path):
+    """torch hooks the step() of every optimizer class once one of its instances exists, so a
+    subclass's step() calling ``super().step()`` runs the step hooks twice, nested: the optimizer
+    slice is the outer call (a known sleep before ``super().step()`` is inside it), one a step."""
+    import time
+
+    import torch
+
+    from backend_support import MLP, ops, recording
+    from dftrace_dynamo import _core, create_backend
+
+    class Lookahead(torch.optim.SGD):
+        def step(self, closure=None):
+            start = _core.now_ns()
+            time.sleep(SLEEP_S)
+            marks.append((start, _core.now_ns()))
+            return super().step(closure)
+
+    model, marks = MLP(), []
+    torch.optim.SGD(model.parameters(), lr=0.1)  # SGD.step is hooked from now on
+    opt = Lookahead(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend=create_backend())
+    with recording(tmp_path) as rec:
+        for _ in range(4):
+            opt.zero_grad()
+            compiled(torch.randn(4, 16)).sum().backward()
+            opt.step()
+        events = rec.events()
+    slices = sorted((e for e in ops(events, "optimizer") if e["name"].endswith(".step")), key=lambda e: e["ts"])
+    assert [e["name"] for e in slices] == ["Lookahead.step"] * 4
+    assert [e["args"]["step"] for e in slices] == [0, 1, 2, 3]
+    assert len(ops(events, "step")) == 4
+    for e, (start, end) in zip(slices, marks, strict=True):
+        assert e["ts"] <= start / 1e3 and end / 1e3 <= e["ts"] + e["dur"] + GRID_US, (e, start, end)

@@ -889,8 +889,28 @@ def _optimizer_begins(optimizer) -> int:
     return now
 
 
+# the code of torch's wrapper around each optimizer class's step(), which calls the step hooks
+_STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda *args, **kwargs: None).__code__
+
+
+def _inner_step(optimizer) -> bool:
+    """Whether the step hook runs for a step() that a step() of the same optimizer called: torch
+    wraps the step() of each optimizer class, so a subclass's step() calling ``super().step()``
+    calls the hooks twice, nested; the outer call is the optimizer's step."""
+    frame, seen = sys._getframe(1), 0
+    while frame is not None:
+        if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is optimizer:
+            seen += 1
+            if seen > 1:
+                return True
+        frame = frame.f_back
+    return False
+
+
 def _optimizer_pre_hook(optimizer, args, kwargs):
     _local.stepping = getattr(_local, "stepping", 0) + 1  # an LBFGS closure's zero_grad() is inside
+    if _inner_step(optimizer):
+        return
     now = _optimizer_begins(optimizer)
     if _state.ops or _state.start_ns is None:  # no trace yet: one may open inside (a closure's compile)
         _local.__dict__.setdefault("opt", {})[id(optimizer)] = now
@@ -899,6 +919,8 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
 def _optimizer_post_hook(optimizer, args, kwargs):
     _local.post_hooks = getattr(_local, "post_hooks", 0) + 1  # see _wrap_scaler_step
     _local.stepping = max(getattr(_local, "stepping", 0) - 1, 0)
+    if _inner_step(optimizer):
+        return
     try:
         now = _core.now_ns()
         start = _local.__dict__.get("opt", {}).pop(id(optimizer), None)
