@@ -47,7 +47,7 @@ def test_step_view_splits_each_step_and_leaves_warmup_out(loop):
                             ("optimizer", lambda e: e["cat"] == "optimizer"),
                             ("forward", lambda e: e["cat"] == "dynamo_graph" and e["args"]["phase"] == "forward")):
             assert r[f"{part}_us"] == pytest.approx(sum(e["dur"] for e in own if match(e)))
-        inside = sum(r[f"{p}_us"] for p in ("data", "forward", "backward", "optimizer"))
+        inside = sum(r[f"{p}_us"] for p in ("data", "forward", "backward", "optimizer", "gc"))
         assert r["other_us"] == pytest.approx(r["wall_us"] - inside)
         assert r["coverage"] == pytest.approx(inside / r["wall_us"])
     # the injected cost shows in steps 3-5 only, in their forward

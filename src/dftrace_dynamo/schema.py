@@ -104,4 +104,5 @@ PHASE_RECOMPUTE = "recompute"
 COMPILE_KINDS = ("compile", "graph_break", "recompile", "backend", "instrument")
 
 # ---- the parts of a step's wall time (summary's step view) ---------------------------
-STEP_PARTS = ("data", "forward", "backward", "optimizer", "other")
+# gc: garbage collection outside the other four (a collection during an op is that op's phase)
+STEP_PARTS = ("data", "forward", "backward", "optimizer", "gc", "other")

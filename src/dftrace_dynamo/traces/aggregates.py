@@ -75,6 +75,7 @@ def compute(path):
         "clock": clock.record(path),  # the rank view then reads no file for it
         "nested_parts": True,  # parts holds the rows of the parts nested in optimizer events
         "eager_parts": True,  # and those of the eager forward
+        "gc_parts": True,  # and those of garbage collection
     }
 
 

@@ -34,12 +34,12 @@ import duckdb
 
 import numpy as np
 
-from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GRAPH, CAT_KERNEL, CAT_MODULE, CAT_OP
+from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GC, CAT_GRAPH, CAT_KERNEL, CAT_MODULE, CAT_OP
 from ..schema import (ARG_ASYNC, ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH, ARG_PEAK_RSS, ARG_PEER, ARG_RANK,
                       ARG_RSS, CAT_COMM, CAT_STEP)
 from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
 from . import clock, compiles, fullscan, kernels, ranks, reader, runs, sketch, steps
-from .kinds import (BACKWARD, COMM, COMPILE, DATA, EAGER_FORWARD, EAGER_IN_OPTIMIZER, EVAL, GRAPH, IN_OPTIMIZER,
+from .kinds import (BACKWARD, COMM, COMPILE, DATA, EAGER_FORWARD, EAGER_IN_OPTIMIZER, EVAL, GC, GRAPH, IN_OPTIMIZER,
                     INFERENCE_IN_OPTIMIZER, KIND_NAMES, MODULE, OP, OPTIMIZER, PROCESS_NAME, RANK_COLUMNS, RANK_KINDS,
                     START, STEP, STEP_KINDS, UNPARSED)
 from .reader import MAX_LINE, PH_LETTERS, Damage, TraceError, check_trace, compression_of, iter_chunks, tail_damage
@@ -135,6 +135,7 @@ SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsur
                 WHEN e.ph = 'X' AND e.name = 'start' AND e.cat = '{CAT_DFTRACER}' THEN {START}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMM}' THEN {COMM}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_MODULE}' AND e.args.graph IS NULL THEN {MODULE}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_GC}' THEN {GC}
                 WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind,
            e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
@@ -184,27 +185,29 @@ _NESTED_SQL = f"""
 # slice only: the same union of intervals; the ops count where module slices are off)
 _EAGER = f"(kind = {MODULE} OR (kind = {OP} AND graph = '?' AND extra IS NULL)) AND phase IN ('forward', 'inference')"
 # per step (its longest slice: row r), the spans that split its time: layer 0 graph calls, data and
-# backward events, 1 optimizer events, 2 the eager forward
+# backward events, 1 optimizer events, 2 the eager forward, 3 garbage collection
 _LAYERS_SQL = f"""
     WITH s AS (SELECT file, pid, step, arg_max(a, ns) AS a, max(ns) AS ns
                FROM (SELECT file, pid, step, {_SPAN} FROM ev
                      WHERE kind = {STEP} AND step IS NOT NULL AND dur IS NOT NULL)
                GROUP BY ALL),
          r AS (SELECT *, row_number() OVER (ORDER BY file, pid, step) - 1 AS r FROM s),
-         sp AS (SELECT file, pid, step, CASE WHEN kind = {OPTIMIZER} THEN 1 WHEN {_EAGER} THEN 2 ELSE 0 END AS layer,
+         sp AS (SELECT file, pid, step, CASE WHEN kind = {OPTIMIZER} THEN 1 WHEN {_EAGER} THEN 2
+                                             WHEN kind = {GC} THEN 3 ELSE 0 END AS layer,
                        {_SPAN} FROM ev
                 WHERE step IS NOT NULL AND dur IS NOT NULL
-                      AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}) OR {_EAGER}))
+                      AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {GC}) OR {_EAGER}))
     SELECT r.r, r.file, r.pid, r.step, r.a AS lo, r.a + r.ns AS hi, sp.layer, sp.a, sp.a + sp.ns AS b
     FROM r LEFT JOIN sp USING (file, pid, step) ORDER BY r.r"""
 
 
-def _eager_parts(con):
-    """The parts rows of the eager forward (kinds ``EAGER_FORWARD``, ``EAGER_IN_OPTIMIZER``): per
-    step, its time outside graph calls, data and backward events, outside optimizer events and
-    inside them, each instant counted once (:func:`.ranks.split_layers`, as the rank view splits
-    a step), within the step's slice."""
-    if not con.execute(f"SELECT count(*) FROM ev WHERE step IS NOT NULL AND {_EAGER}").fetchone()[0]:
+def _split_parts(con):
+    """The parts rows that split a step's time by layers (:func:`.ranks.split_layers`, as the rank
+    view splits a step), each instant counted once, within the step's slice: the eager forward
+    (kinds ``EAGER_FORWARD``, ``EAGER_IN_OPTIMIZER``), its time outside graph calls, data and
+    backward events, outside optimizer events and inside them; garbage collection (kind ``GC``),
+    its time outside all of those (a collection during an op or a phase is that phase's time)."""
+    if not con.execute(f"SELECT count(*) FROM ev WHERE step IS NOT NULL AND ({_EAGER} OR kind = {GC})").fetchone()[0]:
         return []
     c = con.execute(_LAYERS_SQL).fetchnumpy()
     first = np.flatnonzero(np.diff(c["r"], prepend=-1))  # each step's first row
@@ -214,14 +217,24 @@ def _eager_parts(con):
     base = int(c["lo"][first].min())  # ns relative to it: exact in the float64 the split uses
     lo, hi = (np.asarray(c[k][first], np.int64) - base for k in ("lo", "hi"))
     a, b = (np.ma.getdata(c[k])[span].astype(np.int64) - base for k in ("a", "b"))
-    no_optimizer = layer != 1
-    eager = ranks.split_layers(lo, hi, row[no_optimizer], layer[no_optimizer] // 2, a[no_optimizer],
-                               b[no_optimizer], 2)[:, 1]
-    outside = ranks.split_layers(lo, hi, row, layer, a, b, 3)[:, 2]
-    count = np.bincount(row[layer == 2], minlength=len(lo))
-    return [(*key, kind, False, float(ns) / 1000, int(n))
-            for key, n, out, all_ in zip(keys, count, outside, eager) if n
-            for kind, ns in ((EAGER_FORWARD, out), (EAGER_IN_OPTIMIZER, all_ - out)) if ns or kind == EAGER_FORWARD]
+
+    def split(keep, layers, of):
+        return ranks.split_layers(lo, hi, row[keep], of[keep], a[keep], b[keep], layers)
+
+    not_gc = layer != 3
+    eager = split(not_gc & (layer != 1), 2, layer // 2)[:, 1]
+    outside = split(not_gc, 3, layer)[:, 2]
+    gc = split(np.ones(len(layer), bool), 4, layer)[:, 3]
+    eager_n, gc_n = (np.bincount(row[layer == k], minlength=len(lo)) for k in (2, 3))
+    rows = []
+    for key, out, in_optimizer, gc_ns, n_eager, n_gc in zip(keys, outside, eager - outside, gc, eager_n, gc_n):
+        if n_eager:
+            rows.append((*key, EAGER_FORWARD, False, float(out) / 1000, int(n_eager)))
+            if in_optimizer:
+                rows.append((*key, EAGER_IN_OPTIMIZER, False, float(in_optimizer) / 1000, int(n_eager)))
+        if n_gc:
+            rows.append((*key, GC, False, float(gc_ns) / 1000, int(n_gc)))
+    return rows
 
 
 def _run(con, sql, params, progress):
@@ -379,7 +392,7 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
     parts = con.execute(f"""
         SELECT file, pid, step, kind, phase = 'backward', sum({NS}) / 1000, count(*) FROM ev
         WHERE kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {OP}) AND step IS NOT NULL GROUP BY ALL""").fetchall() \
-        + con.execute(_NESTED_SQL).fetchall() + _eager_parts(con) if slices else []
+        + con.execute(_NESTED_SQL).fetchall() + _split_parts(con) if slices else []
     out.update(records=records, slices=slices, parts=parts)
     if slices and rank_rows:  # the events the rank analysis reads
         out["rank_rows"] = ranks.rows(con, RANK_KINDS)

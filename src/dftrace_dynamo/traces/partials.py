@@ -147,7 +147,7 @@ def _from_records(paths, indices, options):
         return None, f"{paths[indices[0]]}: its aggregate record is not as documented ({type(e).__name__})"
     if not all(out):
         return None, (f"{paths[indices[0]]}: its aggregate record cannot answer this exactly (other warm-up "
-                      "steps, or no per-step samples)")
+                      "steps, no per-step samples, or made by an earlier version)")
     return out, None
 
 
@@ -164,8 +164,8 @@ def from_record(paths, index, record, views, module_depth=None, include_warmup=F
         return None
     if not record.get("nested_parts") and any(r[3] == OPTIMIZER for r in record["parts"]):
         return None  # made before the parts nested in optimizer events were kept apart: read the events
-    if not record.get("eager_parts") and record["slices"]:
-        return None  # made before the eager forward was a part: read the events
+    if not (record.get("eager_parts") and record.get("gc_parts")) and record["slices"]:
+        return None  # made before the eager forward or garbage collection was a part: read the events
     i = index
     records = [dict(r, file=i) for r in record["records"]]
     slices = [(i, *r[1:]) for r in record["slices"]]
@@ -227,6 +227,8 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     and samples come from the record."""
     if any(step_samples and records[i]["samples"] is None for i in indices):
         return None
+    if not all(records[i].get("gc") for i in indices):
+        return None  # written before the writer copied garbage collection slices: read the events
     pids, clocks = {}, {}  # one process per file; its clock record
     with tempfile.TemporaryDirectory(prefix="dftrace-aggregates-") as tmp:
         copies = list(paths)

@@ -6,6 +6,7 @@ import json
 
 import orjson
 
+from ..schema import STEP_PARTS
 from .kinds import OP_VIEWS, ROW_VIEWS
 from .reader import TraceError
 
@@ -20,7 +21,7 @@ TITLES = {
     "rank": "By rank (steady-state step time, ms)",
     "kernel": "By Inductor kernel (fused ATen ops)",
 }
-STEP_COLUMNS = ("wall", "data", "forward", "backward", "optimizer", "other")
+STEP_COLUMNS = ("wall", *STEP_PARTS)
 _STATS = ("count", "total_us", "mean_us", "p50_us", "p99_us", "share")
 
 
@@ -311,7 +312,7 @@ def to_json(result, views=None, top=None):
 
 
 STEP_COLORS = {"data": "#8c6bb1", "forward": "#3b75af", "backward": "#e1812c", "optimizer": "#3a923a",
-               "other": "#bbbbbb"}
+               "gc": "#c44e52", "other": "#bbbbbb"}
 
 
 def _step_timeline(ax, result):

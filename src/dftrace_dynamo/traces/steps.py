@@ -12,9 +12,10 @@ forward or inference, where no graph call, data or ``backward`` event holds
 them), backward (``backward`` events; the backward graph calls when a trace
 has no ``backward`` events), optimizer (``<Optimizer>.step`` and
 ``zero_grad``, and the optimizer-side work outside ``step()``: gradient clipping,
-a scheduler's step, a model's ``zero_grad``), other (wall time minus those four: loss, logging, Python
-between the phases, untraced code) and coverage (share of the wall time in
-the four). Phases nest and each millisecond counts once, in the innermost
+a scheduler's step, a model's ``zero_grad``), gc (garbage collection outside
+those four: a collection during an op or a phase counts as that phase), other
+(wall time minus those five: loss, logging, Python between the phases,
+untraced code) and coverage (share of the wall time in the five). Phases nest and each millisecond counts once, in the innermost
 phase: the optimizer's time is its own, less the forward and backward of an
 optimizer closure and the optimizer events nested in its slices (``parts``
 rows of the kinds ``kinds.IN_OPTIMIZER``, and the eager forward inside
@@ -103,7 +104,7 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
     """The step analysis. ``slices``: (file, pid, tid, step, ts, dur) of step
     slices; ``parts``: (file, pid, step, kind, is_backward_phase, total dur, count of events);
     ``records``: compile records (dicts with file, pid, ts, step, kind, name);
-    ``kind_names``: kind -> "graph", "data", "backward", "optimizer", "ops"."""
+    ``kind_names``: kind -> "graph", "data", "backward", "optimizer", "ops", "gc", ..."""
     wall = {}
     for file, pid, _, step, _, dur in slices:
         key = (file, pid, step)
@@ -143,7 +144,8 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
                    "data_us": got.get("data", 0.0),
                    "forward_us": max(got.get("forward", 0.0) - got.get("inference in optimizer", 0.0), 0.0) + eager,
                    "backward_us": got.get(backward, 0.0),
-                   "optimizer_us": max(got.get("optimizer", 0.0) - nested, 0.0), "ops_us": got.get("ops", 0.0),
+                   "optimizer_us": max(got.get("optimizer", 0.0) - nested, 0.0), "gc_us": got.get("gc", 0.0),
+                   "ops_us": got.get("ops", 0.0),
                    "ops": got.get("op_count", 0),
                    "warmup": reasons.get(s), "recorded": s in recorded or not recorded}
             inside = sum([row[key] for key in INSIDE])
