@@ -14,8 +14,8 @@ def register(subparsers):
     p = subparsers.add_parser(
         "summary", help="step times, compiles, top ops, modules, phases, graphs, processes and ranks by time",
         description="Statistics of the trace files of one run. With step slices: per-step wall time split "
-                    "into data, forward, backward, optimizer, garbage collection and other, the steady-state step time (min, "
-                    "median, p90, max) and per-rank step times; warm-up steps (those that compiled or "
+                    "into data, forward, backward, optimizer, garbage collection and other, the steady-state "
+                    "step time (min, median, p90, max) and per-rank step times; warm-up steps (those that compiled or "
                     "recompiled, and those before the first step without compilation) are left out of every "
                     "statistic unless --include-warmup. Op statistics (count, total, mean, p50, p99, share "
                     "of op time) count op events only (one executed FX node or Inductor kernel call each). The header lists graphs "
