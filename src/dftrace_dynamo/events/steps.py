@@ -889,8 +889,16 @@ def _optimizer_begins(optimizer) -> int:
     return now
 
 
-# the code of torch's wrapper around each optimizer class's step(), which calls the step hooks
-_STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda *args, **kwargs: None).__code__
+def _step_wrapper_code():
+    """The code of torch's wrapper around each optimizer class's step(), which calls the step hooks
+    (None if this torch has none: every call is then taken for an outer one)."""
+    try:
+        return torch.optim.Optimizer.profile_hook_step(lambda *args, **kwargs: None).__code__
+    except Exception:
+        return None
+
+
+_STEP_WRAPPER = _step_wrapper_code()
 
 
 def _inner_step(optimizer) -> bool:
