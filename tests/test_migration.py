@@ -93,7 +93,8 @@ def test_start_args(ours):
     _, _, events = ours
     (start,) = records(events, "start")
     documented = records(page_sample("pydftracer 2.0.6"), "start")[0]["args"]
-    assert set(start["args"]) == set(documented) | {"p_idx"}
+    assert set(start["args"]) == set(documented) | {"p_idx", "since"}
+    assert start["args"]["since"] <= start["ts"]
     assert start["args"]["version"] == "0.1.0"
     assert start["args"]["p_idx"] == -1  # the example's process_id
 

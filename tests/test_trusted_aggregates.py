@@ -19,8 +19,8 @@ from dftrace_dynamo.traces.summary import summarize
 from dftrace_dynamo.traces.writer import compress
 from scripts.clitools import cli
 from test_engines import SCRIPTS
-from tracefile import read_bytes
-from subproc import run_python
+from tracefile import read_bytes, read_events
+from subproc import run_py, run_python
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,35 @@ def test_an_untouched_file_answers_from_its_record(written, computed):
     for path in (written, computed):
         result = summarize([path], top=None, step_samples=True)
         assert result["scan"]["source"] == "aggregates" and result["warnings"] == []
+
+
+def test_a_file_opened_late_answers_from_its_record_with_the_events_before_it(tmp_path):
+    """The trace opens inside the first compile, 1.5 s after the first batch began step 0: the
+    record's step 0 starts before the file's ``start`` record, as it did, and is still trusted."""
+    p = run_py("""
+        import time, torch
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        f = torch.compile(model, backend="dftrace")
+        for i, x in enumerate(torch.utils.data.DataLoader(torch.ones(8, 4), batch_size=2)):
+            if i == 0:
+                print(time.time_ns() // 1000)
+                time.sleep(1.5)
+            opt.zero_grad()
+            f(x).sum().backward()
+            opt.step()
+    """, tmp_path, env={"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "job")})
+    assert p.returncode == 0, p.stderr[-3000:]
+    (path,) = [str(f) for f in tmp_path.glob("job*.pfw.gz")]
+    events = read_events(path)
+    start = next(e for e in events if e["name"] == "start")
+    step0 = next(e for e in events if e["name"] == "step 0")
+    assert step0["ts"] <= int(p.stdout) < start["ts"] - 1_500_000 + 1000, (step0, start)
+    got = summarize([path], top=None, step_samples=True)
+    assert got["scan"]["source"] == "aggregates" and got["warnings"] == [], got["warnings"]
+    events = summarize([path], top=None, step_samples=True, source="events")
+    assert got["steps"] == events["steps"] and len(got["steps"]["rows"]) == 4
+    assert start["args"]["since"] <= step0["ts"]
 
 
 @pytest.mark.parametrize("which", ["written", "computed"])

@@ -38,6 +38,9 @@ _prefix: Optional[str] = None  # set while this process (or its fork parent) tra
 _source = ""  # where _prefix came from, for messages
 _p_idx = -1
 _finalized = False  # finalize() was called, or opening failed: no lazy reopen
+# every module that holds events for a file not yet open imports this one first: no event of the
+# process starts before this time (the start record's ``since``, which readers bound records by)
+_LOADED_US = _core.now_ns() // 1000
 _signals_bound = False
 _exit_hooked_pid: Optional[int] = None  # the multiprocessing child whose exit closes the trace
 _sigterm_watch = None  # the wakeup fd of this process's SIGTERM watcher
@@ -192,7 +195,7 @@ def _header(host: str, hhash: str, pid: int, tid: int, p_idx: int) -> bytes:
     start_args = {
         ARG_HHASH: hhash, "cmd_hash": _hash16(cmd), "p_idx": p_idx, "cwd": _hash16(cwd),
         "exec_hash": _hash16(exe), "version": __version__, "date": now.strftime("%a %b %d %H:%M:%S %Y"),
-        "ppid": os.getppid(),
+        "ppid": os.getppid(), "since": _LOADED_US,
     }
     if rank:
         start_args[ARG_RANK] = rank

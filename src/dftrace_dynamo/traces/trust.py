@@ -100,7 +100,8 @@ def _ends(text):
 
 
 def _start_ts(path):
-    """The ts of the file's ``start`` record (among its first :data:`HEAD_BYTES` of text), or None."""
+    """The earliest time the file's ``start`` record (among its first :data:`HEAD_BYTES` of text)
+    allows its events (its ``ts``, or its ``since`` when earlier), or None."""
     head = b""
     for chunk in iter_chunks(path):
         head += chunk
@@ -114,8 +115,11 @@ def _start_ts(path):
         ev = orjson.loads(line.strip().rstrip(b","))
     except orjson.JSONDecodeError:
         return None
-    ok = isinstance(ev, dict) and ev.get("cat") == CAT_DFTRACER and is_num(ev.get("ts"))
-    return ev["ts"] if ok else None
+    if not (isinstance(ev, dict) and ev.get("cat") == CAT_DFTRACER and is_num(ev.get("ts"))):
+        return None
+    # a file opened lazily holds events from before it opened, back to when the tracer loaded
+    since = ev["args"].get("since") if isinstance(ev.get("args"), dict) else None
+    return min(ev["ts"], since) if is_num(since) else ev["ts"]
 
 
 def span(path, before, after, closed):
