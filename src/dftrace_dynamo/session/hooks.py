@@ -148,15 +148,18 @@ class ImportWatch(Hook):
     def find_spec(self, name, path, target=None):
         if name not in self.modules:
             return None
+        # the first watch of the name runs every watch's then(); each asks the other finders only
+        watches = [f for f in sys.meta_path if isinstance(f, ImportWatch) and name in f.modules]
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if finder is not self and find else None
+            spec = find(name, path, target) if not isinstance(finder, ImportWatch) and find else None
             if spec is not None and spec.loader is not None:
                 execute = spec.loader.exec_module
 
                 def exec_module(module):
                     execute(module)
-                    self.then()
+                    for watch in watches:
+                        watch.then()
 
                 spec.loader.exec_module = exec_module
                 return spec
