@@ -226,6 +226,19 @@ def test_a_region_between_zero_grad_and_the_forward_is_in_the_step_it_begins(tmp
     assert_steps_close(steps[1:-1], iterations[1:-1], rel=0.15)
 
 
+def test_a_region_holding_the_batch_that_begins_a_step_is_inside_that_step(tmp_path):
+    """A step begins at the batch it loads; a ``region`` around that batch (begun before it) is
+    where the step begins: the region, and the data slice in it, nest in the step."""
+    _, events, _, _ = run_loop(tmp_path, "region_fetch")
+    steps = step_slices(events)
+    loads = sorted((e for e in events if e.get("cat") == "region"), key=lambda e: e["ts"])
+    assert len(steps) == len(loads) == ITERS
+    for i, (s, load) in enumerate(zip(steps, loads)):
+        data = [e for e in ops(events, "data") if e["name"] == "data" and inside(e, load)]
+        assert load["args"]["step"] == i and len(data) == 1 and load["dur"] >= 1e6 * SLEEP_S, (load, data)
+        assert inside(load, s) and (i == 0 or s["ts"] == load["ts"]), (s, load)
+
+
 def test_a_held_region_is_recorded_outside_the_step_windows_too(tmp_path):
     """Regions are recorded in every step (data slices only in the windows), also those held
     back behind a ``zero_grad()``."""

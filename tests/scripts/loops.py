@@ -28,7 +28,8 @@ every ``--iters``-th iteration, ``zero_grad()`` at the end, no DataLoader), ``em
 average of the model evaluated after each epoch, ``step(); zero_grad()`` on one line),
 ``replaced`` (fine-tuning phases, each with a new optimizer over the parameters of the last),
 ``sam`` (a SAM wrapper whose ``second_step`` steps the optimizer it wraps), ``region_load``
-(``zero_grad()``, then the batch loaded inside a ``region``), ``accelerate`` (accelerate's
+(``zero_grad()``, then the batch loaded inside a ``region``), ``region_fetch`` (the batch loaded
+inside a ``region`` at the top of the body), ``accelerate`` (accelerate's
 gradient accumulation, 4 batches per optimizer step; an iteration is one optimizer step). Each
 iteration sleeps ``SLEEP_S`` so that its time is well above the noise
 of a shared machine. The truth file holds ``iterations`` (start times, ns, of each iteration
@@ -455,6 +456,25 @@ def region_load(n, marks):
         opt.step()
 
 
+def region_fetch(n, marks):
+    """The batch loaded inside a ``region`` at the top of the body, ``zero_grad()`` at its end:
+    the region holds the batch that begins each step."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    net = mlp()
+    model = torch.compile(net, backend=create_backend())
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    batches = iter(DataLoader(TensorDataset(torch.randn(8 * n, 16)), batch_size=8))
+    for _ in range(n):
+        marks.append(time.monotonic_ns())
+        with dftrace_dynamo.region("load"):
+            time.sleep(SLEEP_S)
+            (x,) = next(batches)
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def accelerate(n, marks):
     """accelerate's gradient accumulation (4 batches per optimizer step): the loop's ``step()``
     and ``zero_grad()`` go through its optimizer wrapper, ``zero_grad()`` at the end of the body,
@@ -480,7 +500,8 @@ def main():
     ap.add_argument("shape", choices=(
         "gan", "gan_sample", "dcgan", "gan_loss_first", "actor_critic", "untrained", "critic", "validate",
         "validate_eval_mode", "validate_loss_fn", "frozen_norm", "distill", "amp_skip", "skip_nonfinite", "lbfgs",
-        "marked", "compiled_step", "nanogpt", "ema_eval", "replaced", "sam", "region_load", "accelerate"))
+        "marked", "compiled_step", "nanogpt", "ema_eval", "replaced", "sam", "region_load", "region_fetch",
+        "accelerate"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--iters", type=int, default=8)

@@ -272,12 +272,31 @@ def _finish(end: int) -> None:
 
 def _boundary(now: int) -> int:
     """Where a complete step (or an evaluation) ends when training work starts at ``now``: at the
-    first slice held back since, which belongs to what follows; else at ``now``, or where the
-    compiled model's call that ``now`` is in began (its slice is what follows)."""
+    slices held back since, which belong to what follows (the earliest start: one may hold another,
+    a ``region`` around a batch); else at ``now``, or where the compiled model's call that ``now``
+    is in began (its slice is what follows); and no later than a call in progress that began since
+    the step was complete (:func:`end_no_later_than`)."""
     if _state.deferred:
-        return _state.deferred[0][2]
-    since = _core.eager_open_since()
-    return min(now, since) if since else now
+        at = min(entry[2] for entry in _state.deferred)
+    else:
+        since = _core.eager_open_since()
+        at = min(now, since) if since else now
+    return min([at, *(t for t in (a(_state.complete_ns) for a in _end_anchors) if t is not None)])
+
+
+def end_no_later_than(anchor) -> None:
+    """``anchor(since)`` gives the earliest start (ns) of the calls in progress on the calling
+    thread that began at ``since`` or later (a trainer's), or None: a complete step ends no later
+    than such a call, whose work is what follows."""
+    _end_anchors.append(anchor)
+
+
+def segment_start() -> Optional[int]:
+    """When the step or evaluation in progress on the calling thread began (after a trainer's
+    evaluation function returned, and until the next step: its return), or None."""
+    if threading.get_ident() != _state.thread:
+        return None
+    return _state.start_ns if _state.eval_end is None else _state.eval_end
 
 
 def _flush(count: Optional[int] = None) -> None:
@@ -647,6 +666,7 @@ def _on_open() -> None:
 
 
 _open_anchors: list = []  # see begin_no_later_than
+_end_anchors: list = []  # see end_no_later_than
 BEFORE_OPEN_MAX = 1024  # events kept per thread by before_open (the oldest dropped)
 
 
