@@ -526,7 +526,7 @@ static int classify(const char *line, size_t len, cls_t *k) {
     /* the events summary's other views read (traces/events.py load, ranks.FUNCTIONAL) */
     k->copy = (!op && (IS(c, "\"dynamo_graph\"") || k->compile || k->slice || IS(c, "\"data\"") ||
                        IS(c, "\"backward\"") || IS(c, "\"optimizer\"") || IS(c, "\"eval\"") ||
-                       IS(c, "\"comm\"") || IS(c, "\"gc\"") ||
+                       IS(c, "\"comm\"") || IS(c, "\"gc\"") || IS(c, "\"trainer\"") ||
                        (IS(c, "\"dftracer\"") && (IS(t[T_NAME], "\"start\"") || IS(t[T_NAME], "\"clock\""))))) ||
               (op && t[T_NAME].n > 28 && !memcmp(t[T_NAME].p, "\"function._c10d_functional.", 28));
     if (op || IS(c, "\"dynamo_graph\"")) {
@@ -827,8 +827,9 @@ static inline char *put_lit(char *p, const char *s, size_t n) {
 #define LIT(p, lit) put_lit(p, lit, sizeof(lit) - 1)
 
 static int record(dft_buf *b) {
-    /* gc: the garbage collection slices are among the copied events (older records lack it) */
-    if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"gc\":true,\"complete\":") < 0 ||
+    /* gc, trainer: the garbage collection and trainer code slices are among the copied events
+       (older records lack them) */
+    if (PUTL(b, "\"version\":2,\"writer\":\"c\",\"gc\":true,\"trainer\":true,\"complete\":") < 0 ||
         (A.broken ? PUTL(b, "false") : PUTL(b, "true")) < 0 || PUTL(b, ",\"keys\":[") < 0)
         return -1;
     A.keys_at = b->len;

@@ -128,7 +128,7 @@ def test_the_step_view_names_a_collection_outside_the_phases_gc(collecting_run, 
         assert 0.9 * out_us - 50 <= row["gc_us"] <= out_us + 1, (row, out_us)
         assert row["gc_us"] == pytest.approx(max(slices[step]) if out_us > in_us else min(slices[step]), abs=0.01)
         assert row["optimizer_us"] >= 0.9 * in_us - 50, (row, in_us)
-        parts = sum(row[f"{p}_us"] for p in ("data", "forward", "backward", "optimizer", "gc", "other"))
+        parts = sum(row[f"{p}_us"] for p in ("data", "forward", "backward", "optimizer", "gc", "trainer", "other"))
         assert parts == pytest.approx(row["wall_us"], abs=0.01)
     steady = result["steps"]["steady"]
     assert steady["gc_mean_us"] == pytest.approx(statistics.fmean(rows[s]["gc_us"] for s in range(1, 4)))

@@ -98,7 +98,7 @@ def _check_steps(path, naps, least):
         assert r["optimizer_us"] >= sum(b - a for a, b in slept) - GRID_US * len(slept), r
         assert sum(r[k] for k in ("data_us", "forward_us", "backward_us", "optimizer_us")) <= r["wall_us"] + 4, r
     for by_record, by_events in zip(rows, _steady(path, "events"), strict=True):
-        for key in ("step", "wall_us", "forward_us", "backward_us", "optimizer_us", "gc_us", "other_us"):
+        for key in ("step", "wall_us", "forward_us", "backward_us", "optimizer_us", "gc_us", "trainer_us", "other_us"):
             assert by_record[key] == pytest.approx(by_events[key], abs=1.0), key
 
 

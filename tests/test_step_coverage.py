@@ -76,7 +76,7 @@ log.finalize()
 json.dump(sleeps, open("sleeps.json", "w"))
 """
 ENV = {"DFTRACER_EAGER_OPS": "1"}
-PARTS = ("data_us", "forward_us", "backward_us", "optimizer_us", "gc_us")
+PARTS = ("data_us", "forward_us", "backward_us", "optimizer_us", "gc_us", "trainer_us")
 ROUNDING_US = 1.0  # per part
 
 

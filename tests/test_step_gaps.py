@@ -155,7 +155,8 @@ def test_the_sleeps_dynamo_skips_in_a_compiled_models_call_are_forward_not_other
     assert shares[len(shares) // 2] <= 0.05, shares
     if source == "auto":  # the writer's aggregate record gives the steps the events give
         for by_record, by_events in zip(rows, _steady(path, "events"), strict=True):
-            for key in ("step", "wall_us", "forward_us", "other_us", "optimizer_us", "backward_us", "gc_us"):
+            for key in ("step", "wall_us", "forward_us", "other_us", "optimizer_us", "backward_us", "gc_us",
+                        "trainer_us"):
                 assert by_record[key] == pytest.approx(by_events[key], abs=1.0), key
 
 

@@ -101,7 +101,7 @@ else:  # plain, or with a compiled optimizer step
 log.finalize()
 json.dump(marks, open("marks.json", "w"))
 """
-PART_KEYS = ("data_us", "forward_us", "backward_us", "optimizer_us", "gc_us", "other_us")
+PART_KEYS = ("data_us", "forward_us", "backward_us", "optimizer_us", "gc_us", "trainer_us", "other_us")
 ROUNDING_US = 1.0  # per part
 
 

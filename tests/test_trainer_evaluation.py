@@ -1,15 +1,18 @@
-"""Trainers' evaluation loops are ``eval`` slices where they ran (issue 36, point 6), with eager ops
-recorded (DFTRACER_EAGER_OPS=1) and without the tracer's trainer integrations: the Hugging Face
-``Trainer`` with ``torch_compile=True`` (its evaluation runs eagerly: no graph call begins it) and
-Lightning (validation in ``inference_mode``). Ground truth: each program's own marks (the
-trace's clock) around every training step and evaluation."""
+"""Trainers' evaluation loops are ``eval`` slices where they ran (issue 36, point 6), and their own
+loop code ``trainer`` slices, the step view's ``trainer`` part, with eager ops recorded
+(DFTRACER_EAGER_OPS=1) and without the tracer's trainer integrations: the Hugging Face ``Trainer``
+with ``torch_compile=True`` (its evaluation runs eagerly: no graph call begins it) and Lightning
+(validation in ``inference_mode``). Ground truth: each program's own marks (the trace's clock)
+around every training step and evaluation, and a 30 ms sleep in one callback of step 3."""
 
 import json
 import os
 
 import pytest
 
+import perfetto_tp
 from backend_support import inside, ops
+from dftrace_dynamo.traces.summary import summarize
 from subproc import shell
 from tracefile import read_events, traces
 
@@ -17,14 +20,17 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 TOL_US = 2000  # a mark is taken just outside or inside the trainer's call (its callbacks, a subclass's evaluate)
 
 
+SLEEP_AT = 3  # the step whose callback sleeps
+
+
 def run(tmp_path, script):
-    """(events, marks) of ``dftrace-dynamo run --compile-all`` of the script, eager ops on."""
+    """(events, marks, path) of ``dftrace-dynamo run --compile-all`` of the script, eager ops on."""
     p = shell(f"dftrace-dynamo run --out run --compile-all {os.path.join(SCRIPTS, script)}", tmp_path,
-              {"DFTRACER_EAGER_OPS": "1", "OMP_NUM_THREADS": "1"}, timeout=900)
+              {"DFTRACER_EAGER_OPS": "1", "OMP_NUM_THREADS": "1", "SLEEP_AT": str(SLEEP_AT)}, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
     (path,) = traces(next((tmp_path / "run").iterdir()))  # the run's own directory
     marks = json.loads((tmp_path / "marks.json").read_text())
-    return read_events(path), {k: [[t / 1e3 for t in pair] for pair in v] for k, v in marks.items()}
+    return read_events(path), {k: [[t / 1e3 for t in pair] for pair in v] for k, v in marks.items()}, path
 
 
 def slices(events, cat):
@@ -57,14 +63,53 @@ def hf(tmp_path_factory):
     return run(tmp_path_factory.mktemp("hf"), "hf_evaluate.py")
 
 
+@pytest.fixture(scope="module")
+def lightning(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("lightning"), "lit_evaluate.py")
+
+
 def test_hf_trainer_evaluation_is_the_evaluate_call(hf):
-    events, marks = hf
+    events, marks, _ = hf
     # the Trainer evaluates right after its step callbacks: its evaluate() call begins there
     check(events, marks["steps"], [s[1] for s in marks["steps"][1::2]], marks["evals"])
 
 
-def test_lightning_validation_is_its_evaluation_loop(tmp_path):
-    events, marks = run(tmp_path, "lit_evaluate.py")
-    # validation after each epoch's last batch, its loop's run() around on_validation_start/_end
+def test_lightning_validation_is_its_evaluation_loop(lightning):
+    events, marks, _ = lightning
+    # validation after each epoch's last batch: its loop's run()
     last = [b[1] for b in marks["batches"][3::4]]
     check(events, marks["batches"], last, marks["validations"])
+
+
+@pytest.mark.parametrize("trainer, call", [("hf", "CallbackHandler.call_event"),
+                                           ("lightning", "[Callback]Marks.on_train_batch_end")])
+def test_a_sleep_in_a_trainer_callback_is_its_trainer_slice_and_trainer_time(trainer, call, request):
+    """The callback's sleep lies in the trainer slice of its call, in step 3's slice and in that
+    step's ``trainer`` part (both sources), not in ``other``; every trainer slice nests in the
+    steps and evaluations (inside one, or outside all), as Perfetto loads the file (no error)."""
+    events, marks, path = request.getfixturevalue(trainer)
+    ((a, b),) = marks["sleep"]
+    holding = min((e for e in slices(events, "trainer") if e["ts"] <= a and b <= end(e)), key=lambda e: e["dur"])
+    assert holding["name"] == call and holding["args"]["step"] == SLEEP_AT, holding
+    (step,) = [s for s in slices(events, "step") if s["args"]["step"] == SLEEP_AT]
+    assert inside(holding, step)
+    for source in ("aggregates", "events"):
+        got = summarize([path], top=None, source=source)
+        assert got["scan"]["source"] == source and not got["warnings"], got["warnings"]
+        (row,) = [r for r in got["steps"]["rows"] if r["step"] == SLEEP_AT]
+        assert row["trainer_us"] >= b - a and row["other_us"] < (b - a) / 2, (source, row, b - a)
+    for e in slices(events, "trainer"):
+        for s in slices(events, "step") + slices(events, "eval"):
+            assert inside(e, s) or inside(s, e) or end(e) <= s["ts"] or end(s) <= e["ts"], (e, s)
+    assert perfetto_tp.error_stats(path) == []
+
+
+@pytest.mark.parametrize("trainer", ["hf", "lightning"])
+def test_the_first_compile_inside_a_trainer_call_is_not_trainer_time(trainer, request):
+    """Step 0 compiles inside the trainer's call (``training_step``, Lightning's closure): that
+    compile is not trainer time (it stays where it was: ``other``, or the optimizer's closure)."""
+    events, _, path = request.getfixturevalue(trainer)
+    compiled = sum(e["dur"] for e in slices(events, "dynamo_compile")
+                   if e["args"].get("kind") == "compile" and e["args"].get("step") == 0)
+    (row,) = [r for r in summarize([path], top=None, include_warmup=True)["steps"]["rows"] if r["step"] == 0]
+    assert compiled > 100_000 and row["trainer_us"] < compiled / 10, (row, compiled)

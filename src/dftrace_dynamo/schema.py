@@ -24,9 +24,10 @@ CAT_EVAL = "eval"  # forward work outside training (grad disabled after a comple
 CAT_COMM = "comm"  # one collective or point-to-point operation (torch.distributed, DDP buckets)
 CAT_MEMORY = "memory"  # memory counter samples ("ph": "C")
 CAT_GC = "gc"  # one collection of Python's cyclic garbage collector
+CAT_TRAINER = "trainer"  # a call of a trainer's own loop code (Lightning's actions, Trainer methods)
 
 CATEGORIES = (CAT_OP, CAT_GRAPH, CAT_COMPILE, CAT_MODULE, CAT_KERNEL, CAT_CUDA, CAT_STEP, CAT_DATA,
-              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER, CAT_EVAL, CAT_COMM, CAT_MEMORY, CAT_GC)
+              CAT_BACKWARD, CAT_OPTIMIZER, CAT_DFTRACER, CAT_EVAL, CAT_COMM, CAT_MEMORY, CAT_GC, CAT_TRAINER)
 # the step structure: the categories that split a step's wall time
 STEP_STRUCTURE = (CAT_STEP, CAT_DATA, CAT_BACKWARD, CAT_OPTIMIZER)
 
@@ -104,5 +105,6 @@ PHASE_RECOMPUTE = "recompute"
 COMPILE_KINDS = ("compile", "graph_break", "recompile", "backend", "instrument")
 
 # ---- the parts of a step's wall time (summary's step view) ---------------------------
-# gc: garbage collection outside the other four (a collection during an op is that op's phase)
-STEP_PARTS = ("data", "forward", "backward", "optimizer", "gc", "other")
+# gc: garbage collection outside the other four (a collection during an op is that op's phase);
+# trainer: a trainer's own loop code outside all of those
+STEP_PARTS = ("data", "forward", "backward", "optimizer", "gc", "trainer", "other")

@@ -1,8 +1,11 @@
 """A Hugging Face ``Trainer`` with ``torch_compile=True`` (only its training copy of the model is
 compiled: evaluation runs eagerly), evaluating every 2 of 6 steps, without the tracer's callback;
 its own marks (the trace's clock) around each ``evaluate()`` and each training step go to
-``marks.json``."""
+``marks.json``. With ``SLEEP_AT=N``, its ``on_step_begin`` callback sleeps 30 ms in step N (marks
+``sleep``)."""
 import json
+import os
+import time
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments, TrainerCallback
 from dftrace_dynamo import _core
@@ -23,10 +26,14 @@ class Data(torch.utils.data.Dataset):
 
 class Marks(TrainerCallback):
     def __init__(self):
-        self.evals, self.steps = [], []
+        self.evals, self.steps, self.sleep = [], [], []
 
     def on_step_begin(self, args, state, control, **kw):
         self.steps.append([_core.now_ns(), None])
+        if len(self.steps) - 1 == int(os.environ.get("SLEEP_AT", -1)):
+            start = _core.now_ns()
+            time.sleep(0.03)
+            self.sleep.append([start, _core.now_ns()])
 
     def on_step_end(self, args, state, control, **kw):
         self.steps[-1][1] = _core.now_ns()
@@ -50,4 +57,4 @@ args = TrainingArguments(output_dir="hf-out", max_steps=6, per_device_train_batc
 marks = Marks()
 trainer = Timed(model=model, args=args, train_dataset=Data(64), eval_dataset=Data(16), callbacks=[marks])
 trainer.train()
-json.dump({"evals": marks.evals, "steps": marks.steps}, open("marks.json", "w"))
+json.dump({"evals": marks.evals, "steps": marks.steps, "sleep": marks.sleep}, open("marks.json", "w"))

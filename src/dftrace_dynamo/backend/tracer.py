@@ -36,7 +36,7 @@ from .. import _core
 from ..schema import (ARG_ATEN_OPS, ARG_FAILED, ARG_GRAD, ARG_GRAPH, ARG_HHASH, ARG_KERNEL_TYPE, ARG_LEVEL,
                       ARG_MODULE, ARG_MODULE_TYPE, ARG_NODE, ARG_PHASE, ARG_RECOMPUTE, ARG_STEP, CAT_GRAPH,
                       METADATA_ARGS, PHASE_BACKWARD, PHASE_FORWARD, PHASE_INFERENCE, PHASE_RECOMPUTE)
-from ..events import cuda as cuda_events, eager, steps  # noqa: F401 (eager: its hooks)
+from ..events import cuda as cuda_events, eager, steps, trainers  # noqa: F401 (eager, trainers: their hooks)
 from ..session import config, hooks, logger
 from . import compile_events, instrument, modules, sites
 

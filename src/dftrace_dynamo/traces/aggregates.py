@@ -76,6 +76,7 @@ def compute(path):
         "nested_parts": True,  # parts holds the rows of the parts nested in optimizer events
         "eager_parts": True,  # and those of the eager forward
         "gc_parts": True,  # and those of garbage collection
+        "trainer_parts": True,  # and those of trainer code
     }
 
 

@@ -34,14 +34,15 @@ import duckdb
 
 import numpy as np
 
-from ..schema import CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GC, CAT_GRAPH, CAT_KERNEL, CAT_MODULE, CAT_OP
+from ..schema import (CAT_COMPILE, CAT_DFTRACER, CAT_EVAL, CAT_GC, CAT_GRAPH, CAT_KERNEL, CAT_MODULE, CAT_OP,
+                      CAT_TRAINER)
 from ..schema import (ARG_ASYNC, ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH, ARG_PEAK_RSS, ARG_PEER, ARG_RANK,
                       ARG_RSS, CAT_COMM, CAT_STEP)
 from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
 from . import clock, compiles, fullscan, kernels, ranks, reader, runs, sketch, steps
 from .kinds import (BACKWARD, COMM, COMPILE, DATA, EAGER_FORWARD, EAGER_IN_OPTIMIZER, EVAL, GC, GRAPH, IN_OPTIMIZER,
                     INFERENCE_IN_OPTIMIZER, KIND_NAMES, MODULE, OP, OPTIMIZER, PROCESS_NAME, RANK_COLUMNS, RANK_KINDS,
-                    START, STEP, STEP_KINDS, UNPARSED)
+                    START, STEP, STEP_KINDS, TRAINER, UNPARSED)
 from .reader import MAX_LINE, PH_LETTERS, Damage, TraceError, check_trace, compression_of, iter_chunks, tail_damage
 
 # a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
@@ -136,6 +137,7 @@ SELECT * EXCLUDE (cat, ph) REPLACE (CASE WHEN kind IS NULL THEN true WHEN {unsur
                 WHEN e.ph = 'X' AND e.cat = '{CAT_COMM}' THEN {COMM}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_MODULE}' AND e.args.graph IS NULL THEN {MODULE}
                 WHEN e.ph = 'X' AND e.cat = '{CAT_GC}' THEN {GC}
+                WHEN e.ph = 'X' AND e.cat = '{CAT_TRAINER}' THEN {TRAINER}
                 WHEN e.ph IS NULL AND e.name IS NULL THEN {UNPARSED} END AS kind,
            e.file, coalesce(e.name, '(no name)') AS name, coalesce(e.pid, -1) AS pid, e.tid, e.ts, e.dur,
            TRY_CAST(e.args.step AS BIGINT) AS step, e.args.name AS aname,
@@ -185,7 +187,9 @@ _NESTED_SQL = f"""
 # slice only: the same union of intervals; the ops count where module slices are off)
 _EAGER = f"(kind = {MODULE} OR (kind = {OP} AND graph = '?' AND extra IS NULL)) AND phase IN ('forward', 'inference')"
 # per step (its longest slice: row r), the spans that split its time: layer 0 graph calls, data and
-# backward events, 1 optimizer events, 2 the eager forward, 3 garbage collection
+# backward events, 1 optimizer events, 2 the eager forward, 3 garbage collection, 4 compile events
+# (a first call's compile in a trainer's call is no part: other, as where no trainer code holds it),
+# 5 trainer code
 _LAYERS_SQL = f"""
     WITH s AS (SELECT file, pid, step, arg_max(a, ns) AS a, max(ns) AS ns
                FROM (SELECT file, pid, step, {_SPAN} FROM ev
@@ -193,10 +197,11 @@ _LAYERS_SQL = f"""
                GROUP BY ALL),
          r AS (SELECT *, row_number() OVER (ORDER BY file, pid, step) - 1 AS r FROM s),
          sp AS (SELECT file, pid, step, CASE WHEN kind = {OPTIMIZER} THEN 1 WHEN {_EAGER} THEN 2
-                                             WHEN kind = {GC} THEN 3 ELSE 0 END AS layer,
+                                             WHEN kind = {GC} THEN 3 WHEN kind = {COMPILE} THEN 4
+                                             WHEN kind = {TRAINER} THEN 5 ELSE 0 END AS layer,
                        {_SPAN} FROM ev
                 WHERE step IS NOT NULL AND dur IS NOT NULL
-                      AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {GC}) OR {_EAGER}))
+                      AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {GC}, {COMPILE}, {TRAINER}) OR {_EAGER}))
     SELECT r.r, r.file, r.pid, r.step, r.a AS lo, r.a + r.ns AS hi, sp.layer, sp.a, sp.a + sp.ns AS b
     FROM r LEFT JOIN sp USING (file, pid, step) ORDER BY r.r"""
 
@@ -206,8 +211,10 @@ def _split_parts(con):
     view splits a step), each instant counted once, within the step's slice: the eager forward
     (kinds ``EAGER_FORWARD``, ``EAGER_IN_OPTIMIZER``), its time outside graph calls, data and
     backward events, outside optimizer events and inside them; garbage collection (kind ``GC``),
-    its time outside all of those (a collection during an op or a phase is that phase's time)."""
-    if not con.execute(f"SELECT count(*) FROM ev WHERE step IS NOT NULL AND ({_EAGER} OR kind = {GC})").fetchone()[0]:
+    its time outside all of those (a collection during an op or a phase is that phase's time);
+    trainer code (kind ``TRAINER``), its time outside all of those and compile events."""
+    if not con.execute(f"SELECT count(*) FROM ev WHERE step IS NOT NULL AND ({_EAGER} OR kind IN ({GC}, {TRAINER}))"
+                       ).fetchone()[0]:
         return []
     c = con.execute(_LAYERS_SQL).fetchnumpy()
     first = np.flatnonzero(np.diff(c["r"], prepend=-1))  # each step's first row
@@ -221,19 +228,23 @@ def _split_parts(con):
     def split(keep, layers, of):
         return ranks.split_layers(lo, hi, row[keep], of[keep], a[keep], b[keep], layers)
 
-    not_gc = layer != 3
-    eager = split(not_gc & (layer != 1), 2, layer // 2)[:, 1]
-    outside = split(not_gc, 3, layer)[:, 2]
-    gc = split(np.ones(len(layer), bool), 4, layer)[:, 3]
-    eager_n, gc_n = (np.bincount(row[layer == k], minlength=len(lo)) for k in (2, 3))
+    below = layer < 3  # (each split: the time of its top layer outside the layers under it)
+    eager = split(below & (layer != 1), 2, layer // 2)[:, 1]
+    outside = split(below, 3, layer)[:, 2]
+    gc = split(layer < 4, 4, layer)[:, 3]
+    trainer = split(np.ones(len(layer), bool), 6, layer)[:, 5]
+    eager_n, gc_n, trainer_n = (np.bincount(row[layer == k], minlength=len(lo)) for k in (2, 3, 5))
     rows = []
-    for key, out, in_optimizer, gc_ns, n_eager, n_gc in zip(keys, outside, eager - outside, gc, eager_n, gc_n):
+    for key, out, in_optimizer, gc_ns, trainer_ns, n_eager, n_gc, n_trainer in zip(
+            keys, outside, eager - outside, gc, trainer, eager_n, gc_n, trainer_n):
         if n_eager:
             rows.append((*key, EAGER_FORWARD, False, float(out) / 1000, int(n_eager)))
             if in_optimizer:
                 rows.append((*key, EAGER_IN_OPTIMIZER, False, float(in_optimizer) / 1000, int(n_eager)))
         if n_gc:
             rows.append((*key, GC, False, float(gc_ns) / 1000, int(n_gc)))
+        if n_trainer:
+            rows.append((*key, TRAINER, False, float(trainer_ns) / 1000, int(n_trainer)))
     return rows
 
 

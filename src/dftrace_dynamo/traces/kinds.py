@@ -20,10 +20,13 @@ MODULE = 16  # eager module slices (module slices outside compiled graphs)
 EAGER_FORWARD, EAGER_IN_OPTIMIZER = 17, 18
 # garbage collection slices; in parts rows: their time outside every other part of the step
 GC = 19
+# a trainer's loop code slices; in parts rows: their time outside every other part of the step
+TRAINER = 20
 KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops",
               IN_OPTIMIZER[GRAPH]: "graph in optimizer", IN_OPTIMIZER[BACKWARD]: "backward in optimizer",
               IN_OPTIMIZER[OPTIMIZER]: "optimizer in optimizer", INFERENCE_IN_OPTIMIZER: "inference in optimizer",
-              EAGER_FORWARD: "eager forward", EAGER_IN_OPTIMIZER: "eager forward in optimizer", GC: "gc"}
+              EAGER_FORWARD: "eager forward", EAGER_IN_OPTIMIZER: "eager forward in optimizer", GC: "gc",
+              TRAINER: "trainer"}
 RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
               "optimizer": OPTIMIZER}
 RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # of ev, in version 1 aggregates

@@ -164,8 +164,8 @@ def from_record(paths, index, record, views, module_depth=None, include_warmup=F
         return None
     if not record.get("nested_parts") and any(r[3] == OPTIMIZER for r in record["parts"]):
         return None  # made before the parts nested in optimizer events were kept apart: read the events
-    if not (record.get("eager_parts") and record.get("gc_parts")) and record["slices"]:
-        return None  # made before the eager forward or garbage collection was a part: read the events
+    if not all(record.get(f"{p}_parts") for p in ("eager", "gc", "trainer")) and record["slices"]:
+        return None  # made before the eager forward, garbage collection or trainer code was a part: read the events
     i = index
     records = [dict(r, file=i) for r in record["records"]]
     slices = [(i, *r[1:]) for r in record["slices"]]
@@ -227,8 +227,8 @@ def _from_writer(paths, indices, records, views, module_depth, include_warmup, s
     and samples come from the record."""
     if any(step_samples and records[i]["samples"] is None for i in indices):
         return None
-    if not all(records[i].get("gc") for i in indices):
-        return None  # written before the writer copied garbage collection slices: read the events
+    if not all(records[i].get("gc") and records[i].get("trainer") for i in indices):
+        return None  # written before the writer copied garbage collection and trainer slices: read the events
     pids, clocks = {}, {}  # one process per file; its clock record
     with tempfile.TemporaryDirectory(prefix="dftrace-aggregates-") as tmp:
         copies = list(paths)

@@ -312,7 +312,7 @@ def to_json(result, views=None, top=None):
 
 
 STEP_COLORS = {"data": "#8c6bb1", "forward": "#3b75af", "backward": "#e1812c", "optimizer": "#3a923a",
-               "gc": "#c44e52", "other": "#bbbbbb"}
+               "gc": "#c44e52", "trainer": "#937860", "other": "#bbbbbb"}
 
 
 def _step_timeline(ax, result):

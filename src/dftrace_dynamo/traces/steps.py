@@ -13,10 +13,11 @@ them), backward (``backward`` events; the backward graph calls when a trace
 has no ``backward`` events), optimizer (``<Optimizer>.step`` and
 ``zero_grad``, and the optimizer-side work outside ``step()``: gradient clipping,
 a scheduler's step, a model's ``zero_grad``), gc (garbage collection outside
-those four: a collection during an op or a phase counts as that phase), other
-(wall time minus those five: loss, logging, Python between the phases,
-untraced code) and coverage (share of the wall time in the five). Phases nest and each millisecond counts once, in the innermost
-phase: the optimizer's time is its own, less the forward and backward of an
+those four: a collection during an op or a phase counts as that phase),
+trainer (a trainer's loop code, ``trainer`` slices, outside those five), other
+(wall time minus those six: loss, logging, Python between the phases,
+untraced code) and coverage (share of the wall time in the six). Phases nest
+and each millisecond counts once, in the innermost phase: the optimizer's time is its own, less the forward and backward of an
 optimizer closure and the optimizer events nested in its slices (``parts``
 rows of the kinds ``kinds.IN_OPTIMIZER``, and the eager forward inside
 them); a graph call of phase
@@ -145,6 +146,7 @@ def analyse(slices, parts, records, kind_names, include_warmup=False):
                    "forward_us": max(got.get("forward", 0.0) - got.get("inference in optimizer", 0.0), 0.0) + eager,
                    "backward_us": got.get(backward, 0.0),
                    "optimizer_us": max(got.get("optimizer", 0.0) - nested, 0.0), "gc_us": got.get("gc", 0.0),
+                   "trainer_us": got.get("trainer", 0.0),
                    "ops_us": got.get("ops", 0.0),
                    "ops": got.get("op_count", 0),
                    "warmup": reasons.get(s), "recorded": s in recorded or not recorded}
