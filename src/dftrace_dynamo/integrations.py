@@ -64,8 +64,8 @@ def _profiler():
 
     class DftraceProfiler(PassThroughProfiler):
         """Steps named by ``trainer.global_step``; ``steps``: the step window (``None``: as
-        ``DFTRACER_STEPS`` says). Lightning's own actions are not recorded: the trace has the
-        steps, graphs, modules and ops."""
+        ``DFTRACER_STEPS`` says). Lightning's own actions are ``trainer`` slices with or without
+        it (events.trainers)."""
 
         def __init__(self, steps: Optional[str] = None):
             super().__init__()

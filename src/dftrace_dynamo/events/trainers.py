@@ -18,10 +18,11 @@ windows nothing is written.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import threading
+
+from torch.compiler import is_dynamo_compiling
 
 from .. import _core
 from ..schema import CAT_TRAINER
@@ -45,40 +46,21 @@ PROFILERS = (("lightning.pytorch.profilers.profiler", "Profiler"),
 _local = threading.local()  # .starts: this thread's trainer calls in progress (ns), outermost first
 
 
-def _starts() -> list:
-    starts = getattr(_local, "starts", None)
-    if starts is None:
-        starts = _local.starts = []
-    return starts
-
-
 def _record(name: str, start: int) -> None:
     """The slice of a trainer call that began at ``start`` and ends now, on its thread. A call
     that began before the step (or evaluation) in progress holds a boundary: it is the loop around
     steps (Lightning's ``run_training_epoch``), or a call that ran an evaluation: no slice."""
-    if _core.is_open() and _core.ops_on():
-        segment = steps.segment_start()
-        if segment is None or segment <= start:
-            logger.record(name, CAT_TRAINER, start, _core.now_ns())
-
-
-@contextlib.contextmanager
-def _call(name_of):
-    """Times the block as a trainer call (``name_of()`` names it, at its end)."""
-    if steps.compiling_here():
-        yield
-        return
-    starts = _starts()
-    starts.append(_core.now_ns())
     try:
-        yield
-    finally:
-        start = starts.pop()
-        try:
-            _record(name_of(), start)
-        except Exception as exc:  # never in the trainer's way: these slices stop, training goes on
-            hooks.remove(GROUP)
-            config.log.error("trainer slices are off: %s: %s", type(exc).__name__, exc)
+        if _core.ops_on() and _core.is_open():
+            segment = steps.segment_start()
+            if segment is None or segment <= start:
+                end = _core.now_ns()
+                # after the slices held back for the step it is in (a region's way)
+                if not steps.hold(name, CAT_TRAINER, start, end, None, False, False):
+                    _core.log(name, CAT_TRAINER, start, end, None)
+    except Exception as exc:  # never in the trainer's way: these slices stop, training goes on
+        hooks.remove(GROUP)
+        config.log.error("trainer slices are off: %s: %s", type(exc).__name__, exc)
 
 
 def _wrap_method(original, cls: str):
@@ -86,20 +68,49 @@ def _wrap_method(original, cls: str):
 
     @functools.wraps(original)
     def traced(*args, **kwargs):
-        with _call(lambda: name):
+        if is_dynamo_compiling():
             return original(*args, **kwargs)
+        starts = _local.__dict__.setdefault("starts", [])
+        start = _core.now_ns()
+        starts.append(start)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            starts.pop()
+            _record(name, start)
 
     return traced
+
+
+class _Action:
+    """Lightning's ``profile(action_name)`` context (``inner``), timed as a trainer call."""
+
+    __slots__ = ("name", "inner", "start")
+
+    def __init__(self, name, inner):
+        self.name, self.inner = name, inner
+
+    def __enter__(self):
+        self.start = _core.now_ns()
+        value = self.inner.__enter__()  # the trainer's own profiler runs inside: its time is the action's
+        _local.__dict__.setdefault("starts", []).append(self.start)
+        return value
+
+    def __exit__(self, *exc):
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            _local.starts.pop()
+            _record(str(self.name), self.start)
 
 
 def _wrap_profile(original):
     @functools.wraps(original)
     def profile(self, action_name, *args, **kwargs):
-        # the action's own profiler runs inside: its time is the action's
-        with _call(lambda: str(action_name)), original(self, action_name, *args, **kwargs) as value:
-            yield value
+        inner = original(self, action_name, *args, **kwargs)
+        return inner if is_dynamo_compiling() else _Action(action_name, inner)
 
-    return contextlib.contextmanager(profile)
+    return profile
 
 
 def _owner(module: str, cls: str):
