@@ -328,14 +328,14 @@ def measure(name, iters, directory):
 
 def coverage(doc):
     """Of a ``summary --format json`` document: the ``eval`` slices, the steady steps' mean wall
-    time (ms), their mean ``gc`` and ``other`` over their mean wall time and the median step's
+    time (ms), their mean ``gc``, ``trainer`` and ``other`` over their mean wall time and the median step's
     ``other`` share (%: a step that a loaded machine's scheduler paused is ``other`` far beyond the
     rest)."""
     steady = doc["steps"]["steady"]
     rows = [r for r in doc["steps"]["rows"] if r["recorded"] and not r["warmup"]]
     shares = sorted(100 * r["other_us"] / r["wall_us"] for r in rows if r["wall_us"])
     return ((doc.get("evaluation") or {}).get("count", 0), steady["mean_us"] / 1e3,
-            *(100 * steady[f"{part}_mean_us"] / steady["mean_us"] for part in ("gc", "other")),
+            *(100 * steady[f"{part}_mean_us"] / steady["mean_us"] for part in ("gc", "trainer", "other")),
             shares[len(shares) // 2] if shares else float("nan"))
 
 
@@ -344,7 +344,7 @@ def main():
     p.add_argument("names", nargs="*", help=f"programs to run (default: all of {', '.join(PROGRAMS)})")
     p.add_argument("--iters", type=int, default=6)
     p.add_argument("--dir", default=None)
-    p.add_argument("--of", metavar="RUN", help="only print the steps, eval slices, steady step ms, gc %%, other %% and "
+    p.add_argument("--of", metavar="RUN", help="only print the steps, eval slices, steady step ms, gc %%, trainer %%, other %% and "
                    "median other %% of the traces of RUN (a directory or file of another program's run)")
     p.add_argument("--program", choices=sorted(PROGRAMS), help=argparse.SUPPRESS)
     p.add_argument("--truth", help=argparse.SUPPRESS)
@@ -355,16 +355,18 @@ def main():
         cli = [sys.executable, "-m", "dftrace_dynamo", "summary", "--format", "json", args.of]
         doc = json.loads(subprocess.run(cli, check=True, capture_output=True, text=True).stdout)
         evals, *times = coverage(doc)
-        return print("steps {} evals {} steady step ms {:.1f} gc % {:.1f} other % {:.1f} median other % {:.1f}".format(
-            len(doc["steps"]["rows"]), evals, *times))
+        return print("steps {} evals {} steady step ms {:.1f} gc % {:.1f} trainer % {:.1f} other % {:.1f} "
+                     "median other % {:.1f}".format(len(doc["steps"]["rows"]), evals, *times))
     if set(args.names) - set(PROGRAMS):
         p.error(f"unknown program: {', '.join(sorted(set(args.names) - set(PROGRAMS)))}")
     directory = args.dir or tempfile.mkdtemp(prefix="coverage-")
-    rule = "=========  =====  ==========  =====  ===========  ==============  ====  =======  ==============="
-    print(f"{rule}\nprogram    steps  iterations  evals  evaluations  steady step ms  gc %  other %  median other %\n{rule}")
+    rule = "=========  =====  ==========  =====  ===========  ==============  ====  =========  =======  ==============="
+    print(f"{rule}\nprogram    steps  iterations  evals  evaluations  steady step ms  gc %  trainer %  other %  "
+          f"median other %\n{rule}")
     for name in args.names or PROGRAMS:
         row = measure(name, args.iters, directory)
-        print("{:<9}  {:>5}  {:>10}  {:>5}  {:>11}  {:>14.1f}  {:>4.1f}  {:>7.1f}  {:>15.1f}".format(*row), flush=True)
+        print("{:<9}  {:>5}  {:>10}  {:>5}  {:>11}  {:>14.1f}  {:>4.1f}  {:>9.1f}  {:>7.1f}  {:>15.1f}".format(*row),
+              flush=True)
     print(rule)
     print(f"load average {os.getloadavg()[0]:.1f}; traces under {directory}")
 

@@ -113,3 +113,35 @@ def test_the_first_compile_inside_a_trainer_call_is_not_trainer_time(trainer, re
                    if e["args"].get("kind") == "compile" and e["args"].get("step") == 0)
     (row,) = [r for r in summarize([path], top=None, include_warmup=True)["steps"]["rows"] if r["step"] == 0]
     assert compiled > 100_000 and row["trainer_us"] < compiled / 10, (row, compiled)
+
+
+LIGHTNING_ACTION = """
+import time, torch, dftrace_dynamo
+from dftrace_dynamo.backend import tracer
+from lightning.pytorch.profilers import PassThroughProfiler
+dftrace_dynamo.initialize_log("job")
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+f = torch.compile(model, backend="dftrace")
+for _ in range(2):
+    f(torch.ones(2, 4)).sum().backward()
+    with PassThroughProfiler().profile("[Callback]Sleepy.on_train_batch_end"):
+        time.sleep(0.01)
+    opt.step()
+    opt.zero_grad()
+dftrace_dynamo.finalize()
+"""
+
+
+@pytest.mark.parametrize("switch, count", [(None, 2), ("0", 0)])
+def test_trainer_slices_can_be_turned_off(tmp_path, switch, count):
+    """A Lightning action in each of two steps is a trainer slice; ``DFTRACER_TRAINER_SLICES=0``
+    writes none (the steps are there either way)."""
+    env = {"OMP_NUM_THREADS": "1", **({"DFTRACER_TRAINER_SLICES": switch} if switch else {})}
+    p = shell(f"python -c '{LIGHTNING_ACTION}'", tmp_path, env, timeout=300)
+    assert p.returncode == 0 and "dftrace_dynamo" not in p.stderr, p.stderr[-3000:]
+    (path,) = traces(tmp_path)
+    events = read_events(path)
+    got = [(e["name"], e["args"]["step"]) for e in slices(events, "trainer")]
+    assert got == [("[Callback]Sleepy.on_train_batch_end", i) for i in range(count)], got
+    assert len(slices(events, "step")) == 2

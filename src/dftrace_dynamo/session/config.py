@@ -40,7 +40,7 @@ VARIABLES = ("DFTRACER_ENABLE", "DFTRACER_LOG_FILE", "DFTRACER_INC_METADATA", "D
              "DFTRACER_LOG_LEVEL", "DFTRACER_CUDA_EVENTS", "DFTRACER_INIT", "DFTRACER_DATA_DIR",
              "DFTRACER_DISABLE_IO", "DFTRACER_STEPS", "DFTRACER_RECORD_ARGS", "DFTRACER_RUN_ID",
              "DFTRACER_FLIGHT", "DFTRACER_FLIGHT_SLOW", "DFTRACER_FLIGHT_HANG", "DFTRACER_FLIGHT_BYTES",
-             "DFTRACER_FLIGHT_DUMPS", "DFTRACER_EAGER_OPS")
+             "DFTRACER_FLIGHT_DUMPS", "DFTRACER_EAGER_OPS", "DFTRACER_TRAINER_SLICES")
 _DFTRACER_ONLY = ("DFTRACER_DISABLE_POSIX", "DFTRACER_DISABLE_STDIO", "DFTRACER_TIME_METRIC",
                   "DFTRACER_DISABLE_TIDS")
 
@@ -77,6 +77,7 @@ class Config:
     inc_metadata: bool = False
     module_slices: bool = True  # DFTRACER_MODULE_SLICES: module events around the ops of each call
     eager_ops: bool = True  # DFTRACER_EAGER_OPS: op events of the ops that run outside compiled graphs
+    trainer_slices: bool = True  # DFTRACER_TRAINER_SLICES: a slice per call of a trainer's loop code
     compression: int = COMPRESSION_GZIP
     write_buffer_size: int = DEFAULT_BUFFER_SIZE
     bind_signals: bool = False
@@ -238,6 +239,7 @@ def load(env: Mapping[str, str] = os.environ) -> Config:
             inc_metadata=_flag(env, "DFTRACER_INC_METADATA", False),
             module_slices=_flag(env, "DFTRACER_MODULE_SLICES", True),
             eager_ops=_flag(env, "DFTRACER_EAGER_OPS", True),
+            trainer_slices=_flag(env, "DFTRACER_TRAINER_SLICES", True),
             compression=_choice(env, "DFTRACER_TRACE_COMPRESSION", _COMPRESSION, COMPRESSION_GZIP,
                                 "0 for none, 1 or gzip, gzip-general, 2 or zstd"),
             write_buffer_size=buffer_size,
