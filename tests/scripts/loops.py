@@ -437,9 +437,11 @@ def ema_eval(n, marks, evals):
         evals.append((marks[-1], time.monotonic_ns()))
 
 
-def region_load(n, marks):
-    """``zero_grad()`` at the top of the body, then the batch loaded inside a ``region`` (a
-    DataLoader ``next()`` and a sleep), as pydftracer users annotate their data loading."""
+def region_load(n, marks, zero_grad_first=True):
+    """``zero_grad()`` at the top of the body, then the batch loaded inside a ``region`` (a sleep
+    and a DataLoader ``next()``), as pydftracer users annotate their data loading; without
+    ``zero_grad_first`` (``region_fetch``), ``zero_grad()`` at the end of the body: the region holds
+    the batch that begins each step."""
     from torch.utils.data import DataLoader, TensorDataset
 
     net = mlp()
@@ -448,31 +450,19 @@ def region_load(n, marks):
     batches = iter(DataLoader(TensorDataset(torch.randn(8 * n, 16)), batch_size=8))
     for _ in range(n):
         marks.append(time.monotonic_ns())
-        opt.zero_grad()
+        if zero_grad_first:
+            opt.zero_grad()
         with dftrace_dynamo.region("load"):
-            (x,) = next(batches)
             time.sleep(SLEEP_S)
+            (x,) = next(batches)
         model(x).sum().backward()
         opt.step()
+        if not zero_grad_first:
+            opt.zero_grad()
 
 
 def region_fetch(n, marks):
-    """The batch loaded inside a ``region`` at the top of the body, ``zero_grad()`` at its end:
-    the region holds the batch that begins each step."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    net = mlp()
-    model = torch.compile(net, backend=create_backend())
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-    batches = iter(DataLoader(TensorDataset(torch.randn(8 * n, 16)), batch_size=8))
-    for _ in range(n):
-        marks.append(time.monotonic_ns())
-        with dftrace_dynamo.region("load"):
-            time.sleep(SLEEP_S)
-            (x,) = next(batches)
-        model(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
+    region_load(n, marks, zero_grad_first=False)
 
 
 def accelerate(n, marks):
