@@ -39,8 +39,9 @@ _source = ""  # where _prefix came from, for messages
 _p_idx = -1
 _finalized = False  # finalize() was called, or opening failed: no lazy reopen
 # every module that holds events for a file not yet open imports this one first: no event of the
-# process starts before this time (the start record's ``since``, which readers bound records by)
-_LOADED_US = _core.now_ns() // 1000
+# process starts before this time (the start record's ``since``, which readers bound records by;
+# the wall clock, which the trace's clock is mapped onto at import)
+_LOADED_US = time.time_ns() // 1000
 _signals_bound = False
 _exit_hooked_pid: Optional[int] = None  # the multiprocessing child whose exit closes the trace
 _sigterm_watch = None  # the wakeup fd of this process's SIGTERM watcher
