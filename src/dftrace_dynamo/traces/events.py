@@ -40,8 +40,8 @@ from ..schema import (ARG_ASYNC, ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH,
                       ARG_RSS, CAT_COMM, CAT_STEP)
 from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
 from . import clock, compiles, fullscan, kernels, ranks, reader, runs, sketch, steps
-from .kinds import (BACKWARD, COMM, COMPILE, DATA, EAGER_FORWARD, EAGER_IN_OPTIMIZER, EVAL, GC, GRAPH, IN_OPTIMIZER,
-                    INFERENCE_IN_OPTIMIZER, KIND_NAMES, MODULE, OP, OPTIMIZER, PROCESS_NAME, RANK_COLUMNS, RANK_KINDS,
+from .kinds import (BACKWARD, COMM, COMPILE, DATA, EAGER_FORWARD, EAGER_IN_OPTIMIZER, EAGER_SQL, EVAL, GC, GRAPH,
+                    IN_OPTIMIZER, INFERENCE_IN_OPTIMIZER, KIND_NAMES, MODULE, OP, OPTIMIZER, PROCESS_NAME, RANK_COLUMNS, RANK_KINDS,
                     START, STEP, STEP_KINDS, TRAINER, UNPARSED)
 from .reader import MAX_LINE, PH_LETTERS, Damage, TraceError, check_trace, compression_of, iter_chunks, tail_damage
 
@@ -182,10 +182,6 @@ _NESTED_SQL = f"""
     FROM outer_step WHERE nested GROUP BY ALL""".replace("ROWS_", _THREAD)
 
 
-# The eager forward: eager module slices and eager ops (no graph), of phase forward or inference:
-# the events the C writer's aggregate record copies for it (an op inside a module slice, its
-# slice only: the same union of intervals; the ops count where module slices are off)
-_EAGER = f"(kind = {MODULE} OR (kind = {OP} AND graph = '?' AND extra IS NULL)) AND phase IN ('forward', 'inference')"
 # per step (its longest slice: row r), the spans that split its time: layer 0 graph calls, data and
 # backward events, 1 optimizer events, 2 the eager forward, 3 garbage collection, 4 compile events
 # (a first call's compile in a trainer's call is no part: other, as where no trainer code holds it),
@@ -196,12 +192,12 @@ _LAYERS_SQL = f"""
                      WHERE kind = {STEP} AND step IS NOT NULL AND dur IS NOT NULL)
                GROUP BY ALL),
          r AS (SELECT *, row_number() OVER (ORDER BY file, pid, step) - 1 AS r FROM s),
-         sp AS (SELECT file, pid, step, CASE WHEN kind = {OPTIMIZER} THEN 1 WHEN {_EAGER} THEN 2
+         sp AS (SELECT file, pid, step, CASE WHEN kind = {OPTIMIZER} THEN 1 WHEN {EAGER_SQL} THEN 2
                                              WHEN kind = {GC} THEN 3 WHEN kind = {COMPILE} THEN 4
                                              WHEN kind = {TRAINER} THEN 5 ELSE 0 END AS layer,
                        {_SPAN} FROM ev
                 WHERE step IS NOT NULL AND dur IS NOT NULL
-                      AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {GC}, {COMPILE}, {TRAINER}) OR {_EAGER}))
+                      AND (kind IN ({GRAPH}, {DATA}, {BACKWARD}, {OPTIMIZER}, {GC}, {COMPILE}, {TRAINER}) OR {EAGER_SQL}))
     SELECT r.r, r.file, r.pid, r.step, r.a AS lo, r.a + r.ns AS hi, sp.layer, sp.a, sp.a + sp.ns AS b
     FROM r LEFT JOIN sp USING (file, pid, step) ORDER BY r.r"""
 
@@ -213,7 +209,7 @@ def _split_parts(con):
     backward events, outside optimizer events and inside them; garbage collection (kind ``GC``),
     its time outside all of those (a collection during an op or a phase is that phase's time);
     trainer code (kind ``TRAINER``), its time outside all of those and compile events."""
-    if not con.execute(f"SELECT count(*) FROM ev WHERE step IS NOT NULL AND ({_EAGER} OR kind IN ({GC}, {TRAINER}))"
+    if not con.execute(f"SELECT count(*) FROM ev WHERE step IS NOT NULL AND ({EAGER_SQL} OR kind IN ({GC}, {TRAINER}))"
                        ).fetchone()[0]:
         return []
     c = con.execute(_LAYERS_SQL).fetchnumpy()
@@ -412,9 +408,12 @@ def load(paths, indices, module_depth=None, include_warmup=False, progress=None,
 
 def rank_columns(con):
     """The events of table ``ev`` the rank analysis reads, as columns (:data:`RANK_COLUMNS`)."""
-    rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN
-        ({", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer"))})
-        OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))""").fetchall()
+    kinds = ", ".join(str(RANK_KINDS[k]) for k in ("step", "comm", "data", "graph", "backward", "optimizer", "gc",
+                                                    "compile", "trainer"))
+    rows = con.execute(f"""SELECT {", ".join(RANK_COLUMNS)} FROM ev WHERE step IS NOT NULL AND (kind IN ({kinds})
+        OR (kind = {OP} AND starts_with(name, '{ranks.FUNCTIONAL}')))
+        UNION ALL SELECT {EAGER_FORWARD}, file, '{KIND_NAMES[EAGER_FORWARD]}', pid, step, ts, dur, NULL
+        FROM ({ranks.eager_intervals_sql(EAGER_SQL)})""").fetchall()
     return [list(c) for c in zip(*rows)] if rows else [[] for _ in RANK_COLUMNS]
 
 

@@ -22,13 +22,18 @@ EAGER_FORWARD, EAGER_IN_OPTIMIZER = 17, 18
 GC = 19
 # a trainer's loop code slices; in parts rows: their time outside every other part of the step
 TRAINER = 20
+# The eager forward, as a condition on a scan's table ``ev``: eager module slices and eager ops (no
+# graph), of phase forward or inference (the events the C writer's aggregate record copies for it)
+EAGER_SQL = (f"(kind = {MODULE} OR (kind = {OP} AND graph = '?' AND extra IS NULL)) "
+             "AND phase IN ('forward', 'inference')")
 KIND_NAMES = {GRAPH: "graph", DATA: "data", BACKWARD: "backward", OPTIMIZER: "optimizer", OP: "ops",
               IN_OPTIMIZER[GRAPH]: "graph in optimizer", IN_OPTIMIZER[BACKWARD]: "backward in optimizer",
               IN_OPTIMIZER[OPTIMIZER]: "optimizer in optimizer", INFERENCE_IN_OPTIMIZER: "inference in optimizer",
               EAGER_FORWARD: "eager forward", EAGER_IN_OPTIMIZER: "eager forward in optimizer", GC: "gc",
               TRAINER: "trainer"}
+# (eager: the eager forward's intervals, kind EAGER_FORWARD in the rank columns of a computed record)
 RANK_KINDS = {"step": STEP, "comm": COMM, "op": OP, "data": DATA, "graph": GRAPH, "backward": BACKWARD,
-              "optimizer": OPTIMIZER}
+              "optimizer": OPTIMIZER, "eager": EAGER_FORWARD, "gc": GC, "compile": COMPILE, "trainer": TRAINER}
 RANK_COLUMNS = ("kind", "file", "name", "pid", "step", "ts", "dur", "extra")  # of ev, in version 1 aggregates
 
 KEYS = ("name", "module", "phase", "graph", "file", "pid")  # all key columns of the op views, in result order

@@ -10,15 +10,15 @@ Per step, each wait of a rank ``q`` at an operation whose last arrival is ``L`` 
   to their own last arrivals, by the same rule;
 * the rest: ``L``'s own delay, charged to ``L`` (the origin) as time ``q`` lost to it.
 
-The **excess** of a rank in a step, per phase (data, forward, backward, optimizer, eager code)
-and per module path (its ops' time), is its time there minus the median of the other ranks' in
-the same step."""
+The **excess** of a rank in a step, per phase (data, forward, backward, optimizer, gc, trainer,
+eager code: the untraced rest) and per module path (its ops' time), is its time there minus the
+median of the other ranks' in the same step."""
 
 import statistics
 
 import numpy as np
 
-PHASES = ("data", "forward", "backward", "optimizer", "eager code")
+PHASES = ("data", "forward", "backward", "optimizer", "gc", "trainer", "eager code")
 
 
 def charges(ops):

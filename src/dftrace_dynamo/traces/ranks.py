@@ -1,7 +1,8 @@
 """Who waits for whom in a multi-rank run, from the per-rank trace files.
 
 Input: what :func:`rows` reads of the summary's DuckDB table ``ev`` (step slices,
-``comm`` events, data, graph calls, ``backward``, ``optimizer``; functional collectives inside
+``comm`` events, data, graph calls, ``backward``, ``optimizer``, the eager forward, garbage
+collection, compile events and trainer code; functional collectives inside
 compiled graphs are ``comm`` events, and in traces of earlier versions op
 events named ``function._c10d_functional.*``, which count as communication too)
 and the compile records.
@@ -30,10 +31,11 @@ to the rank where the delay began (:mod:`.origin`), as the time the waiting rank
 it; ``wait_caused`` is, per step, the median over the ranks that lost time to a rank of
 what each lost. Per rank and steady step, the wall time is split (each instant counted
 once, in this order) into wait, communication (the rest of the collectives' time and of the
-``wait()`` calls), data, compute (optimizer, ``backward``, graph calls: forward) and other. Within
-compute an instant is in its innermost phase, as in the step view: an optimizer closure's forward
-graph calls and ``backward`` are forward and backward inside the optimizer slice, a backward graph
-call is backward, and a graph call of phase inference (a compiled optimizer step's) inside an
+``wait()`` calls), data, compute (optimizer, ``backward``, graph calls and the eager forward:
+forward), garbage collection, trainer code (outside compile events) and other, the parts of the
+step view. Within compute an instant is in its innermost phase, as in the step view: an optimizer
+closure's forward and ``backward`` are forward and backward inside the optimizer slice, a backward
+graph call is backward, and a graph call of phase inference (a compiled optimizer step's) inside an
 optimizer slice is optimizer, else forward.
 
 The first step of the run and warm-up steps are left out. The **straggler** is the rank charged
@@ -53,16 +55,20 @@ import numpy as np
 
 from ..schema import ARG_ASYNC, ARG_CUDA_PEAK, ARG_GROUP, ARG_PEAK_RSS, ARG_PEER, ARG_RANK, COMM_WAIT_PREFIX
 from . import clock, compiles, origin
+from .kinds import EAGER_SQL
 from .steps import quantile
 
 P2P = {"send": True, "isend": True, "recv": False, "irecv": False}  # point-to-point op -> it sends
 FUNCTIONAL = "function._c10d_functional."  # op events of functional collectives (events.comm)
-PARTS = ("wait", "comm", "data", "compute", "other")  # the rows' parts of a step
+PARTS = ("wait", "comm", "data", "compute", "gc", "trainer", "other")  # the rows' parts of a step
 PART_KEYS = tuple(f"{c}_us" for c in PARTS)  # the rows' fields
 # the layers an instant is counted in, in order (compute: the innermost phase first; "inference":
 # graph calls of that phase, forward time where no optimizer slice holds them)
-LAYERS = ("wait", "comm", "data", "forward", "backward", "optimizer", "inference", "other")
+LAYERS = ("wait", "comm", "data", "forward", "backward", "optimizer", "inference", "gc", "compile", "trainer", "other")
 COMPUTE = ("forward", "backward", "optimizer", "inference")
+# the kinds of the spans that split a step, besides the eager forward; a span of kind k is in layer k
+# (a graph call: by its phase; the eager forward: forward; compile events: other, under trainer code)
+SPAN_KINDS = ("data", "graph", "backward", "optimizer", "gc", "compile", "trainer")
 NOISE_FACTOR, MIN_SHARE = 3.0, 0.05
 
 
@@ -143,7 +149,7 @@ def rows(con, kinds):
     """What :func:`analyse` reads of the summary's table ``ev`` (``kinds``: as there), as NumPy
     columns: the step slices (file, pid, step, ts, dur and the memory args: NaN where absent) and
     the collectives (file, pid, step, name, ts, dur, group), by process and time; the spans
-    (data, graph calls, ``backward``, optimizer: file, pid, step, kind, ts, dur). Small enough to
+    (:data:`SPAN_KINDS` and the eager forward: file, pid, step, kind, ts, dur). Small enough to
     send from a worker: one slice per step, the spans as arrays; the args texts are read here,
     and each collective's and span's step is that of its process's step slice holding it (a
     collective in an evaluation, which has no step: that of the step it follows)."""
@@ -161,10 +167,12 @@ def rows(con, kinds):
     fields = ("group", "name", "op", "pg", "async", "blocked")
     for c, values in zip(fields, zip(*channels) if channels else [comm["name"]] * len(fields)):
         comm[c] = np.array(values, bool if c in ("async", "blocked") else object)
-    # a graph call's phase is its extra (traces/events.py)
+    # a graph call's phase is its extra (traces/events.py); the eager forward as the union of its
+    # intervals (in the rank columns of a computed record: kind eager already)
+    eager = EAGER_SQL if _has_modules(con) else f"kind = {k['eager']}"
     spans = _columns(con, f"""SELECT file, pid, step, kind, coalesce(extra, '') AS phase, ts, coalesce(dur, 0) AS dur FROM ev
-        WHERE step IS NOT NULL AND ts IS NOT NULL
-        AND kind IN ({k['data']}, {k['graph']}, {k['backward']}, {k['optimizer']})""")
+        WHERE step IS NOT NULL AND ts IS NOT NULL AND kind IN ({", ".join(str(k[n]) for n in SPAN_KINDS)})
+        UNION ALL SELECT file, pid, step, {k['eager']}, '', ts, dur FROM ({eager_intervals_sql(eager)})""")
     # op time per process, step and module: what in a rank was slower than on its peers (in
     # integer ns, as the aggregate records sum it)
     # (as columns: a Python tuple per row cost seconds for millions of rows)
@@ -181,6 +189,20 @@ def rows(con, kinds):
     if ops is not None:
         out["ops"] = ops
     return out
+
+
+def eager_intervals_sql(condition):
+    """SELECT of (file, pid, step, ts, dur): the union of the intervals of the events of table ``ev``
+    where ``condition`` (the eager forward), per process and step: a few rows per step however many
+    eager module slices and ops ran."""
+    return f"""SELECT file, pid, step, min(ts) AS ts, max(b) - min(ts) AS dur FROM (
+        SELECT *, sum(CASE WHEN ts <= prev THEN 0 ELSE 1 END) OVER (
+                      PARTITION BY file, pid, step ORDER BY ts, b DESC ROWS UNBOUNDED PRECEDING) AS island
+        FROM (SELECT file, pid, step, ts, ts + coalesce(dur, 0) AS b,
+                     max(ts + coalesce(dur, 0)) OVER (PARTITION BY file, pid, step ORDER BY ts, ts + coalesce(dur, 0) DESC
+                                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+              FROM ev WHERE ({condition}) AND step IS NOT NULL AND ts IS NOT NULL))
+        GROUP BY file, pid, step, island"""
 
 
 def module_rows(rows):
@@ -292,9 +314,10 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     wq, ws, wa, wb = (np.array(c, dtype) for c, dtype in
                       zip(zip(*wait_iv) if wait_iv else ([],) * 4, (np.int64, np.int64, float, float)))
     graph = spans["kind"] == kinds["graph"]
-    span_layer = np.select([spans["kind"] == kinds[k] for k in ("data", "optimizer", "backward")]
+    own_layer = ("data", "optimizer", "backward", "gc", "compile", "trainer")
+    span_layer = np.select([spans["kind"] == kinds[k] for k in own_layer]
                            + [graph & (spans["phase"] == p) for p in ("backward", "inference")],
-                           [LAYERS.index(k) for k in ("data", "optimizer", "backward", "backward", "inference")],
+                           [LAYERS.index(k) for k in (*own_layer, "backward", "inference")],
                            LAYERS.index("forward"))
     layer = np.concatenate([np.zeros(len(wq), np.int64), np.ones(len(comm_proc), np.int64), span_layer])
     comm_row = row_of(comm_proc, comm_step)
@@ -318,6 +341,7 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     part = {name: split[:, LAYERS.index(name)] for name in LAYERS}
     part["compute"] = sum(part[name] for name in COMPUTE)
     part["forward"] = part["forward"] + part.pop("inference")
+    part["other"] = part["other"] + part.pop("compile")
     # the wait each rank made the others lose, per neighbour, charged where the delay began
     caused, waiting = np.zeros(lo.shape), np.zeros(lo.shape, np.int64)
     for j, s in enumerate(steady.tolist()):
@@ -330,9 +354,7 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
     step_list, rows, per_rank = steady.tolist(), [], []
     for i in range(len(procs)):
         own = {key: values[i * n_steady:(i + 1) * n_steady] for key, values in columns.items()}
-        rows += [{"rank": label[i], "step": s, "wall_us": w, "end_us": e, "wait_us": a, "comm_us": c, "data_us": d,
-                  "compute_us": u, "other_us": o, "wait_caused_us": x, "overlap_us": v}
-                 for s, w, e, a, c, d, u, o, x, v in zip(step_list, *own.values())]
+        rows += [{"rank": label[i], "step": s, **dict(zip(own, values))} for s, *values in zip(step_list, *own.values())]
         entry = {"rank": label[i], "steps": n_steady, "clock_offset_us": offsets[i]}
         if n_steady:
             entry.update({key: statistics.fmean(own[key]) for key in ("wall_us", *PART_KEYS)})
@@ -346,7 +368,7 @@ def analyse(rank_rows, paths, kinds, records, step_info, clocks=None, warnings=N
         per_rank.append(entry)
     walls = hi - lo
     phases = {name: part[layer].reshape(lo.shape) for name, layer in zip(
-        origin.PHASES, ("data", "forward", "backward", "optimizer", "other"))}
+        origin.PHASES, ("data", "forward", "backward", "optimizer", "gc", "trainer", "other"))}
     found = _straggler(per_rank, label, walls)
     if found["straggler"] is not None:
         i = label.index(found["straggler"]["rank"])

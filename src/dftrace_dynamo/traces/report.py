@@ -183,7 +183,7 @@ def _wait_lines(info):
     if not info:
         return []
     width = max(len("rank"), *(len(r["rank"]) for r in info["ranks"]))
-    cols = ("wall", "compute", "comm", "wait", "data", "other", "wait_caused", "overlap")
+    cols = ("wall", "compute", "comm", "wait", "data", "gc", "trainer", "other", "wait_caused", "overlap")
     out = ["", "Who waits for whom (ms per steady step, mean; wait: blocked in a collective before the "
            "last peer arrived; wait_caused: what each rank it delays loses to it, charged to the rank "
            "where the delay began; overlap: async communication in flight outside its wait())",
