@@ -797,6 +797,11 @@ static inline int holds_mark(Scanner *s, const char *p, size_t n) {
 /* One line (without its newline); marked: it holds the mark. -1 without memory or on a write error. */
 static int line(Scanner *s, const char *p, size_t n, int marked) {
     s->lines++;
+    size_t i = 0;
+    while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r'))
+        i++;
+    if (i == n) /* a blank line holds no event: nothing for the fallback's reader to skip */
+        return 0;
     if (marked && looking(s)) {
         if (dft_buf_reserve(&s->mark_line, n) < 0)
             return -1;
@@ -824,6 +829,15 @@ static int text(Scanner *s, const char *p, size_t n) {
     /* the mark's first place in this text: one search (one per line would cost its set-up each time) */
     const char *hit = looking(s) ? memmem(p, n, s->mark, s->mark_len) : NULL;
     while (p < e) {
+        if (*p == '\n' && !s->skipping && !s->carry.len) { /* a run of empty lines, counted at once */
+            const char *q = p;
+            while (q < e && *q == '\n')
+                q++;
+            s->lines += (uint64_t)(q - p);
+            s->text_bytes += (uint64_t)(q - p);
+            p = q;
+            continue;
+        }
         const char *nl = memchr(p, '\n', (size_t)(e - p));
         if (s->skipping) {
             size_t k = nl ? (size_t)(nl - p) + 1 : (size_t)(e - p);
