@@ -61,6 +61,10 @@ Dynamo (the same graph; Dynamo takes minutes over 30,000 ops), at level torch: t
 graphs grow; the report also counts the ring waits of the traced sections (``_core.stats()``'s
 ``ring_waits``: a producer found its ring full and waited for the writer).
 
+Eager op events (``DFTRACER_EAGER_OPS``) are off in the measured process unless ``--eager-ops``: the
+baseline's ops run outside compiled graphs, so with them on it is no untraced baseline; with
+``--eager-ops`` its ops are eager op events, and the writer's figure is over both kinds.
+
 ``writer``: ``_core.record`` of events shaped like the backend's op events, then a
 flush: the writer thread's instructions per event and the bytes per event in the file.
 """
@@ -477,6 +481,8 @@ def valgrind(argv, tmp, extra, options=()):
         return {k: float(v) for k, v in (kv.split("=") for kv in meta.split()[1:])}, read_dumps(tmp)
     env = dict(os.environ, DFTRACER_ENABLE="1", PYTHONPATH=os.pathsep.join(
         [SRC[0], os.environ.get("PYTHONPATH", "")]))
+    if "--eager-ops" not in argv:  # the untraced baseline's ops run outside compiled graphs
+        env["DFTRACER_EAGER_OPS"] = "0"
     # valgrind runs no AVX-512: Inductor's C++ kernels (and their cache entries) are built for AVX2
     env.setdefault("ATEN_CPU_CAPABILITY", "avx2")
     env.setdefault("TORCHINDUCTOR_CPP_MARCH", "x86-64-v3")
@@ -637,6 +643,9 @@ def main(argv=None):
                    help="ops: an elem graph of this many ops (3 per layer, traced by FX) instead of --workload, "
                         "level torch: per-op cost as graphs grow (300 is elem's size)")
     p.add_argument("--slices", action="store_true", help="ops: module slices on vs off instead of traced vs untraced")
+    p.add_argument("--eager-ops", action="store_true",
+                   help="ops: eager op events on (the default of DFTRACER_EAGER_OPS): the baseline's ops are "
+                        "recorded as eager ops, the writer's figure is over both kinds of event")
     p.add_argument("--calls", type=int, default=20, help="ops: N, calls per section (N and 2N are differenced)")
     p.add_argument("--events", type=float, default=100000, help="writer: N events (N and 2N are differenced)")
     p.add_argument("--compression", type=int, default=1,

@@ -545,26 +545,18 @@ static int classify(const char *line, size_t len, cls_t *k) {
 #define TAIL_MAX 1024
 static struct { uint32_t n; struct { size_t off, end; int64_t step; uint64_t a, b; } e[TAIL_MAX]; } tail;
 
-static int eager_copy(const char *line, size_t len, int64_t step, uint64_t ns) {
-    static const char *const key[] = {"\"ts\""};
-    val_t ts = {0};
-    uint64_t a = 0;
-    int ok = fields(line, line + len, key, &ts, 1) == 0 && ts.p && ts.n && ts.n < 20;
-    for (uint32_t i = 0; ok && i < ts.n; i++) { /* the integer µs the writer writes */
-        ok = ts.p[i] >= '0' && ts.p[i] <= '9';
-        a = a * 10 + (uint64_t)(ts.p[i] - '0');
-    }
-    a *= 1000;
+static int eager_copy(const char *line, size_t len, int64_t step, uint64_t start, uint64_t ns) {
+    uint64_t a = start / 1000 * 1000; /* the line's ts: integer µs */
     if (tail.n && tail.e[tail.n - 1].end != A.copy.len) /* other events were copied since */
         tail.n = 0;
-    while (ok && tail.n && tail.e[tail.n - 1].step == step && a <= tail.e[tail.n - 1].a &&
+    while (tail.n && tail.e[tail.n - 1].step == step && a <= tail.e[tail.n - 1].a &&
            tail.e[tail.n - 1].b <= a + ns)
         A.copy.len = tail.e[--tail.n].off;
     A.copy_low = A.copy.len < A.copy_low ? A.copy.len : A.copy_low;
     size_t off = A.copy.len;
     if (copy_line(line, len) < 0)
         return -1;
-    if (!ok || A.copy.len == off) /* not a line of ours (copied as it is), or past COPY_MAX */
+    if (A.copy.len == off) /* past COPY_MAX */
         return 0;
     if (tail.n == TAIL_MAX) {
         memmove(tail.e, tail.e + TAIL_MAX / 2, TAIL_MAX / 2 * sizeof tail.e[0]);
@@ -574,14 +566,15 @@ static int eager_copy(const char *line, size_t len, int64_t step, uint64_t ns) {
     return 0;
 }
 
-static inline __attribute__((always_inline)) int apply(const cls_t *k, const char *line, size_t len, int64_t step, uint64_t ns) {
+static inline __attribute__((always_inline)) int apply(const cls_t *k, const char *line, size_t len, int64_t step,
+                                                       uint64_t start, uint64_t ns) {
     if (!k->kind && !k->copy && !k->eager) /* nothing the record holds (a logged region): no checkpoint for it */
         return 0;
     A.dirty = 1;
     if (k->kind && add_event(k->kind, k->gid, k->bwd, step, ns) < 0)
         return -1;
     if (k->eager)
-        return eager_copy(line, len, step, ns);
+        return eager_copy(line, len, step, start, ns);
     if (!k->copy)
         return 0;
     if (copy_line(line, len) < 0)
@@ -648,7 +641,7 @@ static inline int hit(const cls_t *k, uint32_t tags_id, uint32_t flags, const df
 
 #define CACHED_FLAGS (DFT_PHASE_MASK | DFT_FLAG_NOCTX | DFT_FLAG_STEP | DFT_FLAG_NOSTEP | DFT_FLAG_TIMED)
 
-void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) {
+void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t start, uint64_t ns) {
     if (!A.on || A.broken || (x->flags & DFT_FLAG_COUNTER))
         return;
     A.text += len;
@@ -679,14 +672,14 @@ void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t ns) 
                 memcpy(k->tcopy, tags->p, tlen);
             k->used = 1;
         }
-        rc = apply(k, line, len, k->step_from_line ? k->step : x->step ? (int64_t)x->step - 1 : NONE, ns);
+        rc = apply(k, line, len, k->step_from_line ? k->step : x->step ? (int64_t)x->step - 1 : NONE, start, ns);
         goto out;
     }
 slow:;
     cls_t k;
     rc = classify(line, len, &k);
     if (rc == 0)
-        rc = apply(&k, line, len, k.step, ns);
+        rc = apply(&k, line, len, k.step, start, ns);
 out:
     if (rc < 0)
         A.broken = 1; /* out of memory or past a bound: the record says it cannot answer */

@@ -441,7 +441,7 @@ void dft_cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, long ns);
 void dft_agg_open(const char *header, size_t len); /* a new file: reset, copy the header's events */
 void dft_agg_forget(void); /* a forked child: drop (leak) the parent's state without freeing it */
 void dft_writer_forget(void); /* the same for the writer thread's own buffers */
-void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t dur_ns); /* its line */
+void dft_agg_event(const dft_rec *x, const char *line, size_t len, uint64_t start_ns, uint64_t dur_ns); /* its line */
 int dft_agg_tick(void);                   /* after a drain pass: 1 when a checkpoint is due */
 /* the record line; last: at close. Returns the CRC-32 of b's text before it (its covers); copy
  * (deflate.h): where its copied events lie in b, for the encoder */

@@ -623,7 +623,7 @@ static int emit_event(dft_ring *r, const dft_rec *x) {
     b->len = (size_t)(p - b->p);
     if (t && dft_w.sink.dfl)
         hint_line((uint64_t)t->serial << 32 | tid, t->fam ^ tid, t->cls ^ tid, line, f, p);
-    dft_agg_event(x, line, (size_t)(p - line), E - S);
+    dft_agg_event(x, line, (size_t)(p - line), S, E - S);
     dft_w.written++;
     dft_w.member_events++;
     return 0;
