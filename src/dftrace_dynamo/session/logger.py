@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import hashlib
 import itertools
@@ -269,12 +270,15 @@ def _open(prefix: str, source: str, p_idx: int) -> bool:
 
 
 DIR_MODE = 0o755  # of the directories the tracer creates (the umask may take more away, never add)
+_PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096
 
 
 def make_dirs(directory: str) -> None:
     """``os.makedirs`` where every directory created gets :data:`DIR_MODE`: under ``umask 000``
     makedirs would make them writable by everyone (its mode reaches only the last one). On failure
     the directories it made are removed again."""
+    if len(os.fsencode(directory)) >= _PATH_MAX:  # no call would take it: say so before walking up it
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), directory)
     missing = []
     while directory and not os.path.isdir(directory):
         missing.append(directory)
