@@ -81,7 +81,7 @@ def assert_straggler(info, rank, tmp_path):
 
 def busy_us(info, rank):
     """What ``rank`` did a step, median over the steady steps: its time not waiting."""
-    return statistics.median(sum(x[p] for p in ("comm_us", "data_us", "compute_us", "other_us"))
+    return statistics.median(sum(x[p] for p in ("comm_us", "data_us", "compute_us", "gc_us", "trainer_us", "other_us"))
                              for x in info["rows"] if x["rank"] == rank)
 
 
