@@ -2,9 +2,8 @@
 backward are forward and backward time, nested in the optimizer slice, each instant counted once
 (the innermost phase, as the step view counts it)."""
 
-import json
-
 from dftrace_dynamo.traces import summary
+from tracefile import write_rank_job
 
 RANKS, STEPS, SLOW_RANK = 4, 8, 2
 FORWARD, BACKWARD, OWN = 2_000.0, 3_000.0, 500.0  # µs of each closure part and the optimizer's own
@@ -14,31 +13,20 @@ def _write_job(directory, slow):
     """Per rank and step: ``LBFGS.step`` holding the closure's forward graph call and its
     ``backward`` (with the backward graph call inside), then an all_reduce; ``slow`` ({phase: µs})
     makes SLOW_RANK's phase longer from step 2 on. Returns the paths."""
-    paths = []
-    for r in range(RANKS):
-        events = []
-
-        def log(name, cat, ts, end, **args):
-            events.append({"name": name, "cat": cat, "ph": "X", "pid": 100 + r, "tid": 1, "ts": ts,
-                           "dur": end - ts, "args": {"step": s, **args}})
-        for s in range(STEPS):
-            extra = slow if r == SLOW_RANK and s >= 2 else {}
-            t0 = 1_700_000_000_000_000.0 + s * 40_000
-            fw, bw = FORWARD + extra.get("forward", 0), BACKWARD + extra.get("backward", 0)
-            own = OWN + extra.get("optimizer", 0)
-            log("graph 0", "dynamo_graph", t0 + own, t0 + own + fw, phase="forward", graph=0)
-            log("graph 0", "dynamo_graph", t0 + own + fw + 10, t0 + own + fw + bw - 10, phase="backward", graph=0)
-            log("backward", "backward", t0 + own + fw, t0 + own + fw + bw)
-            log("LBFGS.step", "optimizer", t0, t0 + own + fw + bw, optimizer="LBFGS")
-            arrive = t0 + own + fw + bw
-            end = t0 + 20_000
-            log("all_reduce", "comm", arrive, end, group="pg0", bytes=4096)
-            log(f"step {s}", "step", t0, end + 50)
-        path = directory / f"job-rank{r}-{100 + r}.pfw"
-        path.write_text("[\n" + "".join(json.dumps(e) + "\n" for e in sorted(events, key=lambda e: e["ts"]))
-                        + "]\n")
-        paths.append(str(path))
-    return paths
+    def emit(log, r, s):
+        extra = slow if r == SLOW_RANK and s >= 2 else {}
+        t0 = 1_700_000_000_000_000.0 + s * 40_000
+        fw, bw = FORWARD + extra.get("forward", 0), BACKWARD + extra.get("backward", 0)
+        own = OWN + extra.get("optimizer", 0)
+        log("graph 0", "dynamo_graph", t0 + own, t0 + own + fw, phase="forward", graph=0)
+        log("graph 0", "dynamo_graph", t0 + own + fw + 10, t0 + own + fw + bw - 10, phase="backward", graph=0)
+        log("backward", "backward", t0 + own + fw, t0 + own + fw + bw)
+        log("LBFGS.step", "optimizer", t0, t0 + own + fw + bw, optimizer="LBFGS")
+        arrive = t0 + own + fw + bw
+        end = t0 + 20_000
+        log("all_reduce", "comm", arrive, end, group="pg0", bytes=4096)
+        log(f"step {s}", "step", t0, end + 50)
+    return write_rank_job(directory, RANKS, STEPS, emit)
 
 
 def test_a_slower_closure_forward_is_forward_not_optimizer(tmp_path):

@@ -6,7 +6,6 @@ Ground truth: time marks the test takes around ``gc.collect()`` and around a sle
 holds, in every step of two traced processes' worth of files; the step view of each file alone."""
 
 import gc
-import json
 import pathlib
 import time
 
@@ -17,20 +16,20 @@ import torch.nn as nn
 from backend_support import recording
 from dftrace_dynamo import _core, create_backend
 from dftrace_dynamo.traces import aggregates, summary
+from tracefile import write_rank_job
 
 STEPS, SLEEP_S, CYCLES = 6, 0.02, 3000
 
 
-class Block(nn.Module):
+class Net(nn.Module):
+    """A compiled model whose LSTM Dynamo skips: graphs around it, the LSTM's ops eager."""
+
     def __init__(self):
         super().__init__()
-        self.l1, self.lstm, self.l2 = nn.Linear(8, 8), nn.LSTM(8, 8), nn.Linear(8, 1)
+        self.embed, self.rnn, self.head = nn.Linear(8, 8), nn.LSTM(8, 8), nn.Linear(8, 1)
 
     def forward(self, x):
-        x = self.l1(x).relu()
-        torch._dynamo.graph_break()
-        y, _ = self.lstm(x)  # eager: after the break, and Dynamo skips LSTM
-        return self.l2(y)
+        return self.head(self.rnn(self.embed(x).tanh())[0])
 
 
 class Node:
@@ -38,10 +37,10 @@ class Node:
 
 
 def _train(directory):
-    """STEPS steps of a model with a graph break; per step, (start, end) of its gc.collect() and
+    """STEPS steps of a model with graph breaks; per step, (start, end) of its gc.collect() and
     of a sleep outside every event, in µs of the trace's clock."""
     torch.manual_seed(0)
-    model = Block()
+    model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     compiled = torch.compile(model, backend=create_backend())
     marks = []
@@ -121,27 +120,16 @@ def test_the_rank_view_splits_a_step_as_the_step_view_does(job, source):
 def _write_job(directory, slow):
     """Per rank and step (µs): a forward graph call, a garbage collection, trainer code, then an
     all_reduce; ``slow`` ({part: µs}) makes rank 1's part longer from step 2."""
-    paths = []
-    for r in range(3):
-        events = []
-
-        def log(name, cat, ts, end, **args):
-            events.append({"name": name, "cat": cat, "ph": "X", "pid": 100 + r, "tid": 1, "ts": ts,
-                           "dur": end - ts, "args": {"step": s, **args}})
-        for s in range(8):
-            extra = slow if r == 1 and s >= 2 else {}
-            t = 1_700_000_000_000_000.0 + s * 100_000
-            fw, g, tr = 2_000 + extra.get("forward", 0), 1_000 + extra.get("gc", 0), 3_000 + extra.get("trainer", 0)
-            log("graph 0", "dynamo_graph", t, t + fw, phase="forward", graph=0)
-            log("gc", "gc", t + fw, t + fw + g, generation=2)
-            log("Trainer.log", "trainer", t + fw + g, t + fw + g + tr)
-            log("all_reduce", "comm", t + fw + g + tr, t + 50_000, group="pg0", bytes=4096)
-            log(f"step {s}", "step", t, t + 50_100)
-        path = directory / f"job-rank{r}-{100 + r}.pfw"
-        path.write_text("[\n" + "".join(json.dumps(e) + "\n" for e in sorted(events, key=lambda e: e["ts"]))
-                        + "]\n")
-        paths.append(str(path))
-    return paths
+    def emit(log, r, s):
+        extra = slow if r == 1 and s >= 2 else {}
+        t = 1_700_000_000_000_000.0 + s * 100_000
+        fw, g, tr = 2_000 + extra.get("forward", 0), 1_000 + extra.get("gc", 0), 3_000 + extra.get("trainer", 0)
+        log("graph 0", "dynamo_graph", t, t + fw, phase="forward", graph=0)
+        log("gc", "gc", t + fw, t + fw + g, generation=2)
+        log("Trainer.log", "trainer", t + fw + g, t + fw + g + tr)
+        log("all_reduce", "comm", t + fw + g + tr, t + 50_000, group="pg0", bytes=4096)
+        log(f"step {s}", "step", t, t + 50_100)
+    return write_rank_job(directory, 3, 8, emit)
 
 
 @pytest.mark.parametrize("part", ["gc", "trainer"])

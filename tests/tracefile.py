@@ -1,4 +1,5 @@
-"""Reading .pfw / .pfw.gz / .pfw.zst files in tests, independently of the package."""
+"""Reading .pfw / .pfw.gz / .pfw.zst files in tests, independently of the package (and writing
+synthetic ones)."""
 
 import glob
 import gzip
@@ -54,3 +55,22 @@ def dftracer_validate(path):
     v = subprocess.run([dftracer_tool("dftracer_validate"), "--files", str(path)], capture_output=True, text=True,
                        timeout=300)
     assert v.returncode == 0 and "1 passed, 0 failed" in v.stdout, v.stdout + v.stderr
+
+
+def write_rank_job(directory, ranks, steps, emit):
+    """A job's trace files, one per rank (``job-rank<R>-<pid>.pfw``, pid 100 + R), in the DFTracer
+    layout: per rank and step ``emit(log, r, s)`` logs complete events with ``log(name, cat, ts, end,
+    **args)`` (their args get the step). Returns the paths."""
+    paths = []
+    for r in range(ranks):
+        events = []
+        for s in range(steps):
+            def log(name, cat, ts, end, r=r, s=s, **args):
+                events.append({"name": name, "cat": cat, "ph": "X", "pid": 100 + r, "tid": 1, "ts": ts,
+                               "dur": end - ts, "args": {"step": s, **args}})
+            emit(log, r, s)
+        path = directory / f"job-rank{r}-{100 + r}.pfw"
+        path.write_text("[\n" + "".join(json.dumps(e) + "\n" for e in sorted(events, key=lambda e: e["ts"]))
+                        + "]\n")
+        paths.append(str(path))
+    return paths
