@@ -41,8 +41,8 @@ from ..schema import (ARG_ASYNC, ARG_BYTES, ARG_CUDA_PEAK, ARG_GROUP, ARG_HHASH,
 from ..schema import ARG_RECOMPUTE, PHASE_RECOMPUTE
 from . import clock, compiles, fullscan, kernels, ranks, reader, runs, sketch, steps
 from .kinds import (BACKWARD, COMM, COMPILE, DATA, EAGER_FORWARD, EAGER_IN_OPTIMIZER, EAGER_SQL, EVAL, GC, GRAPH,
-                    IN_OPTIMIZER, INFERENCE_IN_OPTIMIZER, KIND_NAMES, MODULE, OP, OPTIMIZER, PROCESS_NAME, RANK_COLUMNS, RANK_KINDS,
-                    START, STEP, STEP_KINDS, TRAINER, UNPARSED)
+                    IN_OPTIMIZER, INFERENCE_IN_OPTIMIZER, KIND_NAMES, MODULE, OP, OPTIMIZER, PROCESS_NAME,
+                    RANK_COLUMNS, RANK_KINDS, START, STEP, STEP_KINDS, TRAINER, UNPARSED)
 from .reader import MAX_LINE, PH_LETTERS, Damage, TraceError, check_trace, compression_of, iter_chunks, tail_damage
 
 # a duration in integer ns: sums of them are exact, so totals do not depend on the order of addition
