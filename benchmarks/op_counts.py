@@ -26,19 +26,19 @@ sys.path.insert(0, TESTS)
 from tracefile import read_events, traces  # noqa: E402
 
 
-def _env(extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_") and k != "RANK"}
-    env.update(extra)
-    return env
+def _python(argv, cwd, env, timeout):
+    """``python *argv`` in a new interpreter, with ``env`` added to this environment less DFTRACER_*."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_") and k != "RANK"}, **env}
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def run(program, directory):
-    """``(traced, profiled, events)``: both runs' JSON outputs and the trace's events."""
+def run(program, directory, python=_python):
+    """``(traced, profiled, events)``: both runs' JSON outputs and the trace's events; ``python``
+    runs each (the tests pass theirs)."""
     out = {}
     for mode, args in (("trace", ["--trace", os.path.join(directory, "tr")]), ("profile", ["--profile"])):
         path = os.path.join(directory, f"{mode}.json")
-        proc = subprocess.run([sys.executable, SCRIPT, program, path, *args], cwd=directory, capture_output=True,
-                              text=True, env=_env({"DFTRACER_EAGER_OPS": "1"}), timeout=600)
+        proc = python([SCRIPT, program, path, *args], directory, {"DFTRACER_EAGER_OPS": "1"}, 600)
         if proc.returncode:
             raise RuntimeError(f"{program} --{mode} failed:\n{proc.stderr[-4000:]}")
         with open(path) as f:

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+import zygote
+
 
 def clean_env(extra=None):
     """This environment without DFTRACER_* (and RANK, which changes file names), plus ``extra``."""
@@ -16,15 +18,19 @@ def clean_env(extra=None):
     return env
 
 
-def python(argv, cwd=None, env=None, timeout=300):
-    """Runs ``python *argv`` in ``cwd`` with ``clean_env(env)``; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=clean_env(env), capture_output=True, text=True,
-                          timeout=timeout)
+def python(argv, cwd=None, env=None, timeout=300, fresh=False):
+    """Runs ``python *argv`` in ``cwd`` with ``clean_env(env)``; returns the CompletedProcess.
+    A program that imports torch is forked from an interpreter that has (tests/zygote.py), unless
+    ``fresh``: for a program that reads its command line from ``/proc`` (the zygote's there)."""
+    env = clean_env(env)
+    return ((not fresh and zygote.run(argv, cwd, env, timeout))
+            or subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout))
 
 
-def run_python(argv, cwd=None, env=None, timeout=300):
+def run_python(argv, cwd=None, env=None, timeout=300, fresh=False):
     """:func:`python`, which must succeed."""
-    proc = python(argv, cwd, env, timeout)
+    proc = python(argv, cwd, env, timeout, fresh)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import op_counts  # noqa: E402  (benchmarks/op_counts.py: runs both and reads the trace)
 from scripts.op_counts import ITERS  # noqa: E402
+from subproc import python  # noqa: E402
 
 
 def differing(events, truth, step):
@@ -42,7 +43,7 @@ def differing(events, truth, step):
 
 
 def measured(tmp_path, program):
-    traced, truth, events = op_counts.run(program, str(tmp_path))
+    traced, truth, events = op_counts.run(program, str(tmp_path), python)
     assert traced["losses"] == truth["losses"] and traced["params"] == truth["params"]  # numerics untouched
     assert len(truth["ops"]) == ITERS and min(truth["ops"]) > 40, truth["ops"]
     return truth, events, op_counts.per_step(events, ITERS)

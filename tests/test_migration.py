@@ -172,7 +172,7 @@ def run_pydftracer(cwd, env, argv=ARGV):
     pytest.importorskip("dftracer.python")
     script = cwd / "pyd_example.py"
     script.write_text(PYD_SCRIPT)
-    run_python([str(script), *argv], cwd, env, timeout=600)
+    run_python([str(script), *argv], cwd, env, timeout=600, fresh=True)  # pydftracer reads /proc/self/cmdline
     return script, traces(cwd, "*-app.pfw*")
 
 
