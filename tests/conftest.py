@@ -12,12 +12,6 @@ from filelock import FileLock  # a dependency of torch
 from subproc import run_python
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: a worker more than the cores, whose share of the CPU the others' waits leave
-    (traced programs sleeping their ground truth, hangs waited for, torchrun rendezvous)."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 @pytest.fixture(autouse=True)
 def _restore_dftracer_environment():
     saved = {k: v for k, v in os.environ.items() if k.startswith("DFTRACER_")}
