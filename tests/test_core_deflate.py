@@ -17,18 +17,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import perfetto_tp
 from dftrace_dynamo import _core
 from dftrace_dynamo.traces import reader
+from test_core_format import closed_core  # noqa: F401 (autouse fixture)
 from tracefile import dftracer_validate
 
 HHASH = "0123456789abcdef"
 HEADER = b'{"id":1,"name":"start","cat":"dftracer","pid":42,"tid":42,"ts":1,"dur":0,"ph":"X","args":{}}\n'
 T0 = 1_700_000_000_000_000_000
-
-
-@pytest.fixture(autouse=True)
-def closed_core():
-    _core.close()
-    yield
-    _core.close()
 
 
 def check_member(out, data):

@@ -16,6 +16,7 @@ import zstandard
 from hypothesis import assume, given, settings, strategies as st
 
 from dftrace_dynamo import _core
+from dftrace_dynamo.session import hooks
 from tracefile import read_bytes
 
 HHASH = "0123456789abcdef"
@@ -29,6 +30,7 @@ EXT = {0: ".pfw", 1: ".pfw.gz", 2: ".pfw.zst"}
 @pytest.fixture(autouse=True)
 def closed_core():
     _core.close()
+    hooks.remove_all()  # a session earlier in this process left e.g. the gc callback, which writes into any open trace
     yield
     _core.close()
 
