@@ -21,8 +21,11 @@ def clean_env(extra=None):
 def python(argv, cwd=None, env=None, timeout=300, fresh=False):
     """Runs ``python *argv`` in ``cwd`` with ``clean_env(env)``; returns the CompletedProcess.
     A program that imports torch is forked from an interpreter that has (tests/zygote.py), unless
-    ``fresh``: for a program that reads its command line from ``/proc`` (the zygote's there)."""
+    ``fresh``: for a program that reads its command line from ``/proc`` (the zygote's there). So
+    are the ranks of a torchrun job (``-m torch.distributed.run``), through torchrun's ``PYTHON_EXEC``."""
     env = clean_env(env)
+    if argv[:2] == ["-m", "torch.distributed.run"] and "PYTHON_EXEC" not in env and (ranks := zygote.launcher(env)):
+        env["PYTHON_EXEC"] = ranks
     return ((not fresh and zygote.run(argv, cwd, env, timeout))
             or subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout))

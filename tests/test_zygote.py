@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -91,3 +92,77 @@ def test_values_read_at_start_get_a_zygote_started_with_them(tmp_path, monkeypat
     for threads in ("1", "2", "1"):
         forked, fresh = both(["-c", code], tmp_path, {"OMP_NUM_THREADS": threads})
         assert forked.stdout == fresh.stdout == f"{threads}\n"
+
+
+RANK = """
+import json, os, signal, sys, time
+forked = "torch._inductor.compile_fx" in sys.modules  # the zygote's, not imported by this program
+import torch
+import torch.distributed as dist
+
+out, rank = sys.argv[1], int(os.environ["RANK"])
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump({"forked": forked, "pid": os.getpid(), "argv": sys.argv, "exec": os.environ.get("PYTHON_EXEC"),
+               "world": os.environ["WORLD_SIZE"], "unbuffered": sys.stdout.write_through}, f)
+print(f"rank {rank} started")  # no flush: python -u writes it at once
+if sys.argv[2] == "fail":
+    if rank == 0:
+        time.sleep(1)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, lambda *_: (open(os.path.join(out, "terminated"), "w").close(), sys.exit(5)))
+    time.sleep(120)
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(tmp_path, how):
+    from subproc import python
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    argv = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script), str(tmp_path), how]
+    proc = python(argv, tmp_path, {"OMP_NUM_THREADS": "1"}, timeout=180)
+    return proc, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_torchrun_ranks_are_forked_and_see_what_torchrun_gives_them(tmp_path):
+    proc, ranks = _torchrun(tmp_path, "ok")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in ranks:
+        assert r["forked"] and r["exec"] is None and r["world"] == "2" and r["unbuffered"]
+        assert r["argv"] == [str(tmp_path / "rank.py"), str(tmp_path), "ok"]
+    assert sorted(proc.stdout.splitlines()) == ["rank 0 started", "rank 1 started"]
+
+
+def test_a_failed_rank_ends_the_job_and_torchruns_signal_reaches_the_others(tmp_path):
+    """Rank 0 exits 3; torchrun stops rank 1 with SIGTERM, sent to its launcher and passed on:
+    rank 1's handler runs, and no rank outlives the job."""
+    proc, ranks = _torchrun(tmp_path, "fail")
+    assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr, proc.stderr[-3000:]
+    assert all(r["forked"] for r in ranks) and (tmp_path / "terminated").exists()
+    for r in ranks:
+        with pytest.raises(ProcessLookupError):
+            os.kill(r["pid"], 0)
+
+
+def test_a_killed_launcher_takes_its_rank_with_it(tmp_path):
+    state = zygote._zygote_for(clean_env())
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, sys, time, torch\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n")
+    launcher = subprocess.Popen([state["launcher"], "-u", str(script)], cwd=tmp_path, env=clean_env(),
+                                stdout=subprocess.PIPE, text=True)
+    pid = int(launcher.stdout.readline())
+    assert pid != launcher.pid
+    launcher.kill()
+    launcher.wait()
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    pytest.fail("the rank outlived its launcher")

@@ -12,14 +12,21 @@ values of every variable that torch, its libraries or the interpreter read at st
 zygotes per test process); any other program, and one given a shim to preload, gets a new
 interpreter.
 
+A torchrun job's ranks come from the zygote too: :func:`launcher` gives the interpreter torchrun
+starts them with (its ``PYTHON_EXEC``), a small program that hands ``-u SCRIPT ARGS`` with its
+standard streams to the zygote, passes on the signals torchrun sends (it signals the launcher's
+process group), and exits as the rank did; a rank that needs a new interpreter gets one by exec.
+
     python zygote.py SOCKET   (started by :func:`run`, one per test process)
 """
 
 import atexit
+import io
 import json
 import locale
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -36,6 +43,9 @@ _AT_START_NAMES = {"TMPDIR", "HOME", "USER", "LOGNAME", "XDG_CACHE_HOME", "TRITO
 # precompiled packages, which no test uses): a test's own directory needs no zygote of its own
 _READ_LATER = {"TORCHINDUCTOR_CACHE_DIR"}
 _NEVER = ("LD_PRELOAD", "LD_AUDIT")  # shims a test builds for one program
+# what torchrun adds to its ranks' environment that matches _AT_START: torch reads it when it runs
+_FROM_TORCHRUN = re.compile(r"TORCHELASTIC_|TORCH_NCCL_ASYNC_ERROR_HANDLING$")
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _IMPORT = r"(?:^|[\n;])[ \t]*(?:import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*|from[ \t]+){}\b"
 _IMPORTS = {name: re.compile(_IMPORT.format(name)) for name in ("torch", "dftrace_dynamo")}
 _HEADER = 8
@@ -44,7 +54,7 @@ _HEADER = 8
 # -- the zygote -----------------------------------------------------------------------------------
 
 def _recv_request(conn):
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
     size = int.from_bytes(data[:_HEADER], "little")
     data = data[_HEADER:]
     while len(data) < size:
@@ -63,6 +73,11 @@ def _program(request):
     os.environ.update(request["env"])
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sys.modules["torch"].seed()  # a new interpreter seeds torch's and NumPy's generators anew
+    if request.get("unbuffered"):  # python -u
+        for name in ("stdout", "stderr"):
+            old = getattr(sys, name)
+            setattr(sys, name, io.TextIOWrapper(io.FileIO(old.fileno(), "w", closefd=False), encoding=old.encoding,
+                                                errors=old.errors, write_through=True))
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
     import builtins
@@ -95,25 +110,35 @@ def _program(request):
 
 
 def _serve(conn, listener):
-    """In a fork per request: forks the program, sends its pid, waits, sends its exit status."""
+    """In a fork per request: forks the program, sends its pid, waits, sends its exit status. The
+    program is killed when the asker goes away (a launcher killed by torchrun)."""
     listener.close()
     request, fds = _recv_request(conn)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # to wait for the program
     pid = os.fork()
     if pid == 0:
         conn.close()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        for fd in (null, *fds):
-            os.close(fd)
+        if len(fds) == 2:  # stdout and stderr: stdin is empty, as with capture_output
+            fds.insert(0, os.open(os.devnull, os.O_RDONLY))
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
         _program(request)
     for fd in fds:
         os.close(fd)
     conn.sendall(b"%d\n" % pid)
+    exited = os.pidfd_open(pid)
+    while exited not in select.select([conn, exited], [], [])[0]:
+        if not conn.recv(64):
+            os.kill(pid, signal.SIGKILL)
+            break
     _, status = os.waitpid(pid, 0)
-    conn.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
+    try:
+        conn.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
+    except OSError:
+        pass
     os._exit(0)
 
 
@@ -158,22 +183,27 @@ _lock = threading.Lock()
 def _start(env):
     env = {k: v for k, v in env.items() if not k.startswith("DFTRACER_")}
     directory = tempfile.mkdtemp(prefix="zygote-")
-    path = os.path.join(directory, "socket")
+    path, launcher = os.path.join(directory, "socket"), os.path.join(directory, "python")
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), path], env=env, cwd=directory,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     if proc.stdout.readline() != b"ready\n":
         proc.kill()
         proc.wait()
         return None
+    with open(launcher, "w") as f:  # -S: the launcher needs nothing of site-packages
+        f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+                f"import zygote\nzygote.launch({path!r}, {env!r})\n")
+    os.chmod(launcher, 0o755)
 
     def stop():
         proc.kill()
         proc.wait()
-        os.unlink(path)
+        for name in (path, launcher):
+            os.unlink(name)
         os.rmdir(directory)
 
     atexit.register(stop)
-    return {"path": path, "env": env}
+    return {"path": path, "env": env, "launcher": launcher}
 
 
 def _program_text(argv, cwd):
@@ -211,38 +241,51 @@ def _zygote_for(env):
         return _zygotes[-1]
 
 
+def _forkable(argv, cwd, env):
+    if os.environ.get("TESTS_FRESH_INTERPRETERS") or any(k in env for k in _NEVER):
+        return False
+    text = _program_text(argv, cwd)
+    return text is not None and _torch_first(text) and not re.search(r"\bresource\b", text)
+
+
+def _ask(path, argv, cwd, env, fds, unbuffered=False):
+    """Hands the program and its standard streams ``fds`` to the zygote at ``path``: (the connection,
+    its replies, the program's pid), or None when the zygote is gone or could not fork."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    request = json.dumps({"argv": list(argv), "cwd": cwd, "env": env, "unbuffered": unbuffered}).encode()
+    try:
+        conn.connect(path)
+        socket.send_fds(conn, [len(request).to_bytes(_HEADER, "little") + request], fds)
+        replies = _Replies(conn)
+        pid = replies.number()
+    except OSError:
+        pid = None
+    if pid is None:
+        conn.close()
+        return None
+    return conn, replies, pid
+
+
 def run(argv, cwd, env, timeout):
     """The CompletedProcess of ``python *argv`` forked from a zygote, as ``subprocess.run(...,
     capture_output=True, text=True)`` gives it; None when this program needs a new interpreter
     (see the module's doc)."""
-    if os.environ.get("TESTS_FRESH_INTERPRETERS"):
-        return None
     cwd = os.path.abspath(cwd or os.getcwd())
-    text = _program_text(argv, cwd)
-    if text is None or not _torch_first(text) or re.search(r"\bresource\b", text):
+    if not _forkable(argv, cwd, env) or (state := _zygote_for(env)) is None:
         return None
-    state = None if any(k in env for k in _NEVER) else _zygote_for(env)
-    if state is None:
-        return None
-    request = json.dumps({"argv": list(argv), "cwd": cwd, "env": env}).encode()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        try:
-            conn.connect(state["path"])
-        except OSError:  # the zygote is gone
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        asked = _ask(state["path"], argv, cwd, env, [out.fileno(), err.fileno()])
+        if asked is None:
             return None
-        socket.send_fds(conn, [len(request).to_bytes(_HEADER, "little") + request], [out.fileno(), err.fileno()])
-        replies = _Replies(conn)
-        pid = replies.number()
-        if pid is None:  # the zygote could not fork
-            return None
-        conn.settimeout(timeout)
-        try:
-            status, timed_out = replies.number(), False
-        except TimeoutError:  # as subprocess.run: the program is killed, its output kept
-            os.kill(pid, signal.SIGKILL)
-            conn.settimeout(None)
-            status, timed_out = replies.number(), True
+        conn, replies, pid = asked
+        with conn:
+            conn.settimeout(timeout)
+            try:
+                status, timed_out = replies.number(), False
+            except TimeoutError:  # as subprocess.run: the program is killed, its output kept
+                os.kill(pid, signal.SIGKILL)
+                conn.settimeout(None)
+                status, timed_out = replies.number(), True
         if status is None:
             raise RuntimeError(f"the zygote lost the program {argv[:2]}")
         output = [_decode(f) for f in (out, err)]
@@ -250,6 +293,44 @@ def run(argv, cwd, env, timeout):
     if timed_out:
         raise subprocess.TimeoutExpired(cmd, timeout, output=output[0], stderr=output[1])
     return subprocess.CompletedProcess(cmd, status, *output)
+
+
+def launcher(env):
+    """The interpreter for the ranks of a torchrun job started with ``env`` (torchrun's
+    ``PYTHON_EXEC``), or None when they get new ones (the zygote is off or cannot be had)."""
+    if os.environ.get("TESTS_FRESH_INTERPRETERS") or any(k in env for k in _NEVER):
+        return None
+    state = _zygote_for(env)
+    return state and state["launcher"]
+
+
+def launch(path, start_env):
+    """The launcher's program: ``sys.argv[1:]`` (torchrun's ``-u SCRIPT ARGS``) as this process,
+    forked from the zygote at ``path`` (started with ``start_env``), or by exec in a new interpreter."""
+    argv = sys.argv[1:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_EXEC"}
+    unbuffered = argv[:1] == ["-u"]
+    program, cwd = argv[unbuffered:], os.getcwd()
+    own = {k: v for k, v in env.items() if not _FROM_TORCHRUN.match(k)}
+    asked = (program and _forkable(program, cwd, env) and _same_start(own, {"env": start_env})
+             and _ask(path, program, cwd, env, [0, 1, 2], unbuffered))
+    if not asked:
+        os.execve(sys.executable, [sys.executable, *argv], env)
+    _, replies, pid = asked
+
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    status = replies.number()
+    if status is not None and status < 0:  # ended by a signal: so does this process
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(1 if status is None else status)
 
 
 class _Replies:
