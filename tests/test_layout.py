@@ -180,3 +180,27 @@ def test_after_fork_hooks_run_as_multiprocessing_calls_them():
     hooks.remove("test")
     util._run_after_forkers()
     assert calls == [1] and not hook.installed
+
+
+def test_hooks_come_out_after_dynamo_reset_cleared_its_callbacks(tmp_path):
+    """``torch._dynamo.reset()`` empties Dynamo's callback lists, ours with them (the end callback
+    of the compile the tracer was first imported in): taking the hooks out afterwards is not an
+    error, and leaves torch as it was."""
+    code = SNAPSHOT + textwrap.dedent("""
+        before = snapshot()
+
+        def backend(gm, example_inputs):  # the tracer imported inside Dynamo's first compile
+            from dftrace_dynamo import tracer_backend
+            return tracer_backend(gm, example_inputs)
+
+        torch.compile(torch.nn.Linear(4, 2), backend=backend)(torch.randn(3, 4))
+        from dftrace_dynamo.backend import compile_events
+        from dftrace_dynamo.session import hooks
+        assert compile_events._end_in_flight in callback_handler.end_callbacks
+        torch._dynamo.reset()
+        hooks.remove_all()
+        assert snapshot()["end_callbacks"] == before["end_callbacks"]
+        print("restored")
+    """)
+    result = run_py(code, tmp_path, env={"DFTRACER_ENABLE": "1", "DFTRACER_LOG_FILE": str(tmp_path / "t")})
+    assert result.returncode == 0 and result.stdout.strip() == "restored", result.stderr

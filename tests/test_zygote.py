@@ -9,7 +9,7 @@ import time
 import pytest
 
 import zygote
-from subproc import clean_env
+from subproc import clean_env, python
 
 PROBE = """
 import atexit, json, os, sys, threading, time
@@ -118,8 +118,8 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun(tmp_path, how):
-    from subproc import python
+def _torchrun(tmp_path, monkeypatch, how):
+    monkeypatch.setattr(zygote, "_zygotes", [])  # room for the one these ranks need, whatever ran before
 
     script = tmp_path / "rank.py"
     script.write_text(RANK)
@@ -128,8 +128,8 @@ def _torchrun(tmp_path, how):
     return proc, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-def test_torchrun_ranks_are_forked_and_see_what_torchrun_gives_them(tmp_path):
-    proc, ranks = _torchrun(tmp_path, "ok")
+def test_torchrun_ranks_are_forked_and_see_what_torchrun_gives_them(tmp_path, monkeypatch):
+    proc, ranks = _torchrun(tmp_path, monkeypatch, "ok")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in ranks:
         assert r["forked"] and r["exec"] is None and r["world"] == "2" and r["unbuffered"]
@@ -137,10 +137,10 @@ def test_torchrun_ranks_are_forked_and_see_what_torchrun_gives_them(tmp_path):
     assert sorted(proc.stdout.splitlines()) == ["rank 0 started", "rank 1 started"]
 
 
-def test_a_failed_rank_ends_the_job_and_torchruns_signal_reaches_the_others(tmp_path):
+def test_a_failed_rank_ends_the_job_and_torchruns_signal_reaches_the_others(tmp_path, monkeypatch):
     """Rank 0 exits 3; torchrun stops rank 1 with SIGTERM, sent to its launcher and passed on:
     rank 1's handler runs, and no rank outlives the job."""
-    proc, ranks = _torchrun(tmp_path, "fail")
+    proc, ranks = _torchrun(tmp_path, monkeypatch, "fail")
     assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr, proc.stderr[-3000:]
     assert all(r["forked"] for r in ranks) and (tmp_path / "terminated").exists()
     for r in ranks:
@@ -148,7 +148,8 @@ def test_a_failed_rank_ends_the_job_and_torchruns_signal_reaches_the_others(tmp_
             os.kill(r["pid"], 0)
 
 
-def test_a_killed_launcher_takes_its_rank_with_it(tmp_path):
+def test_a_killed_launcher_takes_its_rank_with_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(zygote, "_zygotes", [])
     state = zygote._zygote_for(clean_env())
     script = tmp_path / "sleeper.py"
     script.write_text("import os, sys, time, torch\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n")

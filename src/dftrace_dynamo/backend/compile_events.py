@@ -114,10 +114,16 @@ def _callback_handler():
     return callback_handler
 
 
+def _remove_end_callback() -> None:
+    handler = _callback_handler()
+    if _end_in_flight in handler.end_callbacks:  # torch._dynamo.reset() clears them
+        handler.remove_end_callback(_end_in_flight)
+
+
 def _end_callback() -> "hooks.Hook":
     return hooks.Registration("dynamo end callback", "compile in flight",
                               lambda: _callback_handler().register_end_callback(_end_in_flight),
-                              lambda: _callback_handler().remove_end_callback(_end_in_flight))
+                              _remove_end_callback)
 
 
 GROUP = "compile"
