@@ -23,8 +23,13 @@ print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__,
                   "file": getattr(__main__, "__file__", None), "cwd": os.getcwd(), "probe": os.environ.get("PROBE"),
                   "seed": torch.initial_seed(), "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
                   "main_is_this": __main__.__dict__ is globals()}))
+left_open = open(f"left_open.{os.getpid()}", "w")  # the interpreter's exit closes it
+left_open.write("written")
+print(os.getpid())
 if sys.argv[-1] == "raise":
     raise ValueError("the probe's own error")
+if sys.argv[-1] == "message":
+    sys.exit("the probe's message")
 sys.exit(int(sys.argv[-1]))
 """
 
@@ -43,7 +48,7 @@ def fields(proc):
     return json.loads(first), rest
 
 
-@pytest.mark.parametrize("last", ["0", "3", "raise"])
+@pytest.mark.parametrize("last", ["0", "3", "raise", "message", "257"])
 def test_a_script_sees_what_a_new_interpreter_gives_it(tmp_path, last):
     script = tmp_path / "sub" / "probe.py"
     script.parent.mkdir()
@@ -53,8 +58,10 @@ def test_a_script_sees_what_a_new_interpreter_gives_it(tmp_path, last):
     assert a.pop("seed") != b.pop("seed")  # each run seeds torch anew
     assert a == b
     assert a["file"] == str(script) and a["path0"] == str(script.parent) and a["probe"] == "yes" and a["main_is_this"]
+    pids = [rest.pop(0) for rest in (rest_a, rest_b)]
+    assert [(tmp_path / f"left_open.{pid}").read_text() for pid in pids] == ["written", "written"]
     assert rest_a == rest_b == ["thread joined", "atexit ran"]
-    assert forked.returncode == fresh.returncode == {"0": 0, "3": 3, "raise": 1}[last]
+    assert forked.returncode == fresh.returncode == {"0": 0, "3": 3, "raise": 1, "message": 1, "257": 1}[last]
     assert forked.stderr == fresh.stderr  # the traceback from the program's first frame, nothing of the zygote's
     if last == "raise":
         assert forked.stderr.startswith('Traceback (most recent call last):\n  File "')

@@ -40,8 +40,9 @@ PRELOAD = ("torch", "torch._dynamo", "torch._functorch.aot_autograd", "torch._in
 _AT_START = re.compile(r"(PYTHON|TORCH|PYTORCH|OMP_|MKL_|KMP_|LD_|CUDA|GLIBC_|MALLOC_)")
 _AT_START_NAMES = {"TMPDIR", "HOME", "USER", "LOGNAME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR"}
 # Inductor reads its cache directory when a compile needs it (Dynamo's import keeps it only for
-# precompiled packages, which no test uses): a test's own directory needs no zygote of its own
-_READ_LATER = {"TORCHINDUCTOR_CACHE_DIR"}
+# precompiled packages, which no test uses): a test's own directory needs no zygote of its own;
+# torch.cuda reads the NVML switch when asked (Lightning's import sets it in the test process)
+_READ_LATER = {"TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK"}
 _NEVER = ("LD_PRELOAD", "LD_AUDIT")  # shims a test builds for one program
 # what torchrun adds to its ranks' environment that matches _AT_START: torch reads it when it runs
 _FROM_TORCHRUN = re.compile(r"TORCHELASTIC_|TORCH_NCCL_ASYNC_ERROR_HANDLING$")
@@ -49,6 +50,7 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sign
 _IMPORT = r"(?:^|[\n;])[ \t]*(?:import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*|from[ \t]+){}\b"
 _IMPORTS = {name: re.compile(_IMPORT.format(name)) for name in ("torch", "dftrace_dynamo")}
 _HEADER = 8
+_exit = os._exit  # the programs' tracer may wrap os._exit (to write its trace): the interpreter's own exit does not
 
 
 # -- the zygote -----------------------------------------------------------------------------------
@@ -66,7 +68,7 @@ def _recv_request(conn):
 
 
 def _program(request):
-    """Runs the request's program in this (forked) process; leaves by SystemExit only."""
+    """Runs the request's program in this (forked) process, and ends it."""
     argv, cwd = request["argv"], request["cwd"]
     os.chdir(cwd)
     os.environ.clear()
@@ -98,15 +100,39 @@ def _program(request):
     code = compile(source, filename, "exec")
     try:
         exec(code, main.__dict__)
-    except SystemExit:
-        raise
+        status = 0
+    except SystemExit as e:  # as the interpreter reads sys.exit()'s argument
+        status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
     except BaseException as e:  # as the interpreter prints it: from the program's first frame
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code is not code:
             tb = tb.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)
-        raise SystemExit(1) from None
-    raise SystemExit(0)
+        status = 1
+    _leave(main, status)
+
+
+def _leave(main, status):
+    """Ends the program as the interpreter would (non-daemon threads joined, atexit handlers run,
+    files left open in its globals closed, standard streams flushed) without tearing down the
+    modules it inherited from the zygote: that would touch, and so copy, every object they hold
+    (over a second of CPU per program)."""
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for value in list(main.__dict__.values()):
+        if isinstance(value, io.IOBase):
+            try:
+                value.close()
+            except Exception:
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    _exit(status & 0xFF)
 
 
 def _serve(conn, listener):
@@ -176,7 +202,7 @@ def serve(path):
 # -- the test process's side ----------------------------------------------------------------------
 
 _zygotes = []  # one per set of values read at start that the programs asked for
-_MAX_ZYGOTES = 3
+_MAX_ZYGOTES = 4
 _lock = threading.Lock()
 
 
