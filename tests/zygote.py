@@ -267,8 +267,12 @@ def _zygote_for(env):
         return _zygotes[-1]
 
 
+def _off(env):
+    return os.environ.get("TESTS_FRESH_INTERPRETERS") or any(k in env for k in _NEVER)
+
+
 def _forkable(argv, cwd, env):
-    if os.environ.get("TESTS_FRESH_INTERPRETERS") or any(k in env for k in _NEVER):
+    if _off(env):
         return False
     text = _program_text(argv, cwd)
     return text is not None and _torch_first(text) and not re.search(r"\bresource\b", text)
@@ -324,7 +328,7 @@ def run(argv, cwd, env, timeout):
 def launcher(env):
     """The interpreter for the ranks of a torchrun job started with ``env`` (torchrun's
     ``PYTHON_EXEC``), or None when they get new ones (the zygote is off or cannot be had)."""
-    if os.environ.get("TESTS_FRESH_INTERPRETERS") or any(k in env for k in _NEVER):
+    if _off(env):
         return None
     state = _zygote_for(env)
     return state and state["launcher"]
