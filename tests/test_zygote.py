@@ -11,6 +11,9 @@ import pytest
 import zygote
 from subproc import clean_env, python
 
+pytestmark = pytest.mark.skipif(bool(os.environ.get("TESTS_FRESH_INTERPRETERS")),
+                                reason="the zygote is off (TESTS_FRESH_INTERPRETERS)")
+
 PROBE = """
 import atexit, json, os, sys, threading, time
 import torch
@@ -128,7 +131,6 @@ dist.destroy_process_group()
 
 def _torchrun(tmp_path, monkeypatch, how):
     monkeypatch.setattr(zygote, "_zygotes", [])  # room for the one these ranks need, whatever ran before
-
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     argv = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script), str(tmp_path), how]
