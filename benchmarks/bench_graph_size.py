@@ -237,6 +237,28 @@ def cg_report(argv, args):
               " ".join(f"{k}={meta[k]}" for k in RING_COUNTERS) + f" ({time.time() - t0:.0f} s)", flush=True)
 
 
+def over_processes(argv, args):
+    """Runs this script's timing in ``args.processes`` processes in turn; per size, every process's
+    median B - A and the median over them, and per process each size's figure minus its 300-op one."""
+    rest = [a for i, a in enumerate(argv) if a != "--processes" and (i == 0 or argv[i - 1] != "--processes")]
+    rest = [a for a in rest if not a.startswith("--processes=")]
+    per = []
+    for i in range(args.processes):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), *rest], capture_output=True, text=True,
+                             check=True).stdout
+        print("".join(ln + "\n" for ln in out.splitlines() if not ln.startswith("RESULT ")), end="", flush=True)
+        per.append({int(ops): float(med) for _, ops, med in (ln.split() for ln in out.splitlines()
+                                                             if ln.startswith("RESULT "))})
+    first = args.ops[0]
+    print(f"over {args.processes} processes, B-A ns/op: median of the processes' medians "
+          f"[their range]; each process's figure minus its {first}-op one, median [range]")
+    for ops in args.ops:
+        meds = sorted(p[ops] for p in per)
+        steps = sorted(p[ops] - p[first] for p in per)
+        print(f"{ops:>7} {statistics.median(meds):>8.1f} [{meds[0]:.1f}, {meds[-1]:.1f}]   "
+              f"{statistics.median(steps):>+8.1f} [{steps[0]:+.1f}, {steps[-1]:+.1f}]", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ops", type=int, nargs="+", default=[300, 3000, 30000])
@@ -254,6 +276,10 @@ def main(argv=None):
     p.add_argument("--warm", type=int, default=WARM, help=f"calls of each graph before measuring (default {WARM})")
     p.add_argument("--functions", type=int, default=0, metavar="K",
                    help="--callgrind: also list the K functions (any code) whose counts differ most")
+    p.add_argument("--processes", type=int, default=1, metavar="P",
+                   help="timing: run the whole measurement in P processes one after another, then the median "
+                        "over processes of each size's median (a process's memory layout moves every size's "
+                        "figure by more than the sizes differ)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tmp", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -262,6 +288,8 @@ def main(argv=None):
         return cg_inner(args)
     if args.callgrind:
         return cg_report(argv if argv is not None else sys.argv[1:], args)
+    if args.processes > 1:
+        return over_processes(argv if argv is not None else sys.argv[1:], args)
     import dftrace_dynamo
 
     os.environ["DFTRACER_EAGER_OPS"] = "0"  # else the plain graph's ops are recorded as eager ops
@@ -277,6 +305,7 @@ def main(argv=None):
             med, ci, q1, q3, base, counts = measure(ops, args.rounds, args.variant, args.against, args.warm)
             print(f"{ops:>7} {med:>10.1f} {f'{ci[0]:.1f}..{ci[1]:.1f}':>17} {f'{q1:.1f}..{q3:.1f}':>17} "
                   f"{base:>10.1f}  {counts}", flush=True)
+            print(f"RESULT {ops} {med}")
         dftrace_dynamo.finalize()
 
 
