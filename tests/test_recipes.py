@@ -50,9 +50,12 @@ def test_page_has_every_recipe():
 
 def run_recipe(label, cwd, files=FILES, commands=COMMANDS, env=None):
     """Writes the page's ``files`` into ``cwd`` and runs the recipe's ``commands`` there as a user
-    would (:func:`subproc.shell`, plus ``env``); returns their processes."""
+    would (:func:`subproc.shell`, plus ``env``); returns their processes. One OpenMP thread: on
+    CI's shared cores a program's two threads wait for a busy core in some steps (a 1 ms step of
+    the diff recipe took 24 ms in half its base run), which can outweigh what a recipe shows."""
     for name, content in files.items():
         (cwd / name).write_text(content)
+    env = {"OMP_NUM_THREADS": "1", **(env or {})}
     done = []
     for command in commands[label]:
         p = shell(command, cwd, env, timeout=900)
@@ -100,9 +103,7 @@ def test_slowest_module(tmp_path):
 
 
 def test_compare_two_runs(tmp_path):
-    # one OpenMP thread: on a shared machine, two threads' matmuls wait for the busy core in some
-    # steps (a 1 ms step took 24 ms in half the base run), which can drown the 256x wider layers
-    outputs = [p.stdout for p in run_recipe("recipe-diff", tmp_path, env={"OMP_NUM_THREADS": "1"})]
+    outputs = [p.stdout for p in run_recipe("recipe-diff", tmp_path)]
     assert "function.addmm.default" in outputs[2] or "function.mm.default" in outputs[2], outputs[2]
     # 256x wider layers: far more than 20 % slower, so --fail-above fails
     assert outputs[3].strip().endswith("slower by more than 20 %"), outputs[3]

@@ -19,8 +19,8 @@ TORCH = "2.13.0"
 
 
 def run_page_recipe(label, cwd):
-    """The recipe ``label`` of this page, run in ``cwd`` (one thread per process); its processes."""
-    return run_recipe(label, cwd, FILES, COMMANDS, {"OMP_NUM_THREADS": "1"})
+    """The recipe ``label`` of this page, run in ``cwd`` as :func:`run_recipe` runs one; its processes."""
+    return run_recipe(label, cwd, FILES, COMMANDS)
 
 
 def run_traces(directory):
