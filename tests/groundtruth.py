@@ -80,10 +80,14 @@ def check(events, marks, shift_us=0.0, tid=None, grid_us=GRID_US):
         bad.append(f"step slices {[s['args']['step'] for s in steps]} for {len(opt_marks)} optimizer steps")
     data_marks = {m[1]: m for m in traced_marks if m[0] == "data"}
     for s, m in zip(steps, opt_marks):
-        # a step ends with its optimizer step, or where the next iteration's work begins
+        # a step ends with its optimizer step, or where the next iteration's work begins; the last
+        # one holds what its thread recorded after the loop too (a collection at exit): it ends
+        # with the last of that
         nxt = data_marks.get(m[1] + 1, m)
+        after = [e["ts"] + e["dur"] + shift_us for e in evs if m[1] + 1 not in data_marks and e is not s
+                 and e["args"].get("step") == s["args"]["step"] and e["ts"] + shift_us >= m[3] / 1000 - grid_us]
         end = s["ts"] + s["dur"] + shift_us
-        if not m[2] / 1000 - grid_us <= end <= max(m[3], nxt[3]) / 1000 + grid_us:
+        if not m[2] / 1000 - grid_us <= end <= max(m[3] / 1000, nxt[3] / 1000, *after) + grid_us:
             bad.append(f"step {s['args']['step']} ends at {end:.1f}, optimizer.step() ran "
                        f"{m[2] / 1000:.1f}..{m[3] / 1000:.1f} ({end - m[3] / 1000:+.1f} µs)")
     if steps and traced_marks and steps[0]["ts"] + shift_us > traced_marks[0][3] / 1000 + grid_us:

@@ -56,6 +56,21 @@ def test_a_wall_clock_stepped_forward_mid_run_is_followed(tmp_path, mode, clock)
     assert step2 and step2[0][2] - last1 >= 0.65e9  # the step happened: 0.6 s + 50 ms apart
 
 
+def test_the_last_step_ends_with_what_its_thread_records_after_the_loop(tmp_path):
+    """A collection 50 ms after the loop, before the trace closes: it is the last step's (the last
+    step holds what runs after the loop, as step 0 holds what ran before it), and that step ends
+    where the collection did, not at its optimizer step."""
+    events, marks = _train(tmp_path, "before", "--collect-after-ms", 50)
+    assert gt.check(events, marks) == []
+    (collect,) = [m for m in marks if m[0] == "collect"]
+    (last,) = [e for e in gt.x_events(events, gt.main_pid(events)) if e["cat"] == "step"
+               and e["args"]["step"] == max(m[1] for m in marks if m[0] == "optimizer")]
+    (slice_,) = [e for e in gt.x_events(events) if e["cat"] == "gc" and
+                 collect[2] / 1e3 - gt.GRID_US <= e["ts"] and e["ts"] + e["dur"] <= collect[3] / 1e3 + gt.GRID_US]
+    assert slice_["args"]["step"] == last["args"]["step"]
+    assert abs(last["ts"] + last["dur"] - (slice_["ts"] + slice_["dur"])) <= 1, (last, slice_)
+
+
 def test_threads_keep_their_slices_while_another_compiles(tmp_path):
     events, marks = _train(tmp_path, "before", "--steps", 24, "--thread-compiles", 6)
     assert gt.check(events, marks) == []

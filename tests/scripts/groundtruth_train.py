@@ -7,9 +7,11 @@ with the trace, event by event.
 
     python groundtruth_train.py MARKS_JSON --open {before,after,lazy,run,decorator} [--steps N]
         [--thread-compiles N] [--ddp [--shift-rank1-ns NS]] [--wall-step-after N]
+        [--collect-after-ms MS]
 """
 import argparse
 import ctypes
+import gc
 import json
 import os
 import threading
@@ -33,6 +35,8 @@ ap.add_argument("--shift-rank1-ns", type=int, default=0,
 ap.add_argument("--wall-step-after", type=int, default=-1,
                 help="after this step the wall clock steps 50 ms forward (the wall_step shim must be "
                      "LD_PRELOADed) and the loop sleeps 0.6 s, two writer wakes")
+ap.add_argument("--collect-after-ms", type=float, default=0,
+                help="after the loop, sleep this long, then collect garbage (marked as 'collect', step -1)")
 a = ap.parse_args()
 if a.shift_rank1_ns and os.environ.get("RANK") == "1":  # read when the tracer's core loads
     os.environ["DFTRACER_TEST_CLOCK_SHIFT_NS"] = str(a.shift_rank1_ns)
@@ -131,6 +135,11 @@ for step in range(a.steps):
         time.sleep(0.6)
 if a.thread_compiles:
     helper.join()
+if a.collect_after_ms:
+    time.sleep(a.collect_after_ms / 1e3)
+    t = time.time_ns()
+    gc.collect()
+    mark("collect", -1, t)
 with open(f"{a.marks}.{os.environ['RANK']}" if a.ddp else a.marks, "w") as f:
     json.dump({"marks": marks, "rank": int(os.environ.get("RANK", 0)), "wall_steps": watch.steps}, f)
 if a.ddp:
