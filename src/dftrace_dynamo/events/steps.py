@@ -95,7 +95,9 @@ work, if one does), so step N is the N-th iteration. Each step is written as
 the slice ``step N`` (cat ``step``) on the thread that ends it, and every event
 recorded meanwhile carries ``args.step = N`` (the C core writes the current step
 into each record). The last step ends at close, or, when it is complete, at its
-last optimizer step (or the end-of-body ``zero_grad()`` after it).
+last optimizer step (or the end-of-body ``zero_grad()`` after it); what its thread
+records after that, before the trace closes, carries its number, and the writer's
+nesting ends its slice with the last of it.
 
 Inside a step, each ``next()`` on a DataLoader iterator and each ``iter()`` of a
 DataLoader (worker start-up; ``data``), each ``Tensor.backward`` /
