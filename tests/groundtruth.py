@@ -85,7 +85,7 @@ def check(events, marks, shift_us=0.0, tid=None, grid_us=GRID_US):
         # with the last of that
         nxt = data_marks.get(m[1] + 1, m)
         after = [e["ts"] + e["dur"] + shift_us for e in evs if m[1] + 1 not in data_marks and e is not s
-                 and e["args"].get("step") == s["args"]["step"] and e["ts"] + shift_us >= m[3] / 1000 - grid_us]
+                 and e.get("args", {}).get("step") == s["args"]["step"] and e["ts"] + shift_us >= m[3] / 1000 - grid_us]
         end = s["ts"] + s["dur"] + shift_us
         if not m[2] / 1000 - grid_us <= end <= max(m[3] / 1000, nxt[3] / 1000, *after) + grid_us:
             bad.append(f"step {s['args']['step']} ends at {end:.1f}, optimizer.step() ran "
