@@ -7,13 +7,16 @@ import json
 import os
 import random
 import sys
+import threading
+import time
 
 import pytest
 
 from dftrace_dynamo.cli import main
-from dftrace_dynamo.traces import sketch, steps
+from dftrace_dynamo.traces import partials, sketch, steps
 from dftrace_dynamo.traces.diff import diff
-from dftrace_dynamo.traces.engines import Dask
+from dftrace_dynamo.traces.engines import Dask, split
+from dftrace_dynamo.traces.reader import TraceError
 from dftrace_dynamo.traces.summary import summarize
 from scripts.clitools import assert_bad_input, cli
 from subproc import python, run_python
@@ -111,6 +114,97 @@ def test_dask_engine_equals_local_on_real_training(training, engine):
         assert {"kernel", "module", "op"} <= set(local["views"]) and local["steps"]["rows"]
         assert any(r["key"] == "l2" for r in local["views"]["module"])
         assert assert_same(local, summarize(training, top=None, engine=engine, **kwargs)) > 10
+
+
+def test_files_are_split_in_contiguous_shares_of_about_equal_size(tmp_path):
+    def files(*sizes):
+        paths = [str(tmp_path / f"{i}-{size}.pfw.gz") for i, size in enumerate(sizes)]
+        for path, size in zip(paths, sizes):
+            with open(path, "wb") as f:
+                f.write(b"x" * size)
+        return paths
+
+    assert split(files(*[10] * 20), 4) == [list(range(i, i + 5)) for i in range(0, 20, 5)]
+    assert split(files(100, 1, 1, 1, 1, 100), 2) == [[0, 1, 2], [3, 4, 5]]  # by size, not count
+    assert split(files(*[10] * 20), 4, 30) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10], [11, 12, 13],
+                                               [14, 15, 16], [17, 18, 19]]  # at most ~30 bytes a share
+    assert split(files(500, 10), 2, 30) == [[0], [1]]  # a file larger than the bound is a share of its own
+    assert split(files(10, 10, 10), 8) == [[0], [1], [2]]  # never more shares than files
+    assert split(files(10, 10, 10), 1) == [[0, 1, 2]]
+    assert split([*files(10, 10, 10), str(tmp_path / "missing")], 2) == [[0, 1], [2, 3]]
+
+
+def test_dask_scans_shares_of_several_files_as_the_local_scan(rank_files, monkeypatch, engine, recwarn):
+    """One worker thread: the three files are scanned in two tasks (two per thread), one of two
+    files, and the summary is the local scan's. A second local cluster (``engine``'s runs) starts
+    without a warning (both once wanted port 8787)."""
+    assert engine.client.status == "running"
+    with Dask(workers=1, processes=False) as one:
+        assert not [str(w.message) for w in recwarn if "8787" in str(w.message)]
+        submitted = []
+        submit = one.client.submit
+        monkeypatch.setattr(one.client, "submit", lambda f, paths, share, *a, **k: submitted.append(share) or
+                            submit(f, paths, share, *a, **k))
+        on_dask = summarize(rank_files, top=None, step_samples=True, engine=one, source="events")
+    assert sorted(map(len, submitted)) == [1, 2] and sum(submitted, []) == [0, 1, 2]
+    assert assert_same(summarize(rank_files, top=None, step_samples=True, source="events"), on_dask) > 20
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the local cluster's workers are spawned elsewhere")
+def test_the_local_clusters_workers_are_forked_with_what_this_process_imported(rank_files):
+    """A spawned worker imports Dask, DuckDB and this package again before its first scan."""
+    import types
+
+    sys.modules["dftrace_fork_probe"] = types.ModuleType("dftrace_fork_probe")
+    try:
+        with Dask(workers=1) as forked:
+            assert forked.client.run(lambda: "dftrace_fork_probe" in sys.modules) == {
+                address: True for address in forked.client.scheduler_info()["workers"]}
+            assert summarize(rank_files, source="events", engine=forked)["op_events"] == 3 * 6 * 12
+    finally:
+        del sys.modules["dftrace_fork_probe"]
+
+
+def test_a_cluster_that_loses_its_workers_mid_scan_fails_within_the_timeout(rank_files, monkeypatch):
+    scan = partials.of_files
+
+    def slow(*args):
+        time.sleep(1)
+        return scan(*args)
+    monkeypatch.setattr(partials, "of_files", slow)  # (the tasks run a copy: Dask pickles them)
+    with Dask(workers=1, processes=False, timeout=2) as engine:
+        cluster = engine.client.cluster
+        (worker,) = cluster.workers.values()
+
+        def lose_it():
+            deadline = time.monotonic() + 60
+            while not any(t.state == "processing" for t in cluster.scheduler.tasks.values()) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            cluster.sync(worker.close)
+        threading.Thread(target=lose_it, daemon=True).start()
+        t0 = time.monotonic()
+        with pytest.raises(TraceError, match=r"has had no worker for 2 s \(3 of 3 file\(s\) left to scan\)"):
+            summarize(rank_files, source="events", engine=engine)
+        assert time.monotonic() - t0 < 15
+
+
+def test_workers_that_die_scanning_a_share_end_the_scan_naming_it(rank_files, monkeypatch):
+    """One worker thread, so two tasks: one file and two (see above); the first whose worker dies
+    is named by its first file, with how many follow it."""
+    import dask
+
+    def die(*args):
+        os._exit(1)
+    monkeypatch.setattr(partials, "of_files", die)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), Dask(workers=1) as engine:
+        with pytest.raises(TraceError) as error:
+            summarize(rank_files, source="events", engine=engine)
+    shares = split(rank_files, 2)
+    assert sorted(map(len, shares)) == [1, 2]
+    assert str(error.value) in {f"Dask workers died scanning {rank_files[share[0]]}"
+                                + (" and 1 file(s) after it" if len(share) == 2 else "")
+                                + " (killed, or out of memory?)" for share in shares}, str(error.value)
 
 
 def test_diff_on_the_dask_engine(rank_files, engine):

@@ -2,11 +2,11 @@
 
 An engine maps one function, :func:`.partials.of_files`, over the files and nothing else: here
 (:class:`Local`) over all of them in one call, or over contiguous shares of them in local
-processes; on Dask (:class:`Dask`) one task per file, each returning its file's mergeable
-partial; the caller merges them (:mod:`.merged`). No shuffle is needed: the events of one
-process are all in one file, so everything per process (warm-up steps, step
-slices) is decided in the task, and what spans processes (the op views' groups,
-the rank analysis) is merged from small partials. Counts and totals equal the
+processes; on Dask (:class:`Dask`) over contiguous shares of them, two per worker thread,
+each task returning its share's mergeable partial; the caller merges them (:mod:`.merged`).
+No shuffle is needed: the events of one process are all in one file, so everything per
+process (warm-up steps, step slices) is decided in the task, and what spans processes (the
+op views' groups, the rank analysis) is merged from small partials. Counts and totals equal the
 local scan's exactly (durations are summed as integer ns); p50/p99 come from
 the merged quantile sketches (:mod:`.sketch`, within 1 % of the exact value,
 which the local scan reports). The workers must see the files at the same
@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import os
+import sys
 import threading
 import time
 
@@ -28,6 +29,11 @@ SOURCES = ("auto", "events", "aggregates")  # what summary and diff read (summar
 TIMEOUT_S = 60.0  # default of --timeout: connecting, each answer of the scheduler, a cluster without workers
 POLL_S = 2.0  # how often a scan asks the scheduler whether it still has workers
 PARALLEL_FILES = 16  # from this many files up, Local(processes=None) uses one process per core
+# Dask: a scan's fixed cost (its DuckDB table, its sites' classification, its queries) is about a
+# third of a 500,000-line file's, so files are scanned in shares, two per worker thread (a slow
+# worker's share is taken over), of at most TASK_BYTES of files each (a worker's memory)
+TASKS_PER_THREAD = 2
+TASK_BYTES = 128 << 20
 
 
 class Local:
@@ -47,9 +53,7 @@ class Local:
         processes = self.processes
         if processes is None:
             processes = cores() if len(paths) >= PARALLEL_FILES else 1
-        processes = max(min(processes, len(paths)), 1)
-        cuts = [len(paths) * w // processes for w in range(processes + 1)]
-        shares = [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]  # in file order
+        shares = split(paths, processes) or [[]]
         if len(shares) == 1:
             return [of_files(paths, shares[0], source, options, whole=True, progress=progress)]
         rest = len(shares) - 1
@@ -60,8 +64,8 @@ class Local:
 
 class Dask:
     """Scans on a Dask cluster: an existing one (``scheduler``: its address), a ``client``
-    already made, or a local cluster of ``workers`` worker processes started here
-    (``processes=False``: threads of this process), started when first used: not at all when
+    already made, or a local cluster of ``workers`` worker processes started here (forked on
+    Linux; ``processes=False``: threads of this process), started when first used: not at all when
     the files' aggregate records answer (they are read here). No wait is unbounded: connecting, each
     answer of the scheduler and a cluster without workers give up after ``timeout`` seconds
     with a :class:`TraceError` (a task that is running may take as long as it needs)."""
@@ -83,60 +87,75 @@ class Dask:
         """The Dask client; the local cluster is started here, on first use."""
         with self._starting:
             if self._client is None:
+                import dask
                 from dask.distributed import Client, LocalCluster
 
                 workers, processes = self._local
-                cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
-                                       dashboard_address=None)
+                # forked on Linux: a spawned worker imports Dask, DuckDB and this package again (about
+                # a CPU second each, two files' scan); a forked one touches nothing of this process's
+                # other threads (its scans make their own DuckDB databases)
+                method = "fork" if sys.platform == "linux" else "spawn"
+                with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+                    # no dashboard; the scheduler's HTTP routes on a free local port, not on 8787
+                    # (taken by the cluster of a command running beside this one: a warning)
+                    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
+                                           dashboard_address=None,
+                                           scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
                 self._own.append(cluster)
                 self._client = Client(cluster)
                 self._own.insert(0, self._client)
         return self._client
 
     def map(self, paths, source, options, progress=None):
-        """:func:`.partials.of_files` of each of ``paths``, one task per file, in input order."""
+        """:func:`.partials.of_files` of contiguous shares of ``paths`` (:func:`split`: about
+        :data:`TASKS_PER_THREAD` per worker thread, at most :data:`TASK_BYTES` of files each but
+        never less than a file), one task each, in input order."""
         from dask.distributed import wait
 
         from .partials import of_files
 
-        futures = [self.client.submit(of_files, paths, [i], source, options, pure=False) for i in range(len(paths))]
-        pending, idle_since = set(futures), None
+        shares = split(paths, TASKS_PER_THREAD * self._threads() or len(paths), TASK_BYTES)
+        futures = [self.client.submit(of_files, paths, share, source, options, pure=False) for share in shares]
+        pending, idle_since, results = set(futures), None, {}
         while pending:
             try:
                 done, pending = wait(pending, timeout=min(POLL_S, self.timeout), return_when="FIRST_COMPLETED")
             except TimeoutError:  # nothing finished meanwhile: is anyone still working on it?
                 done = set()
-            for future in done:
-                self._result(future, paths, futures)
+            for future in done:  # fetched once (each result() fetches it from its worker again)
+                results[future.key] = self._result(future, paths, shares, futures)
                 if progress:
                     progress(100 / len(futures))
-            idle_since = None if self._workers() else idle_since or time.monotonic()
+            idle_since = None if self._threads() else idle_since or time.monotonic()
             if idle_since and time.monotonic() - idle_since > self.timeout:
+                left = sum(len(shares[futures.index(f)]) for f in pending)
                 raise TraceError(f"the Dask cluster at {self.where} has had no worker for {self.timeout:g} s "
-                                 f"({len(pending)} of {len(futures)} file(s) left to scan)")
-        return [self._result(f, paths, futures) for f in futures]
+                                 f"({left} of {len(paths)} file(s) left to scan)")
+        return [results[f.key] for f in futures]
 
-    def _result(self, future, paths, futures):
+    def _result(self, future, paths, shares, futures):
         """A finished task's partials; its error here (a worker lost while running it: one line)."""
         from dask.distributed import KilledWorker
 
         try:
             return future.result(timeout=self.timeout)
         except KilledWorker:
-            raise TraceError(f"Dask workers died scanning {paths[futures.index(future)]} (killed, or out of "
+            share = shares[futures.index(future)]
+            more = f" and {len(share) - 1} file(s) after it" if len(share) > 1 else ""
+            raise TraceError(f"Dask workers died scanning {paths[share[0]]}{more} (killed, or out of "
                              "memory?)") from None
         except TimeoutError:
             raise TraceError(f"the Dask cluster at {self.where} did not hand back a result within "
                              f"{self.timeout:g} s") from None
 
-    def _workers(self):
-        """How many workers the scheduler has, asked with a timeout."""
+    def _threads(self):
+        """How many threads the scheduler's workers have in all, asked with a timeout."""
         try:
             info = self.client.sync(self.client.scheduler.identity, callback_timeout=self.timeout)
         except (TimeoutError, OSError):
             raise TraceError(f"the Dask scheduler at {self.where} stopped answering (nothing within "
                              f"{self.timeout:g} s)") from None
-        return len(info.get("workers") or {})
+        return sum(worker.get("nthreads") or 1 for worker in (info.get("workers") or {}).values())
 
     def close(self):
         """Closes the client and the cluster this engine started (an existing cluster is left running)."""
@@ -173,6 +192,26 @@ def _connect(client_class, address, timeout):
                      + (str(error).splitlines()[0] if error else f"no answer within {timeout:g} s"))
 
 
+def split(paths, parts, most=None):
+    """The indices of ``paths`` in at most ``parts`` contiguous shares (in file order) of about
+    equal size on disk, more when that size would be above ``most`` bytes: the files are laid end
+    to end and cut in equal parts, a file going to the part that holds its middle byte. A file
+    that cannot be read counts as one byte."""
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(max(os.path.getsize(path), 1))
+        except OSError:  # the scan says why
+            sizes.append(1)
+    total = sum(sizes)
+    parts = max(min(parts, len(paths)), -(-total // most) if most else 1, 1)
+    shares, before = {}, 0
+    for i, size in enumerate(sizes):
+        shares.setdefault(min((before + size / 2) * parts // total, parts - 1), []).append(i)
+        before += size
+    return list(shares.values())
+
+
 def cores():
     """The cores this process may run on (``taskset``, cgroup cpusets), else the machine's."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -207,7 +246,8 @@ def add_arguments(parser):
     """The ``--engine``, ``--scheduler`` and ``--workers`` options of ``summary`` and ``diff``."""
     parser.add_argument("--engine", choices=("local", "dask"), default="local",
                         help="where the files are scanned: here (default; exact p50/p99) or on Dask workers, "
-                             "one task per file (p50/p99 within 1%%; needs dftrace-dynamo[dask])")
+                             "in shares of the files, two per worker thread (p50/p99 within 1%%; needs "
+                             "dftrace-dynamo[dask])")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="with --engine dask: the scheduler of an existing cluster (tcp://host:8786)")
     parser.add_argument("--workers", type=int, metavar="N",
