@@ -4,6 +4,7 @@ bench_summary.py's step traces).
 
     python benchmarks/bench_engines.py [--events 2000000] [--files 8] [--workers 2] [--repeat 3] [--dir DIR]
     python benchmarks/bench_engines.py --traces 'DIR/ranks-10000000-of20-rank*.pfw.gz' --no-aggregates
+    python benchmarks/bench_engines.py --traces 'DIR/ranks-10000000-of20-rank*.pfw.gz' --paired 5
 
 Times :func:`dftrace_dynamo.traces.summary.summarize` in this process (no interpreter start),
 wall time by ``time.perf_counter_ns()`` (its own cost is printed), after one warm-up call per
@@ -13,18 +14,26 @@ time is printed apart). The aggregates variant reads copies of the files that ho
 aggregate record (traces.aggregates.write; the time to add them is printed apart). Prints
 an RST table with the 1-minute load average before each variant: on a shared machine,
 compare only rows measured at a similar load, and prefer the CPU column.
+
+``--paired N``: local against Dask (``--workers``) the way drift cancels, N pairs of blocks in
+the order A B, B A, ...: in this process (the cluster started once) and as the commands a user
+types (``summary --source events`` against ``summary --source events --engine dask --workers
+W``: interpreter, imports and the cluster's start included; CPU of the command and its worker
+processes). Prints each side's median and the median of the paired differences with the ratio.
 """
 
 import argparse
 import glob
 import os
+import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_summary import step_trace  # noqa: E402
+from bench_summary import CLI, step_trace  # noqa: E402
 
 from dftrace_dynamo.traces import aggregates  # noqa: E402
 from dftrace_dynamo.traces.engines import Dask  # noqa: E402
@@ -66,6 +75,7 @@ def main():
     ap.add_argument("--traces", metavar="GLOB", help="these trace files instead of written ones (bench_summary.py's "
                     "20 rank files: its --dir, ranks-*-of20-rank*.pfw.gz)")
     ap.add_argument("--no-aggregates", action="store_true", help="leave out the aggregate-records variant")
+    ap.add_argument("--paired", type=int, metavar="N", help="N pairs of local and Dask blocks (see above), only")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     paths = sorted(glob.glob(a.traces)) if a.traces else [
@@ -73,6 +83,8 @@ def main():
     a.files = len(paths)
     size = sum(os.path.getsize(p) for p in paths) / 2**20
     print(f"perf_counter_ns() cost: {timer_cost_ns():.0f} ns per call", file=sys.stderr)
+    if a.paired:
+        return paired(paths, a.paired, a.workers)
     rows = []
     load = os.getloadavg()[0]
     times, cpu, ops = measure(paths, a.repeat)
@@ -105,6 +117,51 @@ def main():
           f"adding the aggregate records {write_s:.1f} s (0 s when cached), about {record_mib:.2f} MiB of "
           "JSON per record", file=sys.stderr)
     table(rows)
+
+
+def paired(paths, pairs, workers):
+    """Local against Dask in ``pairs`` pairs of blocks, A B then B A, in this process and as commands."""
+    def in_process(engine):
+        summarize(paths, all_runs=True, engine=engine, source="events")
+
+    def command(engine):
+        extra = ["--engine", "dask", "--workers", str(workers)] if engine else []
+        subprocess.run([*CLI, "summary", "--all-runs", "--source", "events", "--format", "json", *extra, *paths],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    with Dask(workers=workers) as engine:
+        _pairs("in this process (cluster started once)", in_process, (None, engine), pairs)
+    _pairs(f"commands (--workers {workers}: the cluster's start included)", command, (None, True), pairs)
+
+
+def _pairs(name, run, engines, pairs):
+    """``run(engines[side])`` in ``pairs`` pairs, A B then B A; prints the medians and paired differences."""
+    def cpu(side):  # this process, its ended children, an in-process cluster's workers
+        return _cpu() + (_worker_cpu(engines[side]) if isinstance(engines[side], Dask) else 0)
+
+    for engine in engines:  # warm-up: file cache, imports, the workers' imports
+        run(engine)
+    walls, cpus = ([], []), ([], [])
+    for i in range(pairs):
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            load, cpu0 = os.getloadavg()[0], cpu(side)
+            t0 = time.perf_counter_ns()
+            run(engines[side])
+            walls[side].append((time.perf_counter_ns() - t0) / 1e9)
+            cpus[side].append(cpu(side) - cpu0)
+            print(f"  {name}, pair {i}: {'dask' if side else 'local'} {walls[side][-1]:.2f} s wall, "
+                  f"{cpus[side][-1]:.2f} CPU s, load {load:.1f}", file=sys.stderr)
+    diffs = [d - l for l, d in zip(*walls)]
+    print(f"{name}: local median {statistics.median(walls[0]):.2f} s ({statistics.median(cpus[0]):.2f} CPU s), "
+          f"dask median {statistics.median(walls[1]):.2f} s ({statistics.median(cpus[1]):.2f} CPU s); "
+          f"dask - local, median of {pairs} paired differences: {statistics.median(diffs):+.2f} s "
+          f"(range {min(diffs):+.2f} .. {max(diffs):+.2f}), ratio {statistics.median(d / l for l, d in zip(*walls)):.3f}")
+
+
+def _cpu():
+    """CPU seconds of this process and its ended children (a command and its worker processes)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def table(rows):
